@@ -1,0 +1,1 @@
+"""Adapters: the only code that touches the kernel, sockets or clocks."""

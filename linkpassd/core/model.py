@@ -1,0 +1,259 @@
+"""Frozen value types shared by the pure core and the adapters.
+
+Adapters normalise kernel objects into these types at the edge (names, not
+ifindexes; CIDR strings, not byte blobs), so the core can compare observed and
+desired state with plain equality.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+# --------------------------------------------------------------------------
+# Configuration (built and validated by linkpassd.config; consumed by policy)
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Ownership:
+    """The kernel objects linkpassd may create, change and delete."""
+
+    route_protocol: int = 201
+    table_min: int = 10100
+    table_max: int = 10199
+    rule_priority_min: int = 10100
+    rule_priority_max: int = 10199
+    nexthop_id_min: int = 1_000_100
+    nexthop_id_max: int = 1_000_199
+
+    def owns_table(self, table: int) -> bool:
+        return self.table_min <= table <= self.table_max
+
+    def owns_rule_priority(self, priority: int) -> bool:
+        return self.rule_priority_min <= priority <= self.rule_priority_max
+
+    def owns_nexthop_id(self, nh_id: int) -> bool:
+        return self.nexthop_id_min <= nh_id <= self.nexthop_id_max
+
+
+@dataclass(frozen=True)
+class Timers:
+    rise: int = 3
+    fall: int = 1
+    hold_down_s: float = 5.0
+    tick_interval_s: float = 0.5
+    resync_interval_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class RailConfig:
+    """One NIC port ("rail") with its own source address and routing table."""
+
+    name: str
+    port: str
+    address: str  # host address on the rail, e.g. "198.18.0.1"
+    prefixlen: int  # prefix length of the rail subnet, e.g. 24
+    gateway: str  # next hop on the rail (the leaf switch)
+    table: int
+    backups: tuple[str, ...] = ()  # rail names, in order of preference
+    destinations: tuple[str, ...] = ("0.0.0.0/0",)
+
+
+@dataclass(frozen=True)
+class MultipathConfig:
+    """A destination spread over several rails through a resilient nexthop group."""
+
+    name: str
+    destination: str  # CIDR
+    rails: tuple[str, ...]  # in order of preference
+    table: int
+    buckets: int = 64
+    idle_timer_s: int = 0
+    unbalanced_timer_s: int = 0
+    min_paths: int = 1  # capacity floor: never fewer members while ports can carry them
+
+
+@dataclass(frozen=True)
+class Config:
+    rails: tuple[RailConfig, ...]
+    multipath: tuple[MultipathConfig, ...] = ()
+    ownership: Ownership = field(default_factory=Ownership)
+    timers: Timers = field(default_factory=Timers)
+    roce_rules: bool = True
+    control_socket: str = "/run/linkpass/linkpassd.sock"
+    run_dir: str = "/run/linkpass"
+    log_format: str = "kv"
+    log_level: str = "info"
+    source: str = "<memory>"  # the file this came from, for messages
+
+    def rail(self, name: str) -> RailConfig:
+        for rail in self.rails:
+            if rail.name == name:
+                return rail
+        raise KeyError(name)
+
+
+# --------------------------------------------------------------------------
+# Samples and verdicts
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinkSample:
+    """What netlink says about one interface at one moment."""
+
+    port: str
+    present: bool
+    ifindex: int = 0
+    admin_up: bool = False
+    carrier: bool = False
+    operstate: str = "UNKNOWN"
+    carrier_up_count: int = 0
+    carrier_down_count: int = 0
+
+    @property
+    def healthy(self) -> bool:
+        return self.present and self.admin_up and self.carrier
+
+    @staticmethod
+    def missing(port: str) -> "LinkSample":
+        return LinkSample(port=port, present=False)
+
+
+class Verdict(enum.StrEnum):
+    UP = "UP"
+    DEGRADED = "DEGRADED"
+    DOWN = "DOWN"
+
+
+@dataclass(frozen=True)
+class PortState:
+    """The health verdict of one port, and whether the kernel would accept a
+    nexthop on it right now (carrier up), which is not the same thing: a port
+    in hold-down has carrier but is not yet trusted."""
+
+    port: str
+    verdict: Verdict
+    carrier: bool
+    phase: str  # the health state machine's state, e.g. "RECOVERING"
+    since: float  # when the verdict last changed (daemon clock)
+    evidence: tuple[str, ...] = ()
+
+
+# --------------------------------------------------------------------------
+# Kernel objects linkpassd owns (IPv4)
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class Nexthop:
+    id: int
+    gateway: str
+    port: str
+    protocol: int
+
+
+@dataclass(frozen=True, order=True)
+class NexthopGroup:
+    id: int
+    members: tuple[int, ...]  # nexthop ids, sorted
+    protocol: int
+    resilient: bool = True
+    buckets: int = 64
+    idle_timer_s: int = 0
+    unbalanced_timer_s: int = 0
+
+
+@dataclass(frozen=True, order=True)
+class Route:
+    table: int
+    dst: str  # CIDR, e.g. "0.0.0.0/0"
+    nhid: int
+    protocol: int
+    prefsrc: str | None = None
+
+    @property
+    def key(self) -> tuple[int, str]:
+        """Routes are replaced in place when their key matches."""
+        return (self.table, self.dst)
+
+
+@dataclass(frozen=True, order=True)
+class Rule:
+    priority: int
+    table: int
+    protocol: int
+    src: str | None = None  # CIDR
+    dst: str | None = None  # CIDR
+    ipproto: int | None = None  # e.g. 17 for UDP
+    dport: int | None = None
+
+
+KernelObject = Nexthop | NexthopGroup | Route | Rule
+
+
+@dataclass(frozen=True)
+class KernelState:
+    """The owned kernel objects: observed (from a dump) or desired (from policy)."""
+
+    nexthops: frozenset[Nexthop] = frozenset()
+    groups: frozenset[NexthopGroup] = frozenset()
+    routes: frozenset[Route] = frozenset()
+    rules: frozenset[Rule] = frozenset()
+
+
+class OpKind(enum.StrEnum):
+    CREATE = "create"
+    REPLACE = "replace"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: OpKind
+    obj: KernelObject
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.obj}"
+
+
+# --------------------------------------------------------------------------
+# What the daemon reports (control API, logs)
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RailStatus:
+    name: str
+    port: str
+    address: str
+    table: int
+    active_rail: str | None  # the rail whose path the table uses now; None: no path
+    active_port: str | None
+
+
+@dataclass(frozen=True)
+class GroupStatus:
+    name: str
+    destination: str
+    table: int
+    members: tuple[str, ...]  # rail names currently in the group
+    min_paths: int
+
+
+@dataclass(frozen=True)
+class DaemonStatus:
+    hostname: str
+    version: str
+    config_source: str
+    started_at: float  # unix time
+    ports: tuple[PortState, ...]
+    links: tuple[LinkSample, ...]
+    rails: tuple[RailStatus, ...]
+    groups: tuple[GroupStatus, ...]
+    reconciles: int
+    netlink_writes: int
+    last_reconcile_at: float  # unix time, 0 when none yet
+    last_error: str = ""
