@@ -1,0 +1,146 @@
+"""Policy: port verdicts + config -> the routing the host should have.
+
+Every rail gets a source table (`from <rail address> lookup <table>`, and the
+same for RoCEv2, UDP dport 4791) whose routes point at the rail's own nexthop
+while the rail is UP, and at the first healthy backup rail otherwise.
+Multipath destinations get a resilient nexthop group over the healthy rails,
+so that losing a path remaps only that path's flows.
+
+Invariants (tested):
+  * a path is chosen from UP rails first, then DEGRADED ones, then rails that
+    merely have carrier (recovering); a table or group is left without a path
+    only when no candidate port has carrier at all;
+  * a group keeps at least `min_paths` members while that many ports have
+    carrier (the capacity floor);
+  * identical inputs give identical output (no clocks, no randomness).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from linkpassd.core.model import (
+    Config,
+    GroupStatus,
+    KernelState,
+    Nexthop,
+    NexthopGroup,
+    PortState,
+    RailConfig,
+    RailStatus,
+    Route,
+    Rule,
+    Verdict,
+)
+
+ROCEV2_UDP_PORT = 4791
+IPPROTO_UDP = 17
+
+_RANK = {Verdict.UP: 0, Verdict.DEGRADED: 1, Verdict.DOWN: 2}
+
+
+@dataclass(frozen=True)
+class Decision:
+    desired: KernelState
+    rails: tuple[RailStatus, ...]
+    groups: tuple[GroupStatus, ...]
+
+
+def nexthop_id(config: Config, rail_index: int) -> int:
+    return config.ownership.nexthop_id_min + rail_index
+
+
+def group_id(config: Config, mp_index: int) -> int:
+    return config.ownership.nexthop_id_min + len(config.rails) + mp_index
+
+
+def _usable(state: PortState | None) -> bool:
+    """The kernel accepts a nexthop on the port only while it has carrier."""
+    return state is not None and state.carrier
+
+
+def ranked(candidates: list[RailConfig], ports: Mapping[str, PortState]) -> list[RailConfig]:
+    """Rails that can carry a path, best first: verdict, then configured order."""
+    order = {rail.name: i for i, rail in enumerate(candidates)}
+    usable = [r for r in candidates if _usable(ports.get(r.port))]
+    return sorted(usable, key=lambda r: (_RANK[ports[r.port].verdict], order[r.name]))
+
+
+def active_rail(config: Config, rail: RailConfig,
+                ports: Mapping[str, PortState]) -> RailConfig | None:
+    candidates = [rail] + [config.rail(name) for name in rail.backups]
+    best = ranked(candidates, ports)
+    return best[0] if best else None
+
+
+def group_members(config: Config, rails: list[RailConfig], min_paths: int,
+                  ports: Mapping[str, PortState]) -> list[RailConfig]:
+    """All UP rails; topped up to the capacity floor with the best of the rest."""
+    best = ranked(rails, ports)
+    healthy = [r for r in best if ports[r.port].verdict is Verdict.UP]
+    if len(healthy) >= min_paths:
+        return healthy
+    return best[:min_paths]
+
+
+def rules(config: Config) -> list[Rule]:
+    """Rules do not depend on health: a table without a route lets the lookup
+    fall through to the next rule, so the host never loses its main table."""
+    proto = config.ownership.route_protocol
+    prio = config.ownership.rule_priority_min
+    out: list[Rule] = []
+    if config.roce_rules:
+        for rail in config.rails:
+            out.append(Rule(priority=prio, table=rail.table, protocol=proto,
+                            src=f"{rail.address}/32", ipproto=IPPROTO_UDP, dport=ROCEV2_UDP_PORT))
+            prio += 1
+    for mp in config.multipath:
+        out.append(Rule(priority=prio, table=mp.table, protocol=proto, dst=mp.destination))
+        prio += 1
+    for rail in config.rails:
+        out.append(Rule(priority=prio, table=rail.table, protocol=proto, src=f"{rail.address}/32"))
+        prio += 1
+    return out
+
+
+def decide(config: Config, ports: Mapping[str, PortState]) -> Decision:
+    proto = config.ownership.route_protocol
+    nh_of = {rail.name: nexthop_id(config, i) for i, rail in enumerate(config.rails)}
+
+    nexthops = {
+        Nexthop(id=nh_of[rail.name], gateway=rail.gateway, port=rail.port, protocol=proto)
+        for rail in config.rails if _usable(ports.get(rail.port))
+    }
+
+    routes: set[Route] = set()
+    rail_status: list[RailStatus] = []
+    for rail in config.rails:
+        via = active_rail(config, rail, ports)
+        rail_status.append(RailStatus(name=rail.name, port=rail.port, address=rail.address,
+                                      table=rail.table, active_rail=via.name if via else None,
+                                      active_port=via.port if via else None))
+        if via is None:
+            continue
+        for dst in rail.destinations:
+            routes.add(Route(table=rail.table, dst=dst, nhid=nh_of[via.name], protocol=proto))
+
+    groups: set[NexthopGroup] = set()
+    group_status: list[GroupStatus] = []
+    for j, mp in enumerate(config.multipath):
+        members = group_members(config, [config.rail(n) for n in mp.rails], mp.min_paths, ports)
+        group_status.append(GroupStatus(name=mp.name, destination=mp.destination, table=mp.table,
+                                        members=tuple(r.name for r in members),
+                                        min_paths=mp.min_paths))
+        if not members:
+            continue
+        gid = group_id(config, j)
+        groups.add(NexthopGroup(id=gid, members=tuple(sorted(nh_of[r.name] for r in members)),
+                                protocol=proto, resilient=True, buckets=mp.buckets,
+                                idle_timer_s=mp.idle_timer_s,
+                                unbalanced_timer_s=mp.unbalanced_timer_s))
+        routes.add(Route(table=mp.table, dst=mp.destination, nhid=gid, protocol=proto))
+
+    desired = KernelState(nexthops=frozenset(nexthops), groups=frozenset(groups),
+                          routes=frozenset(routes), rules=frozenset(rules(config)))
+    return Decision(desired=desired, rails=tuple(rail_status), groups=tuple(group_status))

@@ -1,0 +1,133 @@
+"""Policy: verdicts + config -> desired routing."""
+
+from hypothesis import given, settings, strategies as st
+
+from linkpassd.core import policy
+from linkpassd.core.model import Verdict
+
+from corefixtures import port, ports, rails_config
+
+
+def route_nh(decision, table):
+    (route,) = [r for r in decision.desired.routes if r.table == table]
+    return route.nhid
+
+
+def test_all_up_each_rail_uses_its_own_nexthop_and_group_has_all():
+    cfg = rails_config(2)
+    d = policy.decide(cfg, ports(cfg))
+    assert route_nh(d, 10100) == policy.nexthop_id(cfg, 0)
+    assert route_nh(d, 10101) == policy.nexthop_id(cfg, 1)
+    (group,) = d.desired.groups
+    assert group.members == (policy.nexthop_id(cfg, 0), policy.nexthop_id(cfg, 1))
+    assert group.resilient and group.buckets == 16
+    assert [r.active_rail for r in d.rails] == ["rail0", "rail1"]
+
+
+def test_down_rail_table_fails_over_to_first_backup_in_order():
+    cfg = rails_config(3)
+    d = policy.decide(cfg, ports(cfg, eth0=port("eth0", Verdict.DOWN)))
+    assert route_nh(d, 10100) == policy.nexthop_id(cfg, 1)  # rail0's backups: rail1, rail2
+    assert d.rails[0].active_rail == "rail1" and d.rails[0].active_port == "eth1"
+    d = policy.decide(cfg, ports(cfg, eth0=port("eth0", Verdict.DOWN), eth1=port("eth1", Verdict.DOWN)))
+    assert route_nh(d, 10100) == policy.nexthop_id(cfg, 2)
+    (group,) = d.desired.groups
+    assert group.members == (policy.nexthop_id(cfg, 2),)
+
+
+def test_no_nexthop_is_desired_on_a_port_without_carrier():
+    cfg = rails_config(2)
+    d = policy.decide(cfg, ports(cfg, eth0=port("eth0", Verdict.DOWN)))
+    assert {nh.port for nh in d.desired.nexthops} == {"eth1"}
+
+
+def test_recovering_port_keeps_nexthop_ready_but_traffic_stays_on_backup():
+    cfg = rails_config(2)
+    d = policy.decide(cfg, ports(cfg, eth0=port("eth0", Verdict.DOWN, carrier=True)))
+    assert {nh.port for nh in d.desired.nexthops} == {"eth0", "eth1"}
+    assert route_nh(d, 10100) == policy.nexthop_id(cfg, 1)
+
+
+def test_recovering_port_is_used_when_nothing_better_has_carrier():
+    cfg = rails_config(2)
+    d = policy.decide(cfg, ports(cfg, eth0=port("eth0", Verdict.DOWN, carrier=True),
+                                 eth1=port("eth1", Verdict.DOWN)))
+    assert route_nh(d, 10100) == policy.nexthop_id(cfg, 0)
+    assert route_nh(d, 10101) == policy.nexthop_id(cfg, 0)
+
+
+def test_degraded_is_preferred_to_recovering_and_up_to_degraded():
+    cfg = rails_config(3)
+    st_ = ports(cfg, eth0=port("eth0", Verdict.DOWN), eth1=port("eth1", Verdict.DOWN, carrier=True),
+                eth2=port("eth2", Verdict.DEGRADED))
+    d = policy.decide(cfg, st_)
+    assert route_nh(d, 10100) == policy.nexthop_id(cfg, 2)
+
+
+def test_capacity_floor_keeps_min_paths_members():
+    cfg = rails_config(3, min_paths=2)
+    d = policy.decide(cfg, ports(cfg, eth1=port("eth1", Verdict.DEGRADED), eth2=port("eth2", Verdict.DEGRADED)))
+    (group,) = d.desired.groups
+    # rail0 is UP; the floor of 2 adds the best other candidate, rail1 (configured order)
+    assert group.members == (policy.nexthop_id(cfg, 0), policy.nexthop_id(cfg, 1))
+    assert d.groups[0].members == ("rail0", "rail1")
+
+
+def test_degraded_members_leave_the_group_when_enough_up_remain():
+    cfg = rails_config(3, min_paths=1)
+    d = policy.decide(cfg, ports(cfg, eth1=port("eth1", Verdict.DEGRADED)))
+    (group,) = d.desired.groups
+    assert group.members == (policy.nexthop_id(cfg, 0), policy.nexthop_id(cfg, 2))
+
+
+def test_without_any_carrier_there_is_no_route_and_rules_stay():
+    cfg = rails_config(2)
+    d = policy.decide(cfg, {p: port(p, Verdict.DOWN) for p in ("eth0", "eth1")})
+    assert not d.desired.routes and not d.desired.groups and not d.desired.nexthops
+    assert len(d.desired.rules) == 2 + 1 + 2
+    assert [r.active_rail for r in d.rails] == [None, None]
+
+
+def test_rules_cover_roce_multipath_and_rail_sources_in_that_order():
+    cfg = rails_config(2)
+    rules = policy.rules(cfg)
+    assert [r.priority for r in rules] == list(range(10100, 10105))
+    assert [(r.src, r.dport, r.table) for r in rules[:2]] == [
+        ("198.18.0.1/32", 4791, 10100), ("198.18.1.1/32", 4791, 10101)]
+    assert rules[2].dst == "198.19.0.0/16" and rules[2].table == 10150
+    assert [(r.src, r.dport) for r in rules[3:]] == [("198.18.0.1/32", None), ("198.18.1.1/32", None)]
+
+
+verdicts = st.sampled_from([Verdict.UP, Verdict.DEGRADED, Verdict.DOWN])
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 4), min_paths=st.integers(1, 4),
+       states=st.lists(st.tuples(verdicts, st.booleans()), min_size=4, max_size=4))
+def test_group_and_tables_never_lose_a_path_that_a_port_could_carry(n, min_paths, states):
+    cfg = rails_config(n, min_paths=min_paths)
+    st_ = {f"eth{i}": port(f"eth{i}", v, carrier=(v is not Verdict.DOWN) or c)
+           for i, (v, c) in enumerate(states[:n])}
+    d = policy.decide(cfg, st_)
+    with_carrier = [p for p, s in st_.items() if s.carrier]
+    members = next(iter(d.desired.groups)).members if d.desired.groups else ()
+    assert len(members) >= min(cfg.multipath[0].min_paths, len(with_carrier))
+    if with_carrier:
+        assert len(members) >= 1
+        # every rail table has a route: all rails back each other up (ring)
+        assert {r.table for r in d.desired.routes} >= {rail.table for rail in cfg.rails}
+    nh_ids = {nh.id for nh in d.desired.nexthops}
+    assert set(members) <= nh_ids
+    for r in d.desired.routes:
+        assert r.nhid in nh_ids | {g.id for g in d.desired.groups}
+    up = [f"eth{i}" for i, (v, _) in enumerate(states[:n]) if v is Verdict.UP]
+    if up:  # UP paths are always preferred over anything else
+        nh_port = {nh.id: nh.port for nh in d.desired.nexthops}
+        assert all(nh_port[r.nhid] in up for r in d.desired.routes if r.table != 10150)
+        assert {nh_port[m] for m in members} >= set(up)
+
+
+def test_decide_is_deterministic():
+    cfg = rails_config(3)
+    st_ = ports(cfg, eth1=port("eth1", Verdict.DOWN))
+    assert policy.decide(cfg, st_) == policy.decide(cfg, dict(reversed(list(st_.items()))))
