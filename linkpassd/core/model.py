@@ -138,7 +138,7 @@ class PortState:
     verdict: Verdict
     carrier: bool
     phase: str  # the health state machine's state, e.g. "RECOVERING"
-    since: float  # when the verdict last changed (daemon clock)
+    since: float  # when the verdict last changed: daemon clock in the core, unix time in DaemonStatus
     evidence: tuple[str, ...] = ()
 
 

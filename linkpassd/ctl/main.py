@@ -1,0 +1,314 @@
+"""linkpassctl: the operator CLI for the local linkpassd control socket.
+
+Everything shown comes from the daemon's answer; ages and uptime are computed
+from the time the daemon put in that answer (`served_at`), never from this
+process's clock. Failures print one line on stderr and exit 1: operators run
+this from scripts and during incidents, where a traceback is noise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import click
+
+# gRPC core logs connection failures straight to stderr; our own one-line
+# errors say the same thing better. Must be set before gRPC initialises.
+os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+
+import grpc  # noqa: E402
+from google.protobuf import json_format  # noqa: E402
+from google.protobuf.descriptor import Descriptor  # noqa: E402
+from google.protobuf.message import Message  # noqa: E402
+
+from linkpassd import __version__  # noqa: E402
+from linkpassd._proto.linkpass.v1 import control_pb2 as pb  # noqa: E402
+from linkpassd._proto.linkpass.v1 import control_pb2_grpc as pb_grpc  # noqa: E402
+
+DEFAULT_SOCKET = "/run/linkpass/linkpassd.sock"
+DEFAULT_TIMEOUT_S = 5.0
+
+R = TypeVar("R", bound=Message)
+
+
+class CtlError(click.ClickException):
+    """An expected failure: one line on stderr, exit 1, no traceback."""
+
+    def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
+        click.echo(f"linkpassctl: {self.format_message()}", err=True)
+
+
+@dataclass(frozen=True)
+class Target:
+    socket_path: str
+    timeout: float
+
+    def call(self, method: Callable[[pb_grpc.ControlStub], Callable[..., R]], request: Message) -> R:
+        """Make one unary call, turning every failure into one CtlError line."""
+        self._check_socket()
+        try:
+            with grpc.insecure_channel(f"unix:{os.path.abspath(self.socket_path)}") as channel:
+                return method(pb_grpc.ControlStub(channel))(request, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            raise CtlError(self._describe(exc)) from None
+
+    def _check_socket(self) -> None:
+        path = self.socket_path
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise CtlError(f"linkpassd is not running? no socket at {path}") from None
+        except PermissionError:
+            raise CtlError(f"permission denied reaching {path} (run as root or a member of its group)") from None
+        except OSError as exc:
+            raise CtlError(f"cannot reach {path}: {exc.strerror}") from None
+        if not stat.S_ISSOCK(st.st_mode):
+            raise CtlError(f"{path} is not a socket")
+        if not os.access(path, os.W_OK):  # connect(2) needs write permission
+            raise CtlError(f"permission denied on {path} (run as root or a member of its group)")
+
+    def _describe(self, exc: grpc.RpcError) -> str:
+        code = exc.code() if hasattr(exc, "code") else None
+        details = (exc.details() if hasattr(exc, "details") else None) or ""
+        path = self.socket_path
+        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return f"linkpassd did not answer within {self.timeout:g}s on {path}"
+        if code == grpc.StatusCode.UNAVAILABLE:
+            low = details.lower()
+            if "permission denied" in low:
+                return f"permission denied on {path} (run as root or a member of its group)"
+            if "connection refused" in low or "no such file" in low:
+                return f"linkpassd is not running? nothing listens on {path}"
+            return f"linkpassd unavailable on {path}: {_one_line(details)}"
+        name = code.name if code is not None else "error"
+        return f"linkpassd answered {name}: {_one_line(details)}"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split()) or "(no details)"
+
+
+# --------------------------------------------------------------------------
+# formatting helpers (pure)
+# --------------------------------------------------------------------------
+
+
+def to_json(message: Message) -> str:
+    """Proto field names, every field present even at its zero value, keys in
+    field-number order (MessageToDict appends zero-valued fields last, which
+    would make the order depend on the values)."""
+    data = json_format.MessageToDict(
+        message,
+        preserving_proto_field_name=True,
+        always_print_fields_with_no_presence=True,
+    )
+    return json.dumps(_in_field_order(message.DESCRIPTOR, data), indent=2)
+
+
+def _in_field_order(descriptor: Descriptor, data: dict) -> dict:
+    ordered = {}
+    for field in descriptor.fields:
+        if field.name not in data:
+            continue  # an unset message field; ours are always set
+        value = data[field.name]
+        sub = field.message_type
+        if sub is not None and not sub.GetOptions().map_entry:  # well-known types are not dicts: kept as is
+            if isinstance(value, dict):
+                value = _in_field_order(sub, value)
+            elif isinstance(value, list):
+                value = [_in_field_order(sub, v) if isinstance(v, dict) else v for v in value]
+        ordered[field.name] = value
+    return ordered
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded to their widest cell; the last one is left ragged so a
+    long evidence string does not pad every line."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+    return "\n".join(
+        "  ".join([*(c.ljust(w) for c, w in zip(line[:-1], widths)), line[-1]]).rstrip()
+        for line in [headers, *rows]
+    )
+
+
+def key_values(pairs: Sequence[tuple[str, str]]) -> str:
+    width = max(len(k) for k, _ in pairs)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in pairs)
+
+
+def duration(seconds: float) -> str:
+    if seconds < 0:
+        return "?"
+    s = int(seconds)
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    if d:
+        return f"{d}d{h:02d}h{m:02d}m"
+    if h:
+        return f"{h}h{m:02d}m{s:02d}s"
+    if m:
+        return f"{m}m{s:02d}s"
+    return f"{seconds:.1f}s" if seconds < 10 else f"{s}s"
+
+
+def wall_time(unix: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix))
+
+
+def verdict_name(verdict: int) -> str:
+    if verdict == pb.VERDICT_UNSPECIFIED:
+        return "-"
+    return pb.Verdict.Name(verdict).removeprefix("VERDICT_")
+
+
+def active_path(rail: pb.RailStatus) -> str:
+    if not rail.active_rail:
+        return "NO PATH"
+    role = "primary" if rail.active_rail == rail.name else "backup"
+    return f"{rail.active_rail} ({role})"
+
+
+def render_status(st: pb.DaemonStatus) -> str:
+    verdicts = {p.port: p.verdict for p in st.ports}
+    if st.last_reconcile_at:
+        last = f"last {duration(st.served_at - st.last_reconcile_at)} ago"
+    else:
+        last = "none yet"
+    head = key_values(
+        [
+            ("host", st.hostname),
+            ("version", st.version),
+            ("uptime", f"{duration(st.served_at - st.started_at)} (since {wall_time(st.started_at)})"),
+            ("config", st.config_source),
+            ("reconciles", f"{st.reconciles} ({last})"),
+            ("netlink writes", str(st.netlink_writes)),
+            ("last error", _one_line(st.last_error) if st.last_error else "-"),
+        ]
+    )
+    rails = table(
+        ["RAIL", "PORT", "VERDICT", "TABLE", "ACTIVE PATH"],
+        [
+            [r.name, r.port, verdict_name(verdicts.get(r.port, pb.VERDICT_UNSPECIFIED)), str(r.table), active_path(r)]
+            for r in st.rails
+        ],
+    )
+    parts = [head, rails]
+    if st.groups:
+        parts.append(
+            table(
+                ["GROUP", "DESTINATION", "TABLE", "MIN PATHS", "MEMBERS"],
+                [
+                    [g.name, g.destination, str(g.table), str(g.min_paths), ",".join(g.members) or "NONE"]
+                    for g in st.groups
+                ],
+            )
+        )
+    else:
+        parts.append("no multipath groups")
+    return "\n\n".join(parts)
+
+
+def render_links(resp: pb.ListLinksResponse) -> str:
+    def yn(flag: bool) -> str:
+        return "yes" if flag else "no"
+
+    rows = []
+    for row in resp.links:
+        link, state = row.link, row.state
+        judged = state.verdict != pb.VERDICT_UNSPECIFIED
+        rows.append(
+            [
+                row.port,
+                ",".join(row.rails) or "-",
+                yn(link.present),
+                ("up" if link.admin_up else "down") if link.present else "-",
+                yn(link.carrier) if link.present else "-",
+                link.operstate if link.present else "-",
+                str(link.carrier_up_count),
+                str(link.carrier_down_count),
+                verdict_name(state.verdict),
+                state.phase or "-",
+                f"{duration(resp.served_at - state.since)} ago" if judged else "-",
+                "; ".join(state.evidence) or "-",
+            ]
+        )
+    return table(
+        ["PORT", "RAIL", "PRESENT", "ADMIN", "CARRIER", "OPERSTATE", "UPS", "DOWNS",
+         "VERDICT", "PHASE", "SINCE", "EVIDENCE"],
+        rows,
+    )
+
+
+# --------------------------------------------------------------------------
+# commands
+# --------------------------------------------------------------------------
+
+output_option = click.option(
+    "-o",
+    "--output",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="table for people, json (proto field names, fixed keys) for scripts.",
+)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--socket",
+    "socket_path",
+    metavar="PATH",
+    envvar="LINKPASS_SOCKET",
+    default=DEFAULT_SOCKET,
+    show_default=True,
+    show_envvar=True,
+    help="linkpassd control socket.",
+)
+@click.option(
+    "--timeout",
+    metavar="SECONDS",
+    type=click.FloatRange(min=0, min_open=True),
+    default=DEFAULT_TIMEOUT_S,
+    show_default=True,
+    help="Seconds to wait for linkpassd to answer.",
+)
+@click.version_option(__version__, prog_name="linkpassctl")
+@click.pass_context
+def cli(ctx: click.Context, socket_path: str, timeout: float) -> None:
+    """Query the local linkpassd."""
+    ctx.obj = Target(socket_path, timeout)
+
+
+@cli.command()
+@output_option
+@click.pass_obj
+def status(target: Target, output: str) -> None:
+    """Daemon summary, the path each rail's table uses, multipath groups."""
+    resp = target.call(lambda stub: stub.GetStatus, pb.GetStatusRequest())
+    click.echo(to_json(resp.status) if output == "json" else render_status(resp.status))
+
+
+@cli.command()
+@output_option
+@click.pass_obj
+def links(target: Target, output: str) -> None:
+    """Per port: link state, flap counters and health verdict with evidence."""
+    resp = target.call(lambda stub: stub.ListLinks, pb.ListLinksRequest())
+    click.echo(to_json(resp) if output == "json" else render_links(resp))
+
+
+def main() -> None:
+    cli(prog_name="linkpassctl")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,409 @@
+"""The local control API end to end: model -> gRPC over a Unix socket -> linkpassctl.
+
+The server runs on its own event loop in a thread (as it would inside the
+daemon) and linkpassctl is driven through click's CliRunner, or as a real
+process where stderr and exit codes are the point.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import enum
+import json
+import os
+import re
+import socket
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from click.testing import CliRunner, Result
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from linkpassd._proto.linkpass.v1 import control_pb2 as pb
+from linkpassd.adapters import control_server
+from linkpassd.adapters.control_server import ControlServer, ControlSocketError
+from linkpassd.core.model import (
+    DaemonStatus,
+    GroupStatus,
+    LinkSample,
+    PortState,
+    RailStatus,
+    Verdict,
+)
+from linkpassd.ctl import main as ctl
+
+WALL_NOW = 1_800_000_000.0  # unix time while serving
+
+
+def realistic_status() -> DaemonStatus:
+    """Two rails; eth1 lost carrier, so rail1's table fails over to rail0.
+
+    Every field has a non-default value so a dropped field shows up in JSON.
+    """
+    return DaemonStatus(
+        hostname="gpu-node-017",
+        version="0.1.0",
+        config_source="/etc/linkpass/linkpassd.toml",
+        started_at=WALL_NOW - 3723,  # up 1h02m03s
+        ports=(
+            PortState(port="eth0", verdict=Verdict.UP, carrier=True, phase="UP", since=WALL_NOW - 3600,
+                      evidence=("carrier up", "3/3 good samples")),
+            PortState(port="eth1", verdict=Verdict.DOWN, carrier=False, phase="DOWN", since=WALL_NOW - 42,
+                      evidence=("carrier lost", "operstate LOWERLAYERDOWN")),
+        ),
+        links=(
+            LinkSample(port="eth0", present=True, ifindex=2, admin_up=True, carrier=True, operstate="UP",
+                       carrier_up_count=3, carrier_down_count=2),
+            LinkSample(port="eth1", present=True, ifindex=3, admin_up=True, carrier=False,
+                       operstate="LOWERLAYERDOWN", carrier_up_count=5, carrier_down_count=6),
+        ),
+        rails=(
+            RailStatus(name="rail0", port="eth0", address="198.18.0.1", table=10100,
+                       active_rail="rail0", active_port="eth0"),
+            RailStatus(name="rail1", port="eth1", address="198.18.1.1", table=10101,
+                       active_rail="rail0", active_port="eth0"),
+        ),
+        groups=(
+            GroupStatus(name="gpu-fabric", destination="10.200.0.0/16", table=10150,
+                        members=("rail0",), min_paths=1),
+        ),
+        reconciles=4242,
+        netlink_writes=17,
+        last_reconcile_at=WALL_NOW - 2,
+        last_error="netlink: RTM_NEWROUTE table 10101: Network is unreachable",
+    )
+
+
+@contextlib.contextmanager
+def running_server(socket_path: Path, provider: Callable[[], DaemonStatus]) -> Iterator[ControlServer]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = ControlServer(socket_path, provider, wall_clock=lambda: WALL_NOW)
+    try:
+        asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
+        yield server
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(0), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+@pytest.fixture
+def sock(tmp_path: Path) -> Path:
+    path = tmp_path / "run" / "linkpassd.sock"
+    assert len(str(path)) < 100, "AF_UNIX paths are limited to 108 bytes"
+    return path
+
+
+@pytest.fixture
+def server(sock: Path) -> Iterator[ControlServer]:
+    with running_server(sock, realistic_status) as srv:
+        yield srv
+
+
+def run_ctl(sock: Path, *args: str) -> Result:
+    return CliRunner().invoke(ctl.cli, ["--socket", str(sock), "--timeout", "5", *args])
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """Split aligned output into cells (cells are separated by 2+ spaces)."""
+    return [re.split(r"\s{2,}", line.strip()) for line in text.splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------
+# server side
+# --------------------------------------------------------------------------
+
+
+def test_socket_is_0660_in_a_0755_dir_and_removed_on_stop(sock: Path) -> None:
+    with running_server(sock, realistic_status):
+        st = os.stat(sock)
+        assert stat.S_ISSOCK(st.st_mode)
+        assert stat.S_IMODE(st.st_mode) == 0o660
+        assert stat.S_IMODE(os.stat(sock.parent).st_mode) == 0o755
+    assert not sock.exists()
+
+
+def test_stale_socket_is_replaced(sock: Path) -> None:
+    sock.parent.mkdir(parents=True)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(sock))
+    stale.close()  # the file stays, nobody listens: what a crashed daemon leaves
+    with running_server(sock, realistic_status):
+        assert run_ctl(sock, "status").exit_code == 0
+
+
+def test_refuses_to_remove_a_file_that_is_not_a_socket(sock: Path) -> None:
+    sock.parent.mkdir(parents=True)
+    sock.write_text("not a socket")
+    with pytest.raises(ControlSocketError, match="not a socket"):
+        with running_server(sock, realistic_status):
+            pass
+    assert sock.read_text() == "not a socket"
+
+
+def test_refuses_to_steal_a_live_socket(sock: Path) -> None:
+    with running_server(sock, realistic_status):
+        with pytest.raises(ControlSocketError, match="in use"):
+            with running_server(sock, realistic_status):
+                pass
+        assert run_ctl(sock, "status").exit_code == 0  # the first server still answers
+
+
+def test_health_service_reports_serving(server: ControlServer, sock: Path) -> None:
+    with grpc.insecure_channel(f"unix:{sock}") as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "linkpass.v1.Control"):
+            resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_every_model_verdict_maps_to_a_proto_verdict() -> None:
+    for verdict in Verdict:
+        state = PortState(port="eth0", verdict=verdict, carrier=True, phase="X", since=0.0)
+        assert control_server.port_state_to_proto(state).verdict != pb.VERDICT_UNSPECIFIED
+
+
+# --------------------------------------------------------------------------
+# linkpassctl status
+# --------------------------------------------------------------------------
+
+
+def test_status_table(server: ControlServer, sock: Path) -> None:
+    result = run_ctl(sock, "status")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    header = dict(row[:2] for row in table_rows(out.split("\n\n")[0]))
+    assert header == {
+        "host": "gpu-node-017",
+        "version": "0.1.0",
+        "uptime": "1h02m03s (since 2027-01-15 06:57:57 UTC)",
+        "config": "/etc/linkpass/linkpassd.toml",
+        "reconciles": "4242 (last 2.0s ago)",
+        "netlink writes": "17",
+        "last error": "netlink: RTM_NEWROUTE table 10101: Network is unreachable",
+    }
+    rows = table_rows(out)
+    assert ["RAIL", "PORT", "VERDICT", "TABLE", "ACTIVE PATH"] in rows
+    assert ["rail0", "eth0", "UP", "10100", "rail0 (primary)"] in rows
+    assert ["rail1", "eth1", "DOWN", "10101", "rail0 (backup)"] in rows
+    assert ["gpu-fabric", "10.200.0.0/16", "10150", "1", "rail0"] in rows
+
+
+def test_status_table_shows_no_path(sock: Path) -> None:
+    status = realistic_status()
+    rails = tuple(dataclasses.replace(r, active_rail=None, active_port=None) for r in status.rails)
+    with running_server(sock, lambda: dataclasses.replace(status, rails=rails, groups=(), last_error="")):
+        result = run_ctl(sock, "status")
+    assert result.exit_code == 0, result.output
+    rows = table_rows(result.stdout)
+    assert ["rail1", "eth1", "DOWN", "10101", "NO PATH"] in rows
+    assert ["last error", "-"] in rows
+    assert "no multipath groups" in result.stdout
+
+
+def test_status_json(server: ControlServer, sock: Path) -> None:
+    result = run_ctl(sock, "status", "-o", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["hostname"] == "gpu-node-017"
+    assert data["reconciles"] == "4242"  # uint64 is a string in proto3 JSON
+    assert data["served_at"] == WALL_NOW
+    rail1 = next(r for r in data["rails"] if r["name"] == "rail1")
+    assert rail1 == {"name": "rail1", "port": "eth1", "address": "198.18.1.1", "table": 10101,
+                     "active_rail": "rail0", "active_port": "eth0"}
+    eth1 = next(p for p in data["ports"] if p["port"] == "eth1")
+    assert eth1["verdict"] == "VERDICT_DOWN"
+    assert eth1["evidence"] == ["carrier lost", "operstate LOWERLAYERDOWN"]
+
+
+def test_json_keys_are_stable_at_zero_values(sock: Path) -> None:
+    """Scripts index keys directly; zero values (no path, no error) must not drop them."""
+    bare = DaemonStatus(hostname="h", version="v", config_source="c", started_at=0.0, ports=(), links=(),
+                        rails=(RailStatus("rail0", "eth0", "198.18.0.1", 10100, None, None),),
+                        groups=(), reconciles=0, netlink_writes=0, last_reconcile_at=0.0)
+    with running_server(sock, lambda: bare):
+        full = json.loads(run_ctl(sock, "status", "-o", "json").stdout)
+        links = json.loads(run_ctl(sock, "links", "-o", "json").stdout)
+    expected = json.loads(run_ctl_json_of(realistic_status()))
+    assert full["rails"][0]["active_rail"] == ""
+    assert full["last_error"] == ""
+    # eth0 has neither sample nor verdict yet: both sub-objects still have every key.
+    row = links["links"][0]
+    assert row["link"]["present"] is False
+    assert row["state"]["verdict"] == "VERDICT_UNSPECIFIED"
+    # Same keys as the model, in the same (field-number) order whatever the values.
+    assert list(row["link"]) == [f.name for f in dataclasses.fields(LinkSample)]
+    assert list(row["state"]) == [f.name for f in dataclasses.fields(PortState)]
+    assert list(full) == list(expected)
+
+
+def run_ctl_json_of(status: DaemonStatus) -> str:
+    return ctl.to_json(control_server.status_to_proto(status, served_at=WALL_NOW))
+
+
+def _expected_json(value: object) -> object:
+    """The proto3 JSON form of a model value, by the rules control.proto documents."""
+    if dataclasses.is_dataclass(value):
+        return {f.name: _expected_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, Verdict):
+        return f"VERDICT_{value.value}"
+    if isinstance(value, enum.Enum):
+        raise AssertionError(f"no JSON rule for enum {type(value).__name__}")
+    if isinstance(value, tuple):
+        return [_expected_json(v) for v in value]
+    if value is None:
+        return ""
+    return value
+
+
+def _assert_contains(expected: object, actual: object, where: str) -> None:
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict), where
+        for key, value in expected.items():
+            assert key in actual, f"{where}.{key} is missing from the JSON output"
+            _assert_contains(value, actual[key], f"{where}.{key}")
+    elif isinstance(expected, list):
+        assert isinstance(actual, list) and len(actual) == len(expected), where
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            _assert_contains(e, a, f"{where}[{i}]")
+    elif isinstance(expected, int) and not isinstance(expected, bool) and isinstance(actual, str):
+        assert actual == str(expected), where  # 64-bit ints are JSON strings
+    else:
+        assert actual == expected, f"{where}: {actual!r} != {expected!r}"
+
+
+def test_every_daemon_status_field_reaches_json(server: ControlServer, sock: Path) -> None:
+    """Walks the model, not a list: a field added to DaemonStatus (or its parts)
+    but not carried by the proto and the mapping fails here."""
+    result = run_ctl(sock, "status", "-o", "json")
+    assert result.exit_code == 0, result.output
+    _assert_contains(_expected_json(realistic_status()), json.loads(result.stdout), "status")
+
+
+# --------------------------------------------------------------------------
+# linkpassctl links
+# --------------------------------------------------------------------------
+
+
+def test_links_table(server: ControlServer, sock: Path) -> None:
+    result = run_ctl(sock, "links")
+    assert result.exit_code == 0, result.output
+    rows = table_rows(result.stdout)
+    assert rows[0] == ["PORT", "RAIL", "PRESENT", "ADMIN", "CARRIER", "OPERSTATE", "UPS", "DOWNS",
+                       "VERDICT", "PHASE", "SINCE", "EVIDENCE"]
+    assert rows[1] == ["eth0", "rail0", "yes", "up", "yes", "UP", "3", "2", "UP", "UP", "1h00m00s ago",
+                       "carrier up; 3/3 good samples"]
+    assert rows[2] == ["eth1", "rail1", "yes", "up", "no", "LOWERLAYERDOWN", "5", "6", "DOWN", "DOWN",
+                       "42s ago", "carrier lost; operstate LOWERLAYERDOWN"]
+    assert len(rows) == 3
+
+
+def test_links_json(server: ControlServer, sock: Path) -> None:
+    result = run_ctl(sock, "links", "--output", "json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [row["port"] for row in data["links"]] == ["eth0", "eth1"]
+    eth1 = data["links"][1]
+    assert eth1["rails"] == ["rail1"]
+    assert eth1["link"] == {"port": "eth1", "present": True, "ifindex": 3, "admin_up": True, "carrier": False,
+                            "operstate": "LOWERLAYERDOWN", "carrier_up_count": 5, "carrier_down_count": 6}
+    assert eth1["state"]["verdict"] == "VERDICT_DOWN"
+    assert eth1["state"]["since"] == WALL_NOW - 42
+    assert data["served_at"] == WALL_NOW
+
+
+# --------------------------------------------------------------------------
+# errors: one line on stderr, non-zero exit, no traceback
+# --------------------------------------------------------------------------
+
+
+def ctl_process(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "linkpassd.ctl.main", *args], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})})
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], contains: str) -> None:
+    assert proc.returncode != 0
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("linkpassctl: ")
+    assert contains in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_no_socket(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.sock"
+    proc = ctl_process("--socket", str(missing), "status")
+    assert_one_line_error(proc, f"linkpassd is not running? no socket at {missing}")
+
+
+def test_socket_from_environment(tmp_path: Path) -> None:
+    missing = tmp_path / "env.sock"
+    proc = ctl_process("links", "-o", "json", env={"LINKPASS_SOCKET": str(missing)})
+    assert_one_line_error(proc, f"no socket at {missing}")
+
+
+def test_stale_socket_nobody_listening(sock: Path) -> None:
+    sock.parent.mkdir(parents=True)
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(sock))
+    stale.close()
+    proc = ctl_process("--socket", str(sock), "status")
+    assert_one_line_error(proc, f"nothing listens on {sock}")
+
+
+def test_daemon_not_answering(sock: Path) -> None:
+    sock.parent.mkdir(parents=True)
+    hung = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    hung.bind(str(sock))
+    hung.listen()  # connections queue up; nobody ever speaks HTTP/2
+    try:
+        proc = ctl_process("--socket", str(sock), "--timeout", "0.5", "links")
+    finally:
+        hung.close()
+    assert_one_line_error(proc, f"linkpassd did not answer within 0.5s on {sock}")
+
+
+def test_not_a_socket(tmp_path: Path) -> None:
+    path = tmp_path / "file"
+    path.write_text("")
+    assert_one_line_error(ctl_process("--socket", str(path), "status"), "is not a socket")
+
+
+def test_permission_denied(server: ControlServer, sock: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Tests run as root, for whom access() always succeeds; pretend we are not.
+    monkeypatch.setattr(ctl.os, "access", lambda path, mode: False)
+    result = run_ctl(sock, "status")
+    assert result.exit_code == 1
+    assert result.stderr == f"linkpassctl: permission denied on {sock} (run as root or a member of its group)\n"
+    assert result.stdout == ""
+
+
+def test_provider_failure_is_reported_not_hidden(sock: Path) -> None:
+    def broken() -> DaemonStatus:
+        raise RuntimeError("state not ready")
+
+    with running_server(sock, broken):
+        result = run_ctl(sock, "status")
+    assert result.exit_code == 1
+    assert result.stderr == "linkpassctl: linkpassd answered INTERNAL: status unavailable: state not ready\n"
+
+
+def test_aggregator_says_it_is_not_implemented() -> None:
+    proc = subprocess.run([sys.executable, "-c", "from linkpassd.aggregator.main import main; main()"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert len(proc.stderr.splitlines()) == 1 and "not implemented" in proc.stderr
