@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from netnslib import HostLab, NetnsFactory
+from labs.netnslib import HostLab, NetnsFactory
 
 
 @pytest.fixture

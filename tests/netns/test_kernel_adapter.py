@@ -11,7 +11,7 @@ import asyncio
 import errno
 
 import pytest
-from netnslib import HostLab, run, run_ip, wait_for, wait_for_sync
+from labs.netnslib import HostLab, run, run_ip, wait_for, wait_for_sync
 
 from linkpassd.adapters import nhmsg
 from linkpassd.adapters.kernel import KernelAdapter, KernelOpError

@@ -1,0 +1,1 @@
+"""Labs: namespaces and Mininet topologies, faults, traffic and benchmarks."""

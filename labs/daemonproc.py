@@ -1,0 +1,103 @@
+"""Run a real linkpassd inside a lab namespace, and stop exactly that process.
+
+Used by the netns tests and the benchmarks: the daemon runs as its own
+process (as in production), is watched through `linkpassctl -o json`, and is
+stopped by PID only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterable
+
+
+def rail_config_toml(socket_path: str, run_dir: str, rails: Iterable, *, rise: int = 2,
+                     hold_down_s: float = 1.0, tick_interval_s: float = 0.1,
+                     multipath: str | None = "198.18.128.0/17", buckets: int = 8,
+                     log_level: str = "info") -> str:
+    """A linkpassd config for rails with .port/.address/.gateway/.prefixlen;
+    every rail backs up the others, in order."""
+    rails = list(rails)
+    names = [f"rail{i}" for i in range(len(rails))]
+    out = [
+        "[daemon]",
+        f'control_socket = "{socket_path}"',
+        f'run_dir = "{run_dir}"',
+        f'log_level = "{log_level}"',
+        "[timers]",
+        f"rise = {rise}",
+        f"hold_down_s = {hold_down_s}",
+        f"tick_interval_s = {tick_interval_s}",
+    ]
+    for name, rail in zip(names, rails):
+        backups = ", ".join(f'"{n}"' for n in names if n != name)
+        out += ["[[rail]]", f'name = "{name}"', f'port = "{rail.port}"',
+                f'address = "{rail.address}/{rail.prefixlen}"', f'gateway = "{rail.gateway}"',
+                f"backups = [{backups}]"]
+    if multipath:
+        members = ", ".join(f'"{n}"' for n in names)
+        out += ["[[multipath]]", 'name = "fabric"', f'destination = "{multipath}"',
+                f"rails = [{members}]", f"buckets = {buckets}"]
+    return "\n".join(out) + "\n"
+
+
+class DaemonProcess:
+    def __init__(self, netns: str, config_path: Path, socket_path: str, log_path: Path):
+        self.netns = netns
+        self.config_path = Path(config_path)
+        self.socket_path = socket_path
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "DaemonProcess":
+        log = open(self.log_path, "ab")
+        # `ip netns exec` execs the command, so the PID we hold is the daemon's.
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", self.netns, sys.executable, "-m", "linkpassd.daemon",
+             "--config", str(self.config_path)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        log.close()
+        return self
+
+    def status(self) -> dict | None:
+        ctl = [sys.executable, "-m", "linkpassd.ctl.main", "--socket", self.socket_path,
+               "--timeout", "2", "status", "-o", "json"]
+        proc = subprocess.run(ctl, capture_output=True, text=True, timeout=10)
+        return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+    def wait_ready(self, timeout: float = 20.0) -> dict:
+        """Until the first reconcile has completed; fails loudly with the log."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc and self.proc.poll() is not None:
+                raise RuntimeError(f"linkpassd exited with {self.proc.returncode}:\n{self.log()}")
+            st = self.status()
+            if st and int(st.get("reconciles", 0)) >= 1:
+                return st
+            time.sleep(0.1)
+        raise TimeoutError(f"linkpassd not ready after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        os.kill(self.proc.pid, sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait(5)
+
+    def __enter__(self) -> "DaemonProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

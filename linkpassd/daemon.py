@@ -1,0 +1,329 @@
+"""linkpassd: the asyncio shell around the pure core.
+
+The only module with tasks. Reader tasks (link events, ticks, signals) feed one
+queue; one reconcile loop drains it, updates port health, asks the policy for
+the desired routing, and applies the planner's operations. The loop is
+event-nudged (a link event reconciles at once) and level-triggered (a full
+re-read of kernel state every `resync_interval_s`, and after any failed
+operation), so a missed event or a foreign change is repaired, not trusted.
+
+Between full re-reads the loop plans against its own view of the kernel: the
+last dump, plus its own writes, plus the kernel's known side effect of carrier
+loss (nexthops on the port deleted, see core.plan.carrier_lost). That keeps
+netlink dumps out of the failover path. A write the kernel refuses means the
+view was wrong: the loop re-reads everything and plans again at once.
+
+Fail-static: stopping or crashing changes nothing in the kernel. Starting over
+unchanged state writes nothing (healthy ports are trusted at once and the plan
+is empty).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, replace
+
+import structlog
+from pyroute2 import AsyncIPRoute
+
+import linkpassd
+from linkpassd import config as configmod
+from linkpassd import logs
+from linkpassd.adapters import sdnotify
+from linkpassd.adapters.control_server import ControlServer
+from linkpassd.adapters.kernel import KernelAdapter, KernelOpError
+from linkpassd.adapters.links import LinkEvent, LinkMonitor, LinkSnapshot
+from linkpassd.core import health, plan, policy
+from linkpassd.core.model import Config, DaemonStatus, KernelState, LinkSample, PortState
+
+log = structlog.get_logger("linkpassd")
+
+DEFAULT_CONFIG = "/etc/linkpass/linkpassd.toml"
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Re-sample cached link state (rise counts, hold-down expiry)."""
+
+
+@dataclass(frozen=True)
+class Reload:
+    """SIGHUP: re-read the config file; keep the running one if it is bad."""
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    signal: str
+
+
+class ShutdownRequested(Exception):
+    pass
+
+
+class Daemon:
+    def __init__(self, config: Config, config_path: str | None = None,
+                 clock=time.monotonic, wallclock=time.time):
+        self.config = config
+        self.config_path = config_path
+        self.clock = clock
+        self.wallclock = wallclock
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.links: dict[str, LinkSample] = {}
+        self.health: dict[str, health.PortHealth] = {}
+        self.decision: policy.Decision | None = None
+        self.applied: KernelState | None = None
+        self.kernel_view: KernelState | None = None  # None: re-read before planning
+        self.pending_logs: list[tuple[str, dict]] = []
+        self.needs_resync = True
+        self.next_resync = 0.0
+        self.reconciles = 0
+        self.reload_failures = 0
+        self.last_reconcile_at = 0.0
+        self.last_error = ""
+        self.started_mono = clock()
+        self.started_wall = wallclock()
+        self.ready = asyncio.Event()
+        self.kernel: KernelAdapter | None = None
+        self.monitor: LinkMonitor | None = None
+
+    # ------------------------------------------------------------------ tasks
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGHUP, self.queue.put_nowait, Reload())
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.queue.put_nowait, Shutdown(sig.name))
+        ipr = AsyncIPRoute()
+        self.kernel = KernelAdapter(ipr)
+        self.ipr = ipr
+        self.monitor = LinkMonitor(self.ports(), self.queue.put)
+        control = ControlServer(self.config.control_socket, self.status)
+        await control.start()
+        log.info("started", version=linkpassd.__version__, config=self.config.source,
+                 rails=len(self.config.rails), multipath=len(self.config.multipath))
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                tasks.create_task(self.monitor.run(), name="links")
+                tasks.create_task(self._ticker(), name="ticker")
+                tasks.create_task(self._reconcile_loop(), name="reconcile")
+        except* ShutdownRequested:
+            pass
+        finally:
+            sdnotify.notify("STOPPING=1")
+            await control.stop(0.5)
+            ipr.close()
+            log.info("stopped", note="routes left as they are (fail-static)")
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.timers.tick_interval_s)
+            await self.queue.put(Tick())
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            events = [await self.queue.get()]
+            while not self.queue.empty():
+                events.append(self.queue.get_nowait())
+            await self.handle(events)
+
+    # ------------------------------------------------------------- decisions
+
+    def ports(self) -> list[str]:
+        return [rail.port for rail in self.config.rails]
+
+    async def handle(self, events: list) -> None:
+        now = self.clock()
+        for event in events:
+            if isinstance(event, Shutdown):
+                log.info("shutdown", signal=event.signal)
+                raise ShutdownRequested
+            if isinstance(event, Reload):
+                await self._reload(now)
+            elif isinstance(event, LinkSnapshot):
+                if event.reason != "start":
+                    self.needs_resync = True
+                for sample in event.samples.values():
+                    self._observe(sample, now)
+            elif isinstance(event, LinkEvent):
+                self._observe(event.sample, now)
+            elif isinstance(event, Tick):
+                for sample in list(self.links.values()):
+                    self._observe(sample, now)
+        if not all(p in self.links for p in self.ports()):
+            return  # no full picture of the ports yet
+        decision = policy.decide(self.config, self.port_states(now))
+        self._log_decision_changes(decision)
+        self.decision = decision
+        if now >= self.next_resync:
+            self.needs_resync = True
+        if self.needs_resync or decision.desired != self.applied:
+            await self._reconcile(decision, now)
+        self._flush_logs()
+
+    def _later(self, event: str, **fields) -> None:
+        """Log after the kernel writes, so logging never delays a failover."""
+        self.pending_logs.append((event, fields))
+
+    def _flush_logs(self) -> None:
+        for event, fields in self.pending_logs:
+            log.info(event, **fields)
+        self.pending_logs.clear()
+
+    def _observe(self, sample: LinkSample, now: float) -> None:
+        if sample.port not in self.ports():
+            return
+        previous = self.links.get(sample.port)
+        self.links[sample.port] = sample
+        if previous is not None and previous.healthy and not sample.healthy and self.kernel_view:
+            # The kernel has already deleted the nexthops on this port.
+            self.kernel_view = plan.carrier_lost(self.kernel_view, sample.port)
+        before = self.health.get(sample.port)
+        after = (health.initial(sample, now) if before is None
+                 else health.observe(before, sample, now, self.config.timers))
+        self.health[sample.port] = after
+        if before is None or before.verdict != after.verdict:
+            self._later("port_verdict", port=sample.port, rail=self._rail_of(sample.port),
+                     verdict=str(after.verdict), phase=str(after.phase), reason=after.reason)
+
+    def port_states(self, now: float) -> dict[str, PortState]:
+        return {p: health.port_state(h, now, self.config.timers) for p, h in self.health.items()}
+
+    def _rail_of(self, port: str) -> str:
+        return next((r.name for r in self.config.rails if r.port == port), "")
+
+    def _log_decision_changes(self, new: policy.Decision) -> None:
+        old = {r.name: r for r in self.decision.rails} if self.decision else {}
+        for rail in new.rails:
+            prev = old.get(rail.name)
+            if prev is None or prev.active_rail != rail.active_rail:
+                self._later("rail_path", rail=rail.name, port=rail.port, table=rail.table,
+                         path=rail.active_rail or "none",
+                         previous=prev.active_rail if prev else "unknown")
+        old_groups = {g.name: g for g in self.decision.groups} if self.decision else {}
+        for group in new.groups:
+            prev = old_groups.get(group.name)
+            if prev is None or prev.members != group.members:
+                self._later("group_members", group=group.name, destination=group.destination,
+                         members=",".join(group.members) or "none")
+
+    async def _reconcile(self, decision: policy.Decision, now: float) -> None:
+        assert self.kernel is not None
+        reread = self.needs_resync or self.kernel_view is None
+        if reread:
+            try:
+                self.kernel_view = await self.kernel.observe(self.config.ownership)
+            except Exception as exc:  # noqa: BLE001 - kernel trouble must not kill the daemon
+                self._fail(f"reading kernel state failed: {exc}")
+                return
+        ops = plan.plan(decision.desired, self.kernel_view)
+        for op in ops:
+            try:
+                await self.kernel.apply(op)
+            except KernelOpError as exc:
+                if reread:
+                    self._fail(str(exc))
+                    return
+                # Our view of the kernel was stale: re-read and plan again, now.
+                log.warning("kernel_view_stale", refused=str(exc), action="re-read")
+                self.needs_resync = True
+                await self._reconcile(decision, now)
+                return
+            try:
+                self.kernel_view = plan.simulate(self.kernel_view, op)
+            except plan.KernelSemanticsError:
+                self.needs_resync = True  # the kernel took it, our view did not: re-read next time
+            self._later("kernel_write", op=str(op.kind), object=type(op.obj).__name__,
+                        detail=str(op.obj))
+        self.applied = decision.desired
+        if reread:
+            self.needs_resync = False
+            self.next_resync = now + self.config.timers.resync_interval_s
+        self.reconciles += 1
+        self.last_reconcile_at = self.wallclock()
+        if not self.ready.is_set():
+            self.ready.set()
+            sdnotify.notify("READY=1")
+            log.info("ready", writes=self.kernel.writes)
+
+    def _fail(self, message: str) -> None:
+        """Remember the error and re-read everything on the next tick."""
+        self.last_error = message
+        self.needs_resync = True
+        self.kernel_view = None
+        self.applied = None
+        log.error("reconcile_failed", error=message)
+
+    async def _reload(self, now: float) -> None:
+        if not self.config_path:
+            log.warning("reload_ignored", reason="no config file")
+            return
+        try:
+            new = configmod.load_config(self.config_path)
+        except configmod.ConfigError as exc:
+            self.reload_failures += 1
+            self.last_error = f"reload rejected, running config kept: {exc}"
+            log.error("reload_rejected", error=str(exc), failures=self.reload_failures)
+            return
+        self.config = new
+        assert self.monitor is not None
+        self.monitor.watch(self.ports())
+        snap = await self.monitor.snapshot(self.ipr, "reload")
+        self.links = {p: s for p, s in self.links.items() if p in self.ports()}
+        self.health = {p: h for p, h in self.health.items() if p in self.ports()}
+        for sample in snap.samples.values():
+            self._observe(sample, now)
+        self.needs_resync = True
+        log.info("reloaded", config=new.source, rails=len(new.rails))
+
+    # ---------------------------------------------------------------- status
+
+    def status(self) -> DaemonStatus:
+        now = self.clock()
+        to_wall = self.started_wall - self.started_mono
+        ports = tuple(replace(s, since=s.since + to_wall)
+                      for s in self.port_states(now).values())
+        return DaemonStatus(
+            hostname=socket.gethostname(),
+            version=linkpassd.__version__,
+            config_source=self.config.source,
+            started_at=self.started_wall,
+            ports=ports,
+            links=tuple(self.links.values()),
+            rails=self.decision.rails if self.decision else (),
+            groups=self.decision.groups if self.decision else (),
+            reconciles=self.reconciles,
+            netlink_writes=self.kernel.writes if self.kernel else 0,
+            last_reconcile_at=self.last_reconcile_at,
+            last_error=self.last_error,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="linkpassd", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="config file (TOML)")
+    parser.add_argument("--check-config", metavar="FILE",
+                        help="validate FILE without touching the system, then exit")
+    parser.add_argument("--version", action="version", version=linkpassd.__version__)
+    args = parser.parse_args(argv)
+    if args.check_config:
+        return configmod.check_config_main(args.check_config)
+    try:
+        config = configmod.load_config(args.config)
+    except configmod.ConfigError as exc:
+        print(f"linkpassd: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(config.log_format, config.log_level)
+    try:
+        asyncio.run(Daemon(config, args.config).run())
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
