@@ -1,7 +1,7 @@
 """Policy: port verdicts + config -> the routing the host should have.
 
-Every rail gets a source table (`from <rail address> lookup <table>`, and the
-same for RoCEv2, UDP dport 4791) whose routes point at the rail's own nexthop
+Every rail gets a source table (`from <rail address> lookup <table>`, and
+before it the same for RoCEv2, UDP dport 4791) whose routes point at the rail's own nexthop
 while the rail is UP, and at the first healthy backup rail otherwise.
 Multipath destinations get a resilient nexthop group over the healthy rails,
 so that losing a path remaps only that path's flows.
@@ -85,23 +85,21 @@ def group_members(config: Config, rails: list[RailConfig], min_paths: int,
 
 
 def rules(config: Config) -> list[Rule]:
-    """Rules do not depend on health: a table without a route lets the lookup
+    """RoCEv2 from a rail address first, then anything from a rail address (a
+    socket bound to a NIC's address means that NIC, as NCCL's socket transport
+    binds), then multipath destinations for traffic bound to no rail.
+
+    Rules do not depend on health: a table without a route lets the lookup
     fall through to the next rule, so the host never loses its main table."""
     proto = config.ownership.route_protocol
-    prio = config.ownership.rule_priority_min
-    out: list[Rule] = []
+    selectors: list[dict] = []
     if config.roce_rules:
-        for rail in config.rails:
-            out.append(Rule(priority=prio, table=rail.table, protocol=proto,
-                            src=f"{rail.address}/32", ipproto=IPPROTO_UDP, dport=ROCEV2_UDP_PORT))
-            prio += 1
-    for mp in config.multipath:
-        out.append(Rule(priority=prio, table=mp.table, protocol=proto, dst=mp.destination))
-        prio += 1
-    for rail in config.rails:
-        out.append(Rule(priority=prio, table=rail.table, protocol=proto, src=f"{rail.address}/32"))
-        prio += 1
-    return out
+        selectors += [dict(table=r.table, src=f"{r.address}/32", ipproto=IPPROTO_UDP,
+                           dport=ROCEV2_UDP_PORT) for r in config.rails]
+    selectors += [dict(table=r.table, src=f"{r.address}/32") for r in config.rails]
+    selectors += [dict(table=mp.table, dst=mp.destination) for mp in config.multipath]
+    first = config.ownership.rule_priority_min
+    return [Rule(priority=first + i, protocol=proto, **sel) for i, sel in enumerate(selectors)]
 
 
 def decide(config: Config, ports: Mapping[str, PortState]) -> Decision:

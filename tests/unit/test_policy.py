@@ -88,14 +88,23 @@ def test_without_any_carrier_there_is_no_route_and_rules_stay():
     assert [r.active_rail for r in d.rails] == [None, None]
 
 
-def test_rules_cover_roce_multipath_and_rail_sources_in_that_order():
+def test_rules_cover_roce_then_rail_sources_then_multipath():
     cfg = rails_config(2)
     rules = policy.rules(cfg)
     assert [r.priority for r in rules] == list(range(10100, 10105))
     assert [(r.src, r.dport, r.table) for r in rules[:2]] == [
         ("198.18.0.1/32", 4791, 10100), ("198.18.1.1/32", 4791, 10101)]
-    assert rules[2].dst == "198.19.0.0/16" and rules[2].table == 10150
-    assert [(r.src, r.dport) for r in rules[3:]] == [("198.18.0.1/32", None), ("198.18.1.1/32", None)]
+    assert [(r.src, r.dport, r.table) for r in rules[2:4]] == [
+        ("198.18.0.1/32", None, 10100), ("198.18.1.1/32", None, 10101)]
+    assert (rules[4].src, rules[4].dst, rules[4].table) == (None, "198.19.0.0/16", 10150)
+
+
+def test_without_roce_rules_the_rail_rules_come_first():
+    from dataclasses import replace
+    cfg = replace(rails_config(2), roce_rules=False)
+    rules = policy.rules(cfg)
+    assert [(r.priority, r.src, r.dst) for r in rules] == [
+        (10100, "198.18.0.1/32", None), (10101, "198.18.1.1/32", None), (10102, None, "198.19.0.0/16")]
 
 
 verdicts = st.sampled_from([Verdict.UP, Verdict.DEGRADED, Verdict.DOWN])
