@@ -1,0 +1,17 @@
+"""Faults injected inside lab nodes only; each has inject()/clear() and
+monotonic ``injected_at``/``cleared_at`` stamps (see base.Fault).
+
+    from labs.faults import CablePull
+    with dualrail() as lab:
+        fault = CablePull(lab, "lph1", 0)
+        t0 = fault.inject(); ...; fault.clear()
+"""
+
+from labs.faults.base import Fault
+from labs.faults.link import CablePull, Flap
+from labs.faults.miswire import Miswire
+from labs.faults.nft import NftFault, OneWayLoss, RandomLoss, SilentBlackhole
+from labs.faults.optics import OpticDegradation, SimSensor
+
+__all__ = ["Fault", "CablePull", "Flap", "Miswire", "NftFault", "OneWayLoss", "RandomLoss",
+           "SilentBlackhole", "OpticDegradation", "SimSensor"]

@@ -1,0 +1,77 @@
+"""What every fault shares: a target port, timestamps, idempotent clear.
+
+``injected_at``/``cleared_at`` are time.monotonic() taken immediately before
+the action that causes (or ends) the fault. CLOCK_MONOTONIC is one clock for
+every namespace on the machine, so a receiver's timestamps in any lab node
+compare with them directly.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from labs.topos.lab import Lab
+from labs.topos.plan import HostPlan, HostRail, LabError
+
+
+class Fault:
+    """Base class: subclasses implement _inject()/_clear(), each returning
+    the monotonic stamp taken right before its causing action."""
+
+    kind = "fault"
+
+    def __init__(self, lab: Lab, host: str | int | HostPlan, rail: int | str):
+        self.lab = lab
+        self.host: HostPlan = lab.host(host)  # LabError names the hosts that exist
+        self.rail: HostRail = self.host.rail(rail)  # ...and the rails
+        self.injected_at: float | None = None
+        self.cleared_at: float | None = None
+        self._lock = threading.RLock()
+
+    @property
+    def description(self) -> str:
+        return f"{self.kind} on {self.host.name} rail {self.rail.index} ({self.rail.port})"
+
+    @property
+    def active(self) -> bool:
+        return self.injected_at is not None and self.cleared_at is None
+
+    def inject(self) -> float:
+        with self._lock:
+            if self.active:
+                raise LabError(f"{self.description}: already injected")
+            self.lab._register_fault(self)  # the lab clears it on teardown
+            self.cleared_at = None
+            self.injected_at = self._inject()
+            return self.injected_at
+
+    def clear(self) -> float | None:
+        """End the fault; a no-op (returning the earlier stamp) if it is not active."""
+        with self._lock:
+            if self.active:
+                self.cleared_at = self._clear()
+            return self.cleared_at
+
+    def record(self) -> dict[str, Any]:
+        """For result files: what was done, where, and when."""
+        return {"fault": self.kind, "description": self.description, "host": self.host.name,
+                "rail": self.rail.index, "port": self.rail.port, "leaf": self.rail.leaf,
+                "leaf_port": self.rail.leaf_port, "injected_at": self.injected_at,
+                "cleared_at": self.cleared_at}
+
+    def __enter__(self) -> "Fault":
+        self.inject()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.clear()
+
+    def __str__(self) -> str:
+        return self.description
+
+    def _inject(self) -> float:
+        raise NotImplementedError
+
+    def _clear(self) -> float:
+        raise NotImplementedError

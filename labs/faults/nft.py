@@ -1,0 +1,159 @@
+"""Gray failures: the link stays up and packets die, in the leaf only.
+
+Rules live in the leaf's namespace, in table ``netdev lp_fault``, on base
+chains bound to the leaf's host-facing port: the ``ingress`` hook drops
+host->leaf, the ``egress`` hook (Linux >= 5.16; checked on 6.18) drops
+leaf->host. Both hooks see every frame, ARP included, as a failing optic
+would. Each fault owns its chains (named after the fault), counts what it saw
+and dropped, and deletes its chains (and the table once empty) on clear.
+
+Timing: the rules are installed first, armed but matching nothing: they
+drop only while the port's interface group is the fault's own group number.
+inject() then sets that group and clear() sets it back to 0, each with one
+netlink request stamped right before it (as a cable pull is), so the stamps
+do not include the milliseconds nft takes to start, parse and commit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+from labs.faults.base import Fault
+from labs.topos.lab import Lab
+from labs.topos.plan import HostPlan, LabError
+
+TABLE = "lp_fault"
+HOOKS = {"host_to_leaf": "ingress", "leaf_to_host": "egress"}
+GROUP_MATCH = {"ingress": "iifgroup", "egress": "oifgroup"}
+GROUP_BASE = 0x4C500000  # "LP": interface group numbers that arm lab faults
+_serial = itertools.count(1)
+
+
+class NftFault(Fault):
+    """Drop rules on the leaf's host-facing port, per direction. One nft
+    fault per port at a time (the port has one interface group)."""
+
+    kind = "nft"
+
+    def __init__(self, lab: Lab, host: str | int | HostPlan, rail: int | str,
+                 directions: tuple[str, ...] = ("host_to_leaf", "leaf_to_host")):
+        super().__init__(lab, host, rail)
+        for d in directions:
+            if d not in HOOKS:
+                raise LabError(f"direction must be one of {', '.join(HOOKS)}, got {d!r}")
+        self.directions = tuple(directions)
+        serial = next(_serial)
+        self.tag = f"{self.kind.replace('-', '_')}{serial}"
+        self.group = GROUP_BASE + serial
+        self.final_counts: dict[str, dict[str, int]] | None = None
+
+    def chain(self, direction: str) -> str:
+        return f"{self.tag}_{HOOKS[direction]}"
+
+    def _match(self) -> str:
+        """nft expressions between the group match and ``counter drop``."""
+        return ""
+
+    def _inject(self) -> float:
+        for other in self.lab._faults:
+            if other is not self and other.active and isinstance(other, NftFault) \
+                    and other.rail.leaf_port == self.rail.leaf_port:
+                raise LabError(f"{self.description}: {other} is already on this port")
+        script = [f"add table netdev {TABLE}"]
+        for d in self.directions:
+            hook, chain = HOOKS[d], self.chain(d)
+            armed = f"meta {GROUP_MATCH[hook]} {self.group}"
+            script += [
+                f'add chain netdev {TABLE} {chain} {{ type filter hook {hook} '
+                f'device "{self.rail.leaf_port}" priority 0; policy accept; }}',
+                f'add rule netdev {TABLE} {chain} {armed} counter comment "seen"',
+                f'add rule netdev {TABLE} {chain} {armed} {self._match()} counter drop '
+                f'comment "dropped"',
+            ]
+        self.final_counts = None
+        self.lab.nft(self.rail.leaf, "\n".join(script) + "\n")
+        return self.lab.set_link(self.rail.leaf, self.rail.leaf_port, group=self.group)
+
+    def _clear(self) -> float:
+        stamp = self.lab.set_link(self.rail.leaf, self.rail.leaf_port, group=0)
+        self.final_counts = self._read_counts()
+        leaf = self.rail.leaf
+        self.lab.nft(leaf, "".join(f"delete chain netdev {TABLE} {self.chain(d)}\n"
+                                   for d in self.directions))
+        if not self._chains_left():
+            self.lab.nft(leaf, f"delete table netdev {TABLE}\n")
+        return stamp
+
+    def _table(self) -> list[dict]:
+        out = self.lab.run(self.rail.leaf, ["nft", "-j", "list", "table", "netdev", TABLE]).stdout
+        return json.loads(out)["nftables"]
+
+    def _chains_left(self) -> list[str]:
+        return [x["chain"]["name"] for x in self._table() if "chain" in x]
+
+    def _read_counts(self) -> dict[str, dict[str, int]]:
+        counts = {d: {"seen": 0, "dropped": 0} for d in self.directions}
+        by_chain = {self.chain(d): d for d in self.directions}
+        for item in self._table():
+            rule = item.get("rule")
+            if not rule or rule["chain"] not in by_chain or \
+                    rule.get("comment") not in ("seen", "dropped"):
+                continue
+            for expr in rule["expr"]:
+                if "counter" in expr:
+                    counts[by_chain[rule["chain"]]][rule["comment"]] = expr["counter"]["packets"]
+        return counts
+
+    def counts(self) -> dict[str, dict[str, int]]:
+        """Frames ``seen`` and ``dropped`` per direction while armed: live
+        while active, the final reading after clear()."""
+        if self.active:
+            return self._read_counts()
+        if self.final_counts is None:
+            raise LabError(f"{self.description}: not injected")
+        return self.final_counts
+
+
+class SilentBlackhole(NftFault):
+    """Link up, carrier up, every frame dropped both ways."""
+
+    kind = "silent-blackhole"
+
+
+class OneWayLoss(NftFault):
+    """100 % loss in one direction only (``host_to_leaf`` or ``leaf_to_host``):
+    the asymmetric optic fault carrier state cannot see."""
+
+    kind = "one-way-loss"
+
+    def __init__(self, lab: Lab, host: str | int | HostPlan, rail: int | str,
+                 direction: str = "host_to_leaf"):
+        if direction not in HOOKS:
+            raise LabError(f"direction must be one of {', '.join(HOOKS)}, got {direction!r}")
+        self.direction = direction
+        super().__init__(lab, host, rail, directions=(direction,))
+
+    @property
+    def description(self) -> str:
+        return f"{super().description}: {self.direction.replace('_', ' ')}"
+
+
+class RandomLoss(NftFault):
+    """Each frame dropped with probability ``percent``/100, both directions
+    (``numgen random mod 100 < N``)."""
+
+    kind = "random-loss"
+
+    def __init__(self, lab: Lab, host: str | int | HostPlan, rail: int | str, percent: int):
+        if not isinstance(percent, int) or isinstance(percent, bool) or not 0 <= percent <= 100:
+            raise LabError(f"percent must be an integer in 0..100, got {percent!r}")
+        self.percent = percent
+        super().__init__(lab, host, rail)
+
+    @property
+    def description(self) -> str:
+        return f"{super().description}: {self.percent}% loss"
+
+    def _match(self) -> str:
+        return f"numgen random mod 100 < {self.percent}"

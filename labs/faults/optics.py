@@ -1,0 +1,182 @@
+"""Simulated optics: one JSON file per host port that a degrading module writes.
+
+The format is described in simsensor.md (schema ``linkpass.simsensor/1``).
+linkpassd does not read these files yet; its sim sensor backend will.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from labs.faults.base import Fault
+from labs.topos.lab import Lab
+from labs.topos.plan import HostPlan, LabError
+
+SCHEMA = "linkpass.simsensor/1"
+LANES = 4
+
+# A 4-lane 100G/400G short-reach module's usual limits (SFF-8636/CMIS style).
+THRESHOLDS: dict[str, dict[str, float]] = {
+    "temperature_c": {"high_alarm": 75.0, "high_warning": 70.0, "low_warning": 0.0, "low_alarm": -5.0},
+    "voltage_v": {"high_alarm": 3.63, "high_warning": 3.465, "low_warning": 3.135, "low_alarm": 2.97},
+    "tx_bias_ma": {"high_alarm": 13.0, "high_warning": 12.0, "low_warning": 4.0, "low_alarm": 3.0},
+    "tx_power_dbm": {"high_alarm": 4.0, "high_warning": 3.0, "low_warning": -6.0, "low_alarm": -8.0},
+    "rx_power_dbm": {"high_alarm": 4.0, "high_warning": 3.0, "low_warning": -9.0, "low_alarm": -11.0},
+}
+
+HEALTHY: dict[str, Any] = {
+    "temperature_c": 42.0,
+    "voltage_v": 3.30,
+    "tx_bias_ma": [7.5] * LANES,
+    "tx_power_dbm": [-0.5] * LANES,
+    "rx_power_dbm": [-1.5] * LANES,
+}
+
+
+class SimSensor:
+    """Writes one port's readings atomically (temp file + rename), so a
+    reader sees the previous reading or the next, never half of one.
+    Counters only grow, like the hardware's: readers take rates."""
+
+    def __init__(self, path: str | os.PathLike[str], port: str):
+        self.path = Path(path)
+        self.port = port
+        self.reading: dict[str, Any] = copy.deepcopy(HEALTHY)
+        self.counters = {"fec_corrected": 0, "fec_uncorrectable": 0, "rx_crc_errors": 0,
+                         "link_down_count": 0}
+        self.sequence = 0
+        try:  # continue the port's history: counters and sequence never go back
+            old = json.loads(self.path.read_text())
+            self.counters.update({k: int(old["counters"][k]) for k in self.counters})
+            self.sequence = int(old["sequence"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "port": self.port,
+            "written_at": time.monotonic(),
+            "sequence": self.sequence,
+            "module": {"identifier": "QSFP-DD", "spec": "CMIS 5.0", "lanes": LANES,
+                       "vendor": "LINKPASS-SIM"},
+            **copy.deepcopy(self.reading),
+            "thresholds": copy.deepcopy(THRESHOLDS),
+            "counters": dict(self.counters),
+        }
+
+    def write(self) -> float:
+        """Write the current state; returns its ``written_at``."""
+        self.sequence += 1
+        doc = self.document()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, self.path)
+        return doc["written_at"]
+
+    def write_healthy(self) -> float:
+        self.reading = copy.deepcopy(HEALTHY)
+        return self.write()
+
+
+def _fec_per_step(rx_dbm: float) -> tuple[int, int, int]:
+    """Corrected, uncorrectable, CRC errors added per step at this RX power:
+    none with margin, corrected errors growing tenfold every 2 dB below the
+    warning, uncorrectable and CRC once past the alarm."""
+    warn, alarm = THRESHOLDS["rx_power_dbm"]["low_warning"], THRESHOLDS["rx_power_dbm"]["low_alarm"]
+    corrected = int(10 ** ((warn + 2.0 - rx_dbm) / 2.0)) if rx_dbm < warn + 2.0 else 0
+    uncorrectable = int(10 ** ((alarm - rx_dbm) / 2.0) * 5) if rx_dbm < alarm else 0
+    return corrected, uncorrectable, uncorrectable
+
+
+class OpticDegradation(Fault):
+    """RX power ramps linearly from ``start_dbm`` (healthy) to ``end_dbm``
+    (past the low alarm) over ``duration_s``, one file write per ``step_s``,
+    on the given ``lanes`` (default all); error counters grow as the margin
+    goes. Nothing happens to packets: this is the sensor's view only (add a
+    RandomLoss for the data plane's). clear() writes healthy values back."""
+
+    kind = "optic-degradation"
+
+    def __init__(self, lab: Lab, host: str | int | HostPlan, rail: int | str, *,
+                 start_dbm: float = HEALTHY["rx_power_dbm"][0], end_dbm: float = -13.0,
+                 duration_s: float = 5.0, step_s: float = 0.1, lanes: list[int] | None = None):
+        super().__init__(lab, host, rail)
+        if not duration_s > 0 or not step_s > 0:
+            raise LabError("duration_s and step_s must be > 0")
+        if end_dbm >= THRESHOLDS["rx_power_dbm"]["low_alarm"]:
+            raise LabError(f"end_dbm {end_dbm} does not pass the low alarm "
+                           f"({THRESHOLDS['rx_power_dbm']['low_alarm']} dBm)")
+        self.lanes = list(range(LANES)) if lanes is None else list(lanes)
+        if not self.lanes or any(not 0 <= lane < LANES for lane in self.lanes):
+            raise LabError(f"lanes must be a non-empty subset of 0..{LANES - 1}")
+        self.start_dbm, self.end_dbm = start_dbm, end_dbm
+        self.duration_s, self.step_s = duration_s, step_s
+        self.sensor = SimSensor(lab.sim_path(self.host, self.rail.port), self.rail.port)
+        self.crossed_alarm_at: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def description(self) -> str:
+        return (f"{super().description}: RX {self.start_dbm:g} -> {self.end_dbm:g} dBm "
+                f"over {self.duration_s:g}s, lanes {self.lanes}")
+
+    def _set_rx(self, dbm: float) -> float:
+        for lane in self.lanes:
+            self.sensor.reading["rx_power_dbm"][lane] = round(dbm, 2)
+        corrected, uncorrectable, crc = _fec_per_step(dbm)
+        self.sensor.counters["fec_corrected"] += corrected
+        self.sensor.counters["fec_uncorrectable"] += uncorrectable
+        self.sensor.counters["rx_crc_errors"] += crc
+        stamp = self.sensor.write()
+        if self.crossed_alarm_at is None and dbm < THRESHOLDS["rx_power_dbm"]["low_alarm"]:
+            self.crossed_alarm_at = stamp
+        return stamp
+
+    def _inject(self) -> float:
+        self._stop.clear()
+        self._error = None
+        self.crossed_alarm_at = None
+        start = time.monotonic()
+        self._set_rx(self.start_dbm)
+        self._thread = threading.Thread(target=self._ramp, args=(start,), daemon=True,
+                                        name=f"optic-{self.rail.port}")
+        self._thread.start()
+        return start
+
+    def _ramp(self, start: float) -> None:
+        try:
+            while not self._stop.wait(self.step_s):
+                frac = min(1.0, (time.monotonic() - start) / self.duration_s)
+                self._set_rx(self.start_dbm + (self.end_dbm - self.start_dbm) * frac)
+                if frac >= 1.0:
+                    return
+        except BaseException as exc:  # surfaced by wait()/clear()
+            self._error = exc
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until the ramp reached ``end_dbm`` (bounded: duration + 5 s)."""
+        if self._thread is not None:
+            self._thread.join(self.duration_s + 5.0 if timeout is None else timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"{self.description}: still ramping")
+        if self._error is not None:
+            raise LabError(f"{self.description}: {self._error}") from self._error
+
+    def _clear(self) -> float:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+        stamp = time.monotonic()
+        self.sensor.reading = copy.deepcopy(HEALTHY)
+        self.sensor.write()
+        return stamp

@@ -1,0 +1,564 @@
+"""A running rail-optimised fabric in Mininet, torn down and checked on exit.
+
+``Lab`` builds the nodes with Mininet (hosts only: leaves and spines are Linux
+routers; no switch, no controller, no Open vSwitch), writes the plan's
+addresses, routes and sysctls into them, and on exit clears every fault it
+knows, stops every process it started (by PID), deletes its nftables tables,
+stops Mininet, and then *verifies*: no process is left in any of its network
+namespaces and no interface with a lab name is left in the root namespace.
+A leak raises LabLeakError; it is never silently tolerated.
+
+Mininet is used narrowly. It never runs its cleanup (``mn -c`` kills by
+name); ``Mininet.init()`` is pre-empted because its fixLimits() rewrites
+root-namespace sysctls (tcp_rmem, neighbour table sizes...), and a lab must
+not change the machine it runs on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from mininet.link import Link
+from mininet.net import Mininet
+from mininet.node import Host, Node
+from mininet.topo import Topo
+
+from labs.topos.nl import LinkSetter, arp_who_has
+from labs.topos.plan import (
+    LAB_NAME_RE,
+    MECHANISMS,
+    FabricPlan,
+    HostPlan,
+    HostRail,
+    LabError,
+    linkpassd_toml,
+)
+
+CMD_TIMEOUT_S = 10.0
+PROC_STOP_S = 5.0
+LEAK_WAIT_S = 3.0
+CARRIER_WAIT_S = 5.0
+CARRIER_EVENTS = ("physical", "urgent")
+_TOOLS = ("mnexec", "ip", "nft", "ping", "sysctl")
+_PING_SUMMARY = re.compile(r"(\d+) packets transmitted, (\d+) received")
+
+
+class LabLeakError(RuntimeError):
+    """Teardown left something behind (or failed): the message lists it."""
+
+
+class _Veth(Link):
+    """A veth pair with fixed ifindexes (see FabricPlan.link_ifindex), made
+    directly in the two node namespaces, with errors raised, not printed."""
+
+    def __init__(self, node1: Node, node2: Node, ifindex1: int = 0, ifindex2: int = 0, **params):
+        self._ifindex = (ifindex1, ifindex2)
+        super().__init__(node1, node2, **params)
+
+    def makeIntfPair(self, intfname1, intfname2, addr1=None, addr2=None,  # noqa: N802 (Mininet API)
+                     node1=None, node2=None, deleteIntfs=True):  # noqa: N803
+        i1, i2 = self._ifindex
+        argv = ["mnexec", "-a", str(node1.pid), "ip", "link", "add", "name", intfname1]
+        argv += ["index", str(i1)] if i1 else []
+        argv += ["address", addr1] if addr1 else []
+        argv += ["type", "veth", "peer", "name", intfname2]
+        argv += ["index", str(i2)] if i2 else []
+        argv += ["address", addr2] if addr2 else []
+        argv += ["netns", str(node2.pid)]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
+        if proc.returncode:
+            raise LabError(f"creating veth {intfname1}<->{intfname2}: {proc.stderr.strip()}")
+
+
+class RailOptTopo(Topo):
+    """Mininet's view of a FabricPlan: every node a host, every cable a veth."""
+
+    def build(self, plan: FabricPlan, carrier_events: str = "physical") -> None:  # noqa: D102
+        far = 0 if carrier_events == "physical" else 100_000
+        for name in plan.node_names:
+            self.addHost(name, ip=None)  # no Mininet 10/8 address, ever
+        for host in plan.hosts:
+            for rail in host.rails:
+                self.addLink(host.name, rail.leaf, port1=rail.index, port2=host.index - 1,
+                             intfName1=rail.port, intfName2=rail.leaf_port,
+                             addr1=rail.mac, addr2=rail.leaf_mac,
+                             ifindex1=rail.ifindex, ifindex2=rail.ifindex + far)
+        for up in plan.uplinks:
+            self.addLink(up.leaf, up.spine, port1=plan.n_hosts + up.spine_index, port2=up.rail,
+                         intfName1=up.leaf_port, intfName2=up.spine_port,
+                         addr1=up.leaf_mac, addr2=up.spine_mac,
+                         ifindex1=up.ifindex, ifindex2=up.ifindex + far)
+
+
+@dataclass(frozen=True)
+class PingResult:
+    sent: int
+    received: int
+
+    @property
+    def ok(self) -> bool:
+        return self.sent > 0 and self.received == self.sent
+
+    @property
+    def loss(self) -> float:
+        return 1.0 - self.received / self.sent if self.sent else 1.0
+
+
+class Lab:
+    """A built fabric. Use as a context manager::
+
+        with Lab(FabricPlan(4, 2, 2), mechanism="kernel") as lab:
+            lab.ping("lph1", lab.host("lph2").rail(0).address)
+
+    ``mechanism`` sets host routing (see plan.FabricPlan._host_setup):
+    ``none`` static per-rail tables, ``kernel`` the same plus linkdown-aware
+    fallbacks, ``linkpassd`` connected routes only and a per-host linkpassd
+    config written under the lab's work directory (the caller starts the
+    daemon, e.g. with ``lab.popen``).
+
+    ``carrier_events``: ``physical`` (default) gives both ends of a cable one
+    ifindex (ifindex == iflink, as on a real NIC), so the kernel treats a
+    carrier loss as a non-urgent linkwatch event that it may hold back for up
+    to a second after its last run (see labs/bench/carrier_failover.py);
+    ``urgent`` gives the ends different ifindexes, and the kernel reports at once.
+    """
+
+    def __init__(self, plan: FabricPlan, mechanism: str = "none", *,
+                 workdir: str | os.PathLike[str] | None = None,
+                 carrier_events: str = "physical",
+                 linkpassd_timers: dict[str, float | int] | None = None,
+                 linkpassd_log_level: str = "info"):
+        if mechanism not in MECHANISMS:
+            raise LabError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
+        if carrier_events not in CARRIER_EVENTS:
+            raise LabError(f"carrier_events must be one of {', '.join(CARRIER_EVENTS)}")
+        self.plan = plan
+        self.mechanism = mechanism
+        self.carrier_events = carrier_events
+        self.linkpassd_timers = dict(linkpassd_timers or {})
+        self.linkpassd_log_level = linkpassd_log_level
+        self._own_workdir = workdir is None
+        self._workdir_arg = workdir
+        self.workdir: Path | None = None
+        self.net: Mininet | None = None
+        self.nodes: dict[str, Node] = {}
+        self._netns: dict[int, str] = {}  # netns inode -> node name
+        self._pids: dict[str, int] = {}
+        self._procs: list[tuple[str, subprocess.Popen]] = []
+        self._faults: list[Any] = []
+        self._setters: dict[str, LinkSetter] = {}
+        self._lock = threading.Lock()
+        self._started = False
+        self._closed = False
+        self._stopped = False  # Mininet stopped: nodes are gone
+
+    # ---- lifecycle -------------------------------------------------------------
+
+    def __enter__(self) -> "Lab":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> "Lab":
+        if self._started:
+            raise LabError("lab already started")
+        self._started = True
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _build(self) -> None:
+        if os.geteuid() != 0:
+            raise LabError("a Mininet lab needs root")
+        missing = [tool for tool in _TOOLS if shutil.which(tool) is None]
+        if missing:
+            raise LabError(f"missing tools: {', '.join(missing)}")
+        if self._own_workdir:
+            self.workdir = Path(tempfile.mkdtemp(prefix="lplab-", dir="/tmp"))
+        else:
+            self.workdir = Path(self._workdir_arg)  # type: ignore[arg-type]
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        Mininet.inited = True  # skip Mininet.init(): fixLimits() edits root sysctls
+        topo = RailOptTopo(self.plan, carrier_events=self.carrier_events)
+        self.net = Mininet(topo=topo, controller=None, host=Host, link=_Veth,
+                           autoSetMacs=False,  # every port has a plan MAC already
+                           build=False, ipBase="198.18.0.0/15", waitConnected=False)
+        self.net.build()  # nodes (mnexec shells) then links; no switches exist
+        self.net.start()
+        for name in self.plan.node_names:
+            node = self.net[name]
+            self.nodes[name] = node
+            self._pids[name] = node.pid
+            self._netns[os.stat(f"/proc/{node.pid}/ns/net").st_ino] = name
+        for name in self.plan.node_names:
+            setup = self.plan.setup(name, self.mechanism)
+            self.run(name, ["sysctl", "-q", "-w",
+                            *(f"{k}={v}" for k, v in setup.sysctls.items())])
+            if setup.ip_batch:
+                self.run(name, ["ip", "-batch", "-"], input="\n".join(setup.ip_batch) + "\n")
+        for host in self.plan.hosts:
+            self._write_host_files(host)
+        deadline = time.monotonic() + CARRIER_WAIT_S
+        for host in self.plan.hosts:
+            for rail in host.rails:
+                while not self.carrier(host.name, rail.port):
+                    if time.monotonic() > deadline:
+                        raise LabError(f"{rail.port}: no carrier {CARRIER_WAIT_S}s after build")
+                    time.sleep(0.02)
+
+    def close(self) -> None:
+        """Tear down; idempotent. Raises LabLeakError if anything was left.
+        Every step runs even when an earlier one failed."""
+        if self._closed:
+            return
+        self._closed = True
+        problems: list[str] = []
+
+        def step(what: str, fn) -> None:
+            try:
+                result = fn()
+                if isinstance(result, list):
+                    problems.extend(result)
+            except Exception as exc:  # keep tearing down; report at the end
+                problems.append(f"{what}: {exc}")
+
+        try:
+            for fault in reversed(list(self._faults)):
+                step(f"clearing {fault}", fault.clear)
+            step("stopping processes", self._stop_processes)
+            if self.net is not None:
+                for name in self.nodes:
+                    step(f"{name}: nft cleanup", lambda n=name: self._delete_nft_tables(n))
+        finally:
+            for setter in self._setters.values():
+                setter.close()  # an open socket would keep its namespace alive
+            self._setters.clear()
+            if self.net is not None:
+                for node in self.net.hosts:  # also nodes of a build that failed half-way
+                    if node.pid and node.name not in self._pids:
+                        try:
+                            ino = os.stat(f"/proc/{node.pid}/ns/net").st_ino
+                        except OSError:
+                            continue
+                        self._pids[node.name] = node.pid
+                        self._netns[ino] = node.name
+                self._stopped = True
+                step("net.stop()", self.net.stop)
+            problems += self._leaks()
+            if self._own_workdir and self.workdir is not None:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+        if problems:
+            raise LabLeakError("lab teardown left problems:\n  " + "\n  ".join(problems))
+
+    def _stop_processes(self) -> list[str]:
+        problems = []
+        for name, proc in self._procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + PROC_STOP_S
+        for name, proc in self._procs:
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                try:
+                    proc.wait(PROC_STOP_S)
+                except subprocess.TimeoutExpired:
+                    problems.append(f"{name}: pid {proc.pid} survived SIGKILL")
+        return problems
+
+    def _leaks(self) -> list[str]:
+        """Processes still in our namespaces, our node shells, lab-named
+        interfaces or named namespaces in the root namespace."""
+        deadline = time.monotonic() + LEAK_WAIT_S
+        while True:
+            found = []
+            for name, pid in self._pids.items():
+                if _alive(pid):
+                    found.append(f"{name}: shell pid {pid} still running")
+            for name, proc in self._procs:
+                if proc.poll() is None:
+                    found.append(f"{name}: started pid {proc.pid} still running")
+            for pid, ino in _netns_of_all_processes():
+                if ino in self._netns:
+                    found.append(f"pid {pid} ({_cmdline(pid)}) still in {self._netns[ino]}'s netns")
+            for fd_target in _own_fd_targets():
+                m = re.fullmatch(r"net:\[(\d+)\]", fd_target)
+                if m and int(m.group(1)) in self._netns:
+                    found.append(f"this process holds {self._netns[int(m.group(1))]}'s netns open")
+            found += [f"interface {n} left in the root namespace" for n in root_lab_interfaces()]
+            found += [f"named netns {n} exists" for n in lab_named_netns()]
+            if not found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.05)
+
+    # ---- topology ----------------------------------------------------------------
+
+    @property
+    def hosts(self) -> tuple[HostPlan, ...]:
+        return self.plan.hosts
+
+    @property
+    def leaves(self) -> list[str]:
+        return self.plan.leaf_names
+
+    @property
+    def spines(self) -> list[str]:
+        return self.plan.spine_names
+
+    def host(self, name: str | int | HostPlan) -> HostPlan:
+        return name if isinstance(name, HostPlan) else self.plan.host(name)
+
+    def rail(self, host: str | int | HostPlan, rail: int | str) -> HostRail:
+        """The host's port on ``rail``; LabError names what exists otherwise."""
+        return self.host(host).rail(rail)
+
+    def node(self, name: str | Node | HostPlan) -> Node:
+        if isinstance(name, HostPlan):
+            name = name.name
+        if isinstance(name, Node):
+            return name
+        if self.net is None or self._stopped:
+            raise LabError("the lab is not running")
+        try:
+            return self.nodes[name]
+        except KeyError:
+            raise LabError(f"no node {name!r} in this lab "
+                           f"(nodes: {', '.join(self.plan.node_names)})") from None
+
+    def pid(self, name: str | Node | HostPlan) -> int:
+        return self.node(name).pid
+
+    @property
+    def netns_inodes(self) -> dict[int, str]:
+        """Network namespace inode -> node name, recorded at build: the
+        identity teardown checks against (names can repeat across labs)."""
+        return dict(self._netns)
+
+    # ---- running things in nodes --------------------------------------------------
+
+    def run(self, node: str | Node | HostPlan, argv: Sequence[str] | str, *, check: bool = True,
+            timeout: float = CMD_TIMEOUT_S, input: str | None = None) -> subprocess.CompletedProcess:
+        """Run a command in a node's namespaces, bounded; ``argv`` as a list,
+        or a string split like a shell would (no shell runs)."""
+        n = self.node(node)
+        args = shlex.split(argv) if isinstance(argv, str) else list(argv)
+        proc = subprocess.run(["mnexec", "-a", str(n.pid), *args], input=input,
+                              capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise LabError(f"{n.name}: {' '.join(args)}: exit {proc.returncode}: "
+                           f"{(proc.stderr or proc.stdout).strip()}")
+        return proc
+
+    def sh(self, node: str | Node | HostPlan, script: str, **kw: Any) -> subprocess.CompletedProcess:
+        return self.run(node, ["sh", "-c", script], **kw)
+
+    def popen(self, node: str | Node | HostPlan, argv: Sequence[str], **kw: Any) -> subprocess.Popen:
+        """Start a long-running process in a node; the lab stops it (SIGTERM,
+        then SIGKILL, by PID) on teardown and checks it is gone."""
+        n = self.node(node)
+        kw.setdefault("stdin", subprocess.DEVNULL)
+        proc = subprocess.Popen(["mnexec", "-da", str(n.pid), *argv], **kw)
+        self._procs.append((n.name, proc))
+        return proc
+
+    def set_link(self, node: str | Node, ifname: str, up: bool | None = None,
+                 group: int | None = None) -> float:
+        """Link up/down and/or interface group by one netlink request; returns
+        the monotonic time taken right before it (see labs.topos.nl)."""
+        n = self.node(node)
+        with self._lock:
+            setter = self._setters.get(n.name)
+            if setter is None:
+                setter = self._setters[n.name] = LinkSetter(n.pid, n.name)
+        return setter.set(ifname, up=up, group=group)
+
+    def link(self, node: str | Node, ifname: str) -> dict:
+        (info,) = json.loads(self.run(node, ["ip", "-j", "-d", "link", "show", "dev", ifname]).stdout)
+        return info
+
+    def carrier(self, node: str | Node, ifname: str) -> bool:
+        return "LOWER_UP" in self.link(node, ifname)["flags"]
+
+    def carrier_down_count(self, node: str | Node, ifname: str) -> int:
+        """The kernel's count of carrier losses on the port (iproute2 6.1 does
+        not print it; the node's own sysfs mount does)."""
+        out = self.run(node, ["cat", f"/sys/class/net/{ifname}/carrier_down_count"]).stdout
+        return int(out.strip())
+
+    def neighbours(self, node: str | Node, ifname: str) -> list[dict]:
+        return json.loads(self.run(node, ["ip", "-j", "neigh", "show", "dev", ifname]).stdout or "[]")
+
+    def who_has(self, node: str | Node, ifname: str, ip: str, timeout_s: float = 1.0) -> str | None:
+        """The MAC that answers ARP for ``ip`` on the node's ``ifname`` (a
+        passive RFC 5227 probe: nobody learns a neighbour from it)."""
+        return arp_who_has(self.node(node).pid, ifname, ip, timeout_s)
+
+    def ping(self, src: str | HostPlan, dst: str, *, src_addr: str | None = None, count: int = 1,
+             interval_s: float = 0.2, wait_s: float = 1.0) -> PingResult:
+        """``ping`` from a node: exactly ``count`` echoes, ``interval_s`` apart,
+        each waited for at most ``wait_s``; never raises for loss."""
+        bound = count * interval_s + wait_s + 5.0
+        argv = ["ping", "-n", "-q", "-c", str(count), "-i", f"{interval_s:g}", "-W", f"{wait_s:g}"]
+        if src_addr:
+            argv += ["-I", src_addr]
+        proc = self.run(src, [*argv, dst], check=False, timeout=bound)
+        m = _PING_SUMMARY.search(proc.stdout)
+        if not m:
+            raise LabError(f"ping from {src} to {dst} failed to run: {proc.stderr.strip()}")
+        return PingResult(int(m.group(1)), int(m.group(2)))
+
+    def reachability(self, *, count: int = 1, wait_s: float = 1.0,
+                     pairs: Iterable[tuple[str, str]] | None = None) -> list[dict]:
+        """Ping every ordered host pair on every rail, source bound to the
+        rail address; in parallel, so a broken lab costs one wait, not N²."""
+        names = [h.name for h in self.hosts]
+        todo = [(a, b, r) for a, b in (pairs or ((a, b) for a in names for b in names if a != b))
+                for r in range(self.plan.n_rails)]
+
+        def one(item: tuple[str, str, int]) -> dict:
+            a, b, r = item
+            src, dst = self.rail(a, r), self.rail(b, r)
+            res = self.ping(a, dst.address, src_addr=src.address, count=count, wait_s=wait_s)
+            return {"src": a, "dst": b, "rail": r, "from": src.address, "to": dst.address,
+                    "sent": res.sent, "received": res.received, "ok": res.ok}
+
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            return list(pool.map(one, todo))
+
+    # ---- nftables ------------------------------------------------------------------
+
+    def nft(self, node: str | Node, script: str) -> None:
+        self.run(node, ["nft", "-f", "-"], input=script)
+
+    def nft_tables(self, node: str | Node) -> list[tuple[str, str]]:
+        out = self.run(node, ["nft", "-j", "list", "tables"]).stdout
+        items = json.loads(out).get("nftables", []) if out.strip() else []
+        return [(t["table"]["family"], t["table"]["name"]) for t in items if "table" in t]
+
+    def _delete_nft_tables(self, node: str) -> None:
+        """Delete the lab's fault tables (lp_*) in a node; nothing else."""
+        for family, name in self.nft_tables(node):
+            if name.startswith("lp_"):
+                self.nft(node, f"delete table {family} {name}\n")
+
+    # ---- faults bookkeeping (labs.faults) ---------------------------------------
+
+    def _register_fault(self, fault: Any) -> None:
+        if fault not in self._faults:
+            self._faults.append(fault)
+
+    # ---- linkpassd --------------------------------------------------------------
+
+    def host_dir(self, host: str | HostPlan) -> Path:
+        if self.workdir is None:
+            raise LabError("the lab is not running")
+        return self.workdir / self.host(host).name
+
+    def run_dir(self, host: str | HostPlan) -> Path:
+        return self.host_dir(host) / "run"
+
+    def control_socket(self, host: str | HostPlan) -> str:
+        return str(self.host_dir(host) / "linkpassd.sock")
+
+    def config_path(self, host: str | HostPlan) -> Path:
+        return self.host_dir(host) / "linkpassd.toml"
+
+    def sim_path(self, host: str | HostPlan, port: str) -> Path:
+        return self.run_dir(host) / "sim" / f"{port}.json"
+
+    def host_config_toml(self, host: str | HostPlan) -> str:
+        """linkpassd config for ``host`` (validated with parse_config)."""
+        from linkpassd.config import parse_config
+
+        plan = self.host(host)
+        text = linkpassd_toml(plan, control_socket=self.control_socket(plan),
+                              run_dir=str(self.run_dir(plan)), timers=self.linkpassd_timers,
+                              log_level=self.linkpassd_log_level)
+        parse_config(text, source=f"<lab {plan.name}>")
+        return text
+
+    def _write_host_files(self, host: HostPlan) -> None:
+        from labs.faults.optics import SimSensor
+
+        (self.run_dir(host) / "sim").mkdir(parents=True, exist_ok=True)
+        if self.mechanism == "linkpassd":
+            self.config_path(host).write_text(self.host_config_toml(host))
+        for rail in host.rails:
+            SimSensor(self.sim_path(host, rail.port), rail.port).write_healthy()
+
+
+# ---- root-namespace witnesses (read-only) ------------------------------------------
+
+
+def root_lab_interfaces() -> list[str]:
+    out = subprocess.run(["ip", "-j", "link", "show"], capture_output=True, text=True,
+                         timeout=CMD_TIMEOUT_S, check=True).stdout
+    return [link["ifname"] for link in json.loads(out or "[]")
+            if LAB_NAME_RE.match(link.get("ifname", ""))]
+
+
+def lab_named_netns() -> list[str]:
+    out = subprocess.run(["ip", "-j", "netns", "list"], capture_output=True, text=True,
+                         timeout=CMD_TIMEOUT_S).stdout
+    return [ns["name"] for ns in json.loads(out or "[]") if LAB_NAME_RE.match(ns.get("name", ""))]
+
+
+def processes_in_netns(inodes: Iterable[int]) -> list[int]:
+    """PIDs of every process whose network namespace is one of ``inodes``."""
+    wanted = set(inodes)
+    return [pid for pid, ino in _netns_of_all_processes() if ino in wanted]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+
+
+def _netns_of_all_processes() -> list[tuple[int, int]]:
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                out.append((int(entry.name), os.stat(f"/proc/{entry.name}/ns/net").st_ino))
+            except OSError:
+                pass  # exited meanwhile, or a kernel thread
+    return out
+
+
+def _own_fd_targets() -> list[str]:
+    targets = []
+    for entry in os.scandir("/proc/self/fd"):
+        try:
+            targets.append(os.readlink(entry.path))
+        except OSError:
+            pass
+    return targets
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+    except OSError:
+        return "?"

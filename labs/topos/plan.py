@@ -1,0 +1,413 @@
+"""The rail-optimised fabric as data: names, addresses, routes, sysctls.
+
+Pure (no system calls), so the addressing can be read, printed and checked
+without root, and the Lab only *writes* what this module renders (build ->
+render -> write, as ipmininet does).
+
+Addressing (everything inside 198.18.0.0/15, RFC 2544):
+
+  host i (1-based) on rail r   host port ``lph<i>-eth<r>``  198.18.<r>.<2i+1>/31
+                               leaf port ``lpl<r>-eth<i-1>`` 198.18.<r>.<2i>/31
+  leaf r <-> spine s           leaf port ``lpl<r>-eth<N+s>`` 198.19.<s>.<2r+1>/31
+                               spine port ``lps<s>-eth<r>``  198.19.<s>.<2r>/31
+
+so rail r's host space is 198.18.<r>.0/24 and a host's gateway on rail r is
+the leaf half of its /31.  198.19.0.0/16 is the fabric's own (leaf-spine)
+space; no host sends to it.  MACs are fixed too: ``02:4c:50:<role>:<node>:<port>``
+(role 1 host, 2 leaf, 3 spine), so a neighbour MAC names the port it belongs to.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+
+MECHANISMS = ("none", "kernel", "linkpassd")
+
+HOST, LEAF, SPINE = "lph", "lpl", "lps"
+#: Every interface and node this lab creates matches this; teardown checks it.
+LAB_NAME_RE = re.compile(r"^lp[hls]\d+(-eth\d+)?$")
+
+HOST_SPACE = "198.18.0.0/16"  # all rails' host /31s
+FABRIC_SPACE = "198.18.0.0/15"  # everything the lab may address
+
+# Host routing for the static mechanisms (outside linkpassd's default ranges).
+RAIL_TABLE_BASE = 1000
+RAIL_RULE_PREF = 1000
+# Fabric detour (see FabricPlan.detour).
+DETOUR_TABLE_BASE = 2000
+DETOUR_RULE_PREF = 2000
+
+MAX_HOSTS = 127  # 2i+1 <= 255
+MAX_RAILS = 128  # 2r+1 <= 255 on the spine links
+MAX_SPINES = 256
+
+
+class LabError(ValueError):
+    """A topology that cannot be addressed, or a host/rail that does not exist."""
+
+
+def mac(role: int, node: int, port: int) -> str:
+    return f"02:4c:50:{role:02x}:{node:02x}:{port:02x}"
+
+
+@dataclass(frozen=True)
+class HostRail:
+    """One host port: what a fault, a traffic generator or linkpassd needs."""
+
+    index: int  # rail number r
+    name: str  # linkpassd rail name, "rail<r>"
+    port: str  # host interface
+    address: str  # host address, no prefix
+    prefixlen: int
+    gateway: str  # the leaf half of the /31
+    leaf: str  # leaf node name
+    leaf_port: str  # the leaf's interface facing this host port
+    mac: str
+    leaf_mac: str
+    ifindex: int  # same index on both ends, see FabricPlan.link_ifindex
+
+    @property
+    def interface(self) -> str:
+        return f"{self.address}/{self.prefixlen}"
+
+    @property
+    def subnet(self) -> str:
+        return str(ipaddress.ip_interface(self.interface).network)
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    name: str
+    index: int  # 1-based
+    rails: tuple[HostRail, ...]
+
+    def rail(self, r: int | str) -> HostRail:
+        for rail in self.rails:
+            if r in (rail.index, rail.name, rail.port):
+                return rail
+        raise LabError(f"{self.name} has no rail {r!r} (rails: "
+                        f"{', '.join(str(x.index) for x in self.rails)})")
+
+    @property
+    def addresses(self) -> list[str]:
+        return [rail.address for rail in self.rails]
+
+
+@dataclass(frozen=True)
+class Uplink:
+    leaf: str
+    spine: str
+    rail: int
+    spine_index: int
+    leaf_port: str
+    spine_port: str
+    leaf_address: str
+    spine_address: str
+    leaf_mac: str
+    spine_mac: str
+    ifindex: int
+
+
+@dataclass(frozen=True)
+class NodeSetup:
+    """What one node needs: sysctls, then `ip -batch` lines, in order."""
+
+    sysctls: dict[str, str] = field(default_factory=dict)
+    ip_batch: list[str] = field(default_factory=list)
+
+
+def _multipath(hops: list[tuple[str, str]]) -> str:
+    """`via X dev Y` for one hop, legacy `nexthop via .. nexthop via ..` for more."""
+    if len(hops) == 1:
+        gw, dev = hops[0]
+        return f"via {gw} dev {dev}"
+    return " ".join(f"nexthop via {gw} dev {dev}" for gw, dev in hops)
+
+
+@dataclass(frozen=True)
+class FabricPlan:
+    """N hosts x R rails, one leaf per rail, S spines.
+
+    ``detour``: when a host's link to leaf r is down, leaf r hands traffic for
+    that host's rail-r address to the spine (its ``default`` table, consulted
+    only after main misses), the spine sends it to leaf (r+1) mod R, and that
+    leaf delivers it over the host's rail-(r+1) port. Without it a host
+    address on a dead link is unreachable, so no host-side failover can keep
+    an established flow alive (its replies are addressed to the dead rail).
+    It is the static stand-in for a fabric that learns host routes (BGP to the
+    host). It only reacts to carrier loss: a silent blackhole still eats the
+    replies, as it would in a real fabric without switch-side BFD. Double
+    failures (rails r and r+1 of one host) end in ICMP unreachable, not a loop.
+    """
+
+    n_hosts: int
+    n_rails: int
+    n_spines: int
+    detour: bool = True
+
+    def __post_init__(self) -> None:
+        for what, value, hi in (("hosts", self.n_hosts, MAX_HOSTS),
+                                ("rails", self.n_rails, MAX_RAILS),
+                                ("spines", self.n_spines, MAX_SPINES)):
+            if not isinstance(value, int) or not 1 <= value <= hi:
+                raise LabError(f"{what} must be an integer in 1..{hi}, got {value!r}")
+        if self.n_hosts + self.n_spines > 256:
+            raise LabError("hosts + spines must be <= 256 (leaf port numbers)")
+
+    # ---- names ---------------------------------------------------------------
+
+    @property
+    def host_names(self) -> list[str]:
+        return [f"{HOST}{i}" for i in range(1, self.n_hosts + 1)]
+
+    @property
+    def leaf_names(self) -> list[str]:
+        return [f"{LEAF}{r}" for r in range(self.n_rails)]
+
+    @property
+    def spine_names(self) -> list[str]:
+        return [f"{SPINE}{s}" for s in range(self.n_spines)]
+
+    @property
+    def node_names(self) -> list[str]:
+        return self.host_names + self.leaf_names + self.spine_names
+
+    @staticmethod
+    def link_ifindex(kind: str, a: int, b: int) -> int:
+        """Both ends of a cable get the same ifindex, as a physical NIC has
+        (ifindex == iflink): the kernel then classes carrier loss as a
+        non-urgent linkwatch event, as on hardware, instead of by accident of
+        creation order. Unique per node because (a, b) is unique per node."""
+        base = 1000 if kind == "host" else 200_000
+        return base + 256 * a + b
+
+    # ---- hosts ---------------------------------------------------------------
+
+    def host_rail(self, i: int, r: int) -> HostRail:
+        return HostRail(
+            index=r, name=f"rail{r}", port=f"{HOST}{i}-eth{r}",
+            address=f"198.18.{r}.{2 * i + 1}", prefixlen=31, gateway=f"198.18.{r}.{2 * i}",
+            leaf=f"{LEAF}{r}", leaf_port=f"{LEAF}{r}-eth{i - 1}",
+            mac=mac(1, i, r), leaf_mac=mac(2, r, i - 1),
+            ifindex=self.link_ifindex("host", r, i),
+        )
+
+    @cached_property
+    def hosts(self) -> tuple[HostPlan, ...]:
+        return tuple(HostPlan(f"{HOST}{i}", i, tuple(self.host_rail(i, r) for r in range(self.n_rails)))
+                     for i in range(1, self.n_hosts + 1))
+
+    def host(self, name: str | int) -> HostPlan:
+        for plan in self.hosts:
+            if name in (plan.name, plan.index):
+                return plan
+        raise LabError(f"no host {name!r} in this lab (hosts: {', '.join(self.host_names)})")
+
+    def leaf_of(self, r: int) -> str:
+        if not 0 <= r < self.n_rails:
+            raise LabError(f"no rail {r} in this lab (rails 0..{self.n_rails - 1})")
+        return f"{LEAF}{r}"
+
+    @cached_property
+    def uplinks(self) -> tuple[Uplink, ...]:
+        out = []
+        for r in range(self.n_rails):
+            for s in range(self.n_spines):
+                out.append(Uplink(
+                    leaf=f"{LEAF}{r}", spine=f"{SPINE}{s}", rail=r, spine_index=s,
+                    leaf_port=f"{LEAF}{r}-eth{self.n_hosts + s}", spine_port=f"{SPINE}{s}-eth{r}",
+                    leaf_address=f"198.19.{s}.{2 * r + 1}", spine_address=f"198.19.{s}.{2 * r}",
+                    leaf_mac=mac(2, r, self.n_hosts + s), spine_mac=mac(3, s, r),
+                    ifindex=self.link_ifindex("uplink", s, r),
+                ))
+        return tuple(out)
+
+    # ---- rendering -----------------------------------------------------------
+
+    def setup(self, node: str, mechanism: str) -> NodeSetup:
+        if mechanism not in MECHANISMS:
+            raise LabError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
+        if node.startswith(HOST):
+            return self._host_setup(self.host(node), mechanism)
+        if node in self.leaf_names:
+            return self._leaf_setup(int(node[len(LEAF):]))
+        if node in self.spine_names:
+            return self._spine_setup(int(node[len(SPINE):]))
+        raise LabError(f"no node {node!r} in this lab")
+
+    @staticmethod
+    def _common_sysctls(ports: list[str], forwarding: bool, linkdown: bool,
+                        arp_host: bool) -> dict[str, str]:
+        sc = {
+            "net.ipv4.ip_forward": "1" if forwarding else "0",
+            # IPv4-only lab (as linkpassd is): no ND/MLD chatter in counters.
+            "net.ipv6.conf.all.disable_ipv6": "1",
+            "net.ipv6.conf.default.disable_ipv6": "1",
+        }
+        for scope in ["all", "default", *ports]:
+            # Loose/no RPF: failover legitimately sends rail-r sources out of
+            # rail r' (and the detour delivers rail-r addresses on rail r').
+            sc[f"net.ipv4.conf.{scope}.rp_filter"] = "0"
+            sc[f"net.ipv4.conf.{scope}.ignore_routes_with_linkdown"] = "1" if linkdown else "0"
+            if arp_host:
+                # Answer ARP only for the port's own address, and source ARP
+                # from it: what multi-NIC hosts on one L2-less fabric do.
+                sc[f"net.ipv4.conf.{scope}.arp_ignore"] = "1"
+                sc[f"net.ipv4.conf.{scope}.arp_announce"] = "2"
+        return sc
+
+    def _host_setup(self, host: HostPlan, mechanism: str) -> NodeSetup:
+        ports = [rail.port for rail in host.rails]
+        setup = NodeSetup(self._common_sysctls(ports, forwarding=False,
+                                               linkdown=mechanism == "kernel", arp_host=True))
+        b = setup.ip_batch
+        for rail in host.rails:
+            b.append(f"address add {rail.interface} dev {rail.port}")
+        if mechanism == "linkpassd":
+            return setup  # connected routes only; linkpassd owns the rest
+        for rail in host.rails:
+            table = RAIL_TABLE_BASE + rail.index
+            b.append(f"rule add pref {RAIL_RULE_PREF + rail.index} from {rail.address} lookup {table}")
+            if mechanism == "none":
+                b.append(f"route add default via {rail.gateway} dev {rail.port} table {table}")
+            else:
+                # Own rail first, then the others in rail order, by metric: the
+                # kernel skips a linkdown route and uses the next metric. Same
+                # preference as linkpassd's primary-then-backups, so a comparison
+                # differs in mechanism only (multipath here would also spread
+                # healthy same-rail traffic over the spines).
+                order = [rail] + [x for x in host.rails if x is not rail]
+                for k, via in enumerate(order):
+                    b.append(f"route add default via {via.gateway} dev {via.port} "
+                             f"metric {10 * (k + 1)} table {table}")
+        if mechanism == "none":
+            first = host.rails[0]
+            b.append(f"route add {FABRIC_SPACE} via {first.gateway} dev {first.port}")
+        else:
+            hops = [(x.gateway, x.port) for x in host.rails]
+            b.append(f"route add {FABRIC_SPACE} {_multipath(hops)}")
+        return setup
+
+    def _leaf_setup(self, r: int) -> NodeSetup:
+        ups = [u for u in self.uplinks if u.rail == r]
+        hosts = [self.host_rail(i, r) for i in range(1, self.n_hosts + 1)]
+        ports = [h.leaf_port for h in hosts] + [u.leaf_port for u in ups]
+        setup = NodeSetup(self._common_sysctls(ports, forwarding=True, linkdown=True, arp_host=False))
+        b = setup.ip_batch
+        for h in hosts:
+            b.append(f"address add {h.gateway}/{h.prefixlen} dev {h.leaf_port}")
+        for u in ups:
+            b.append(f"address add {u.leaf_address}/31 dev {u.leaf_port}")
+        to_spines = _multipath([(u.spine_address, u.leaf_port) for u in ups])
+        for other in range(self.n_rails):
+            if other != r:
+                b.append(f"route add 198.18.{other}.0/24 {to_spines}")
+        if self.detour and self.n_rails > 1:
+            # Outbound: own host space the main table cannot deliver (link down).
+            b.append(f"route add 198.18.{r}.0/24 table default {to_spines}")
+            # Inbound: detours for rail p land here; deliver over the host's
+            # rail-r port, or refuse (never bounce back to the spine).
+            p = (r - 1) % self.n_rails
+            table = DETOUR_TABLE_BASE + p
+            for u in ups:
+                b.append(f"rule add pref {DETOUR_RULE_PREF} iif {u.leaf_port} "
+                         f"to 198.18.{p}.0/24 lookup {table}")
+            for i in range(1, self.n_hosts + 1):
+                dst, via = self.host_rail(i, p), self.host_rail(i, r)
+                b.append(f"route add {dst.address}/32 via {via.address} dev {via.leaf_port} "
+                         f"table {table}")
+            b.append(f"route add unreachable 198.18.{p}.0/24 table {table}")
+        return setup
+
+    def _spine_setup(self, s: int) -> NodeSetup:
+        ups = [u for u in self.uplinks if u.spine_index == s]
+        setup = NodeSetup(self._common_sysctls([u.spine_port for u in ups], forwarding=True,
+                                               linkdown=True, arp_host=False))
+        b = setup.ip_batch
+        for u in ups:
+            b.append(f"address add {u.spine_address}/31 dev {u.spine_port}")
+        for u in ups:
+            b.append(f"route add 198.18.{u.rail}.0/24 via {u.leaf_address} dev {u.spine_port}")
+        if self.detour and self.n_rails > 1:
+            for u in ups:
+                nxt = ups[(u.rail + 1) % self.n_rails]
+                table = DETOUR_TABLE_BASE + u.rail
+                b.append(f"rule add pref {DETOUR_RULE_PREF + u.rail} iif {u.spine_port} "
+                         f"to 198.18.{u.rail}.0/24 lookup {table}")
+                b.append(f"route add 198.18.{u.rail}.0/24 via {nxt.leaf_address} "
+                         f"dev {nxt.spine_port} table {table}")
+        return setup
+
+    def describe(self) -> str:
+        """The addressing as a table, for humans."""
+        lines = [f"railopt: {self.n_hosts} hosts x {self.n_rails} rails, {self.n_spines} spine(s), "
+                 f"detour {'on' if self.detour else 'off'}",
+                 f"{'host':<7}{'rail':<6}{'port':<13}{'address':<18}{'gateway':<15}leaf port"]
+        for host in self.hosts:
+            for rail in host.rails:
+                lines.append(f"{host.name:<7}{rail.index:<6}{rail.port:<13}{rail.interface:<18}"
+                             f"{rail.gateway:<15}{rail.leaf_port}")
+        for u in self.uplinks:
+            lines.append(f"{u.leaf:<7}{'up':<6}{u.leaf_port:<13}{u.leaf_address + '/31':<18}"
+                         f"{u.spine_address:<15}{u.spine_port}")
+        return "\n".join(lines)
+
+
+# ---- linkpassd ---------------------------------------------------------------
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def linkpassd_toml(host: HostPlan, *, control_socket: str, run_dir: str,
+                   timers: dict[str, float | int] | None = None,
+                   log_level: str = "info", multipath: bool = True) -> str:
+    """A linkpassd config for one lab host: one rail per port, every rail
+    backed up by the others in rail order, and one resilient group `fabric`.
+
+    Destinations are HOST_SPACE (198.18.0.0/16, where every peer's rail
+    address lives), not all of 198.18.0.0/15: hosts never address the
+    leaf-spine links. No single prefix can leave out the host's own /31s
+    (its gateways sit between peers), and linkpassd's group rule sits above
+    both its rail rules and main, so unbound traffic to a host's *own*
+    gateway is hashed onto the group like any peer's and may reach that leaf
+    through another rail and the spine. It still arrives; what it means:
+    a probe of a rail's gateway must bind to the port (SO_BINDTODEVICE), or
+    a dead rail can answer through a live one. Nexthop creation is not
+    affected: the kernel validates a nexthop's gateway with a link-scope
+    lookup, which only connected routes satisfy (checked on kernel 6.18)."""
+    out = ["# linkpassd config for lab host " + host.name + " (generated by labs.topos)",
+           "[daemon]",
+           f"control_socket = {_toml(control_socket)}",
+           f"run_dir = {_toml(run_dir)}",
+           f"log_level = {_toml(log_level)}"]
+    if timers:
+        out.append("[timers]")
+        out += [f"{key} = {_toml(value)}" for key, value in timers.items()]
+    names = [rail.name for rail in host.rails]
+    for rail in host.rails:
+        out += ["[[rail]]",
+                f"name = {_toml(rail.name)}",
+                f"port = {_toml(rail.port)}",
+                f"address = {_toml(rail.interface)}",
+                f"gateway = {_toml(rail.gateway)}",
+                f"backups = {_toml([n for n in names if n != rail.name])}",
+                f"destinations = {_toml([HOST_SPACE])}"]
+    if multipath:
+        out += ["[[multipath]]",
+                'name = "fabric"',
+                f"destination = {_toml(HOST_SPACE)}",
+                f"rails = {_toml(names)}"]
+    return "\n".join(out) + "\n"
