@@ -25,12 +25,14 @@ proto: bootstrap
 proto-check: bootstrap
 	./scripts/gen_proto.sh --check
 
-demo:
-	@echo "make demo: the Mininet demo lab arrives with the labs issue (#3); it is not implemented yet." >&2
-	@exit 2
+## make demo: the dualrail lab, a cable pull and a silent blackhole, measured (root)
+demo: bootstrap
+	@[ "$$(id -u)" -eq 0 ] || { echo "make demo: needs root (network namespaces)" >&2; exit 1; }
+	$(PY) -m labs.demo
 
 bench: bootstrap
-	$(PY) labs/bench/carrier_failover.py
+	$(PY) -m labs.bench.carrier_failover
+	$(PY) -m labs.bench.failover
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info
