@@ -143,6 +143,77 @@ class PortState:
 
 
 # --------------------------------------------------------------------------
+# Optics (module EEPROM) and interface counters
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """A module's own alarm and warning levels for one quantity (None: not given)."""
+
+    high_alarm: float | None = None
+    high_warn: float | None = None
+    low_warn: float | None = None
+    low_alarm: float | None = None
+
+
+@dataclass(frozen=True)
+class ModuleIdentity:
+    spec: str  # "SFF-8472", "SFF-8636" or "CMIS"
+    form_factor: str  # e.g. "SFP/SFP+/SFP28", "QSFP28", "QSFP-DD", "OSFP"
+    vendor: str
+    part: str
+    serial: str
+    revision: str = ""
+    spec_revision: str = ""  # e.g. "5.0" for CMIS
+
+
+@dataclass(frozen=True)
+class OpticsReading:
+    """Decoded module diagnostics (DOM). Powers in dBm, bias in mA; a lane's
+    value is None when the module does not report it."""
+
+    identity: ModuleIdentity
+    temperature_c: float | None = None
+    voltage_v: float | None = None
+    tx_bias_ma: tuple[float | None, ...] = ()
+    tx_power_dbm: tuple[float | None, ...] = ()
+    rx_power_dbm: tuple[float | None, ...] = ()
+    # keyed by "temperature_c", "voltage_v", "tx_bias_ma", "tx_power_dbm", "rx_power_dbm"
+    thresholds: tuple[tuple[str, Thresholds], ...] = ()
+    # the module's own latched flags, e.g. "rx_power_low_alarm[2]", "tx_fault[0]", "rx_los[1]"
+    flags: frozenset[str] = frozenset()
+
+    def threshold(self, quantity: str) -> Thresholds:
+        return dict(self.thresholds).get(quantity, Thresholds())
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A sensor answer that cannot be trusted (truncated, garbage, contradictory):
+    a verdict of its own, never an exception."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class CounterSample:
+    """Monotonic interface counters as read (None: not supported by the driver).
+    Health works on their rates over windows, never on totals."""
+
+    port: str
+    rx_crc_errors: int | None = None
+    symbol_errors: int | None = None
+    length_errors: int | None = None
+    rx_missed: int | None = None
+    fec_corrected: int | None = None
+    fec_uncorrectable: int | None = None
+    link_down_events: int | None = None  # ETHTOOL_A_LINKSTATE_EXT_DOWN_CNT
+    ext_state: str | None = None  # why the link is down, when it is
+    ext_substate: str | None = None
+
+
+# --------------------------------------------------------------------------
 # Kernel objects linkpassd owns (IPv4)
 # --------------------------------------------------------------------------
 

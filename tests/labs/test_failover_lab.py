@@ -1,0 +1,91 @@
+"""Every fault class against the dualrail lab, without linkpassd (the kernel
+alone) and with it, through the same trial runner as the demo and benchmark.
+
+Where linkpassd handles a fault class (carrier: cable pull, flap) the flows
+must recover within generous bounds, far below the fault's length. Where it
+does not yet (gray failures need probes, optics need the sensor work) the test
+pins down what happens today: traffic is lost for the fault's length, linkpassd
+does not fail over on it, and traffic returns when the fault clears.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from labs.scenario import FAULTS, HANDLED_BY_LINKPASSD, ScenarioLab
+from labs.topos.lab import lab_named_netns, root_lab_interfaces
+
+pytestmark = pytest.mark.lab
+
+FAULT_S = 3.0
+# Generous: measured ~6 ms (kernel-path) and ~0.18 s (qp-pinned: 3 x 50 ms ACK
+# timeouts, then reconnect) on a 2-core VM. The kernel's linkwatch may hold a
+# carrier event up to 1 s when other links changed within the last second, so
+# the bounds allow for that, and stay well below the fault's 3 s.
+KERNEL_PATH_BOUND_S = 1.5
+QP_PINNED_BOUND_S = 2.0
+CARRIER_FAULTS = ("cable-pull", "flap")
+DATA_PLANE_LOSS = ("silent-blackhole", "one-way-loss", "miswire")
+
+
+@pytest.fixture(scope="module", params=["kernel", "linkpassd"])
+def scenario(request):
+    with ScenarioLab(request.param) as lab:
+        yield lab
+
+
+def recovered_after_clear(trial, mode) -> bool:
+    """Packets arrived after the fault was cleared."""
+    rx = trial.flows[mode].receiver
+    sources = rx.get("sources", {})
+    last = max((s["last_t"] for s in sources.values()), default=0.0)
+    return last > trial.cleared_at
+
+
+def rails_on_primary(lab) -> bool:
+    proc = lab.linkpassctl("lph1", "status", "-o", "json")
+    assert proc.returncode == 0, proc.stderr
+    return all(r["active_rail"] == r["name"] for r in json.loads(proc.stdout)["rails"])
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_fault_class(scenario, fault):
+    trial = scenario.trial(fault, before_s=0.8, fault_s=FAULT_S, after_s=1.2)
+    kp, qp = trial.flows["kernel-path"], trial.flows["qp-pinned"]
+    assert kp.sent > 1000 and qp.sent > 500, "the flows did not run"
+    for mode in ("kernel-path", "qp-pinned"):
+        assert recovered_after_clear(trial, mode), f"{mode} never recovered after {fault} cleared"
+
+    if fault in CARRIER_FAULTS:
+        # Carrier loss: linkpassd moves the rail table and the group; the
+        # kernel alone skips linkdown routes. Either way: recovery, fast.
+        assert kp.blackout_s < KERNEL_PATH_BOUND_S, trial.description
+        assert qp.blackout_s < QP_PINNED_BOUND_S, trial.description
+        assert qp.reconnects >= 1
+        if scenario.mechanism == "linkpassd":
+            assert fault in HANDLED_BY_LINKPASSD
+    elif fault in DATA_PLANE_LOSS:
+        # Link stays up, traffic dies: nothing here sees it yet (probing will).
+        assert kp.blackout_s > 0.8 * FAULT_S, trial.description
+        assert kp.lost > 0
+    elif fault == "random-loss":
+        # 20 % loss both ways during the fault, link up: lossy, never dark for long.
+        assert kp.lost > 0 and kp.blackout_s < 1.0
+    elif fault == "optic-degradation":
+        # Sensor files only: the data plane is untouched, and linkpassd does not
+        # read simulated optics yet, so nothing may move.
+        assert kp.lost == 0 and kp.blackout_s < 0.2
+
+    if scenario.mechanism == "linkpassd" and fault not in HANDLED_BY_LINKPASSD:
+        # No false failover on what linkpassd cannot judge yet.
+        assert "(backup)" not in trial.status_during, trial.status_during
+        assert rails_on_primary(scenario)
+
+
+def test_no_lab_namespace_link_or_process_is_left_behind():
+    """Runs after the module's labs were torn down (the fixture is module-scoped
+    and Lab.close() raises LabLeakError on leaked processes)."""
+    assert lab_named_netns() == []
+    assert root_lab_interfaces() == []
