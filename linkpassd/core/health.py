@@ -1,10 +1,20 @@
-"""Port health: link samples over time -> a verdict per port, with evidence.
+"""Port health: samples over time -> a verdict per port (UP, DEGRADED, DOWN),
+with the evidence that produced it.
 
-A port is judged by a small state machine whose transitions are listed in one
-table (`TRANSITIONS`), so every path through it can be read and tested.
-Carrier loss is definitive (fall count, default 1); recovery is not trusted
-until the port has been good for `rise` consecutive samples *and* for the
-hold-down time, because links that come back often go away again.
+Every evaluation combines carrier (from link samples) with the debounced
+signals of core.signals (counters, optics, flap dampening) into one severity,
+and a small state machine decides whether the verdict moves. Its transitions
+are listed in one table (`TRANSITIONS`), keyed by the current verdict and how
+the evaluation compares with it:
+
+  worse   the verdict follows once `fall` consecutive evaluations agree (carrier
+          loss, fall 1 by default, is definitive; counters and optics arrive
+          already confirmed by their own readings);
+  better  the verdict follows only after `rise` consecutive better evaluations
+          *and* `hold_down_s` of them without a break, because links that come
+          back often go away again; it recovers to the worst severity seen
+          during that run;
+  same    nothing pending.
 
 Only `now` tells time here; the daemon passes its monotonic clock in.
 """
@@ -12,26 +22,23 @@ Only `now` tells time here; the daemon passes its monotonic clock in.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from linkpassd.core.model import LinkSample, PortState, Timers, Verdict
+from linkpassd.core.model import (CounterSample, LinkSample, OpticsReading, PortState, Timers,
+                                  Unreadable, Verdict)
+from linkpassd.core.signals import HealthPolicy, Signals, worst
 
-
-class Phase(enum.StrEnum):
-    UP = "UP"  # healthy and trusted
-    FAILING = "FAILING"  # bad samples seen, fewer than `fall`
-    DOWN = "DOWN"  # not usable
-    RECOVERING = "RECOVERING"  # good again, serving rise count and hold-down
+DEFAULT_POLICY = HealthPolicy()
+_RANK = {Verdict.UP: 0, Verdict.DEGRADED: 1, Verdict.DOWN: 2}
 
 
-class Signal(enum.StrEnum):
-    GOOD = "GOOD"
-    BAD = "BAD"
+class Relation(enum.StrEnum):
+    SAME = "same"
+    WORSE = "worse"
+    BETTER = "better"
 
 
 class Guard(enum.StrEnum):
-    """Conditions a transition may depend on (evaluated by `_guard`)."""
-
     ALWAYS = "always"
     FALL_REACHED = "fall_reached"
     FALL_NOT_REACHED = "fall_not_reached"
@@ -39,35 +46,28 @@ class Guard(enum.StrEnum):
     RISE_OR_HOLD_PENDING = "rise_or_hold_pending"
 
 
-# (phase, signal) -> ordered [(guard, next phase)]; the first guard that holds wins.
-TRANSITIONS: dict[tuple[Phase, Signal], tuple[tuple[Guard, Phase], ...]] = {
-    (Phase.UP, Signal.GOOD): ((Guard.ALWAYS, Phase.UP),),
-    (Phase.UP, Signal.BAD): (
-        (Guard.FALL_REACHED, Phase.DOWN),
-        (Guard.FALL_NOT_REACHED, Phase.FAILING),
-    ),
-    (Phase.FAILING, Signal.GOOD): ((Guard.ALWAYS, Phase.UP),),
-    (Phase.FAILING, Signal.BAD): (
-        (Guard.FALL_REACHED, Phase.DOWN),
-        (Guard.FALL_NOT_REACHED, Phase.FAILING),
-    ),
-    (Phase.DOWN, Signal.GOOD): (
-        (Guard.RISE_AND_HOLD_DONE, Phase.UP),
-        (Guard.RISE_OR_HOLD_PENDING, Phase.RECOVERING),
-    ),
-    (Phase.DOWN, Signal.BAD): ((Guard.ALWAYS, Phase.DOWN),),
-    (Phase.RECOVERING, Signal.GOOD): (
-        (Guard.RISE_AND_HOLD_DONE, Phase.UP),
-        (Guard.RISE_OR_HOLD_PENDING, Phase.RECOVERING),
-    ),
-    (Phase.RECOVERING, Signal.BAD): ((Guard.ALWAYS, Phase.DOWN),),
-}
+class Action(enum.StrEnum):
+    STAY = "stay"  # verdict unchanged, nothing pending
+    PEND = "pend"  # verdict unchanged, a change is pending (FAILING / RECOVERING)
+    FOLLOW = "follow"  # verdict becomes the evaluated severity
+    RECOVER = "recover"  # verdict becomes the worst severity of the better run
 
-VERDICT_OF_PHASE = {
-    Phase.UP: Verdict.UP,
-    Phase.FAILING: Verdict.UP,  # not yet confirmed: moving traffic on one sample is a false failover
-    Phase.DOWN: Verdict.DOWN,
-    Phase.RECOVERING: Verdict.DOWN,  # carrier back, but not trusted yet
+
+_MOVE_WORSE = ((Guard.FALL_REACHED, Action.FOLLOW), (Guard.FALL_NOT_REACHED, Action.PEND))
+_MOVE_BETTER = ((Guard.RISE_AND_HOLD_DONE, Action.RECOVER), (Guard.RISE_OR_HOLD_PENDING, Action.PEND))
+_STAY = ((Guard.ALWAYS, Action.STAY),)
+
+# (current verdict, relation of the evaluation) -> ordered (guard, action); first guard that holds wins.
+TRANSITIONS: dict[tuple[Verdict, Relation], tuple[tuple[Guard, Action], ...]] = {
+    (Verdict.UP, Relation.SAME): _STAY,
+    (Verdict.UP, Relation.WORSE): _MOVE_WORSE,
+    (Verdict.UP, Relation.BETTER): _STAY,  # nothing is better than UP
+    (Verdict.DEGRADED, Relation.SAME): _STAY,
+    (Verdict.DEGRADED, Relation.WORSE): _MOVE_WORSE,
+    (Verdict.DEGRADED, Relation.BETTER): _MOVE_BETTER,
+    (Verdict.DOWN, Relation.SAME): _STAY,
+    (Verdict.DOWN, Relation.WORSE): _STAY,  # nothing is worse than DOWN
+    (Verdict.DOWN, Relation.BETTER): _MOVE_BETTER,
 }
 
 
@@ -76,17 +76,23 @@ class PortHealth:
     """Everything the state machine remembers about one port."""
 
     port: str
-    phase: Phase
+    verdict: Verdict
     since: float  # when the verdict last changed
+    reason: str = ""
     bad_streak: int = 0
     good_streak: int = 0
-    good_since: float = 0.0  # start of the current unbroken good run
+    good_since: float = 0.0
+    good_worst: Verdict = Verdict.UP  # worst severity seen during the current better run
     last: LinkSample | None = None
-    reason: str = ""
+    signals: Signals = field(default_factory=Signals)
 
     @property
-    def verdict(self) -> Verdict:
-        return VERDICT_OF_PHASE[self.phase]
+    def phase(self) -> str:
+        if self.bad_streak:
+            return "FAILING"
+        if self.good_streak:
+            return "RECOVERING"
+        return str(self.verdict)
 
 
 def initial(sample: LinkSample, now: float) -> PortHealth:
@@ -94,25 +100,42 @@ def initial(sample: LinkSample, now: float) -> PortHealth:
     trusted at once: a restart must not impose a hold-down (and churn) on
     paths that were fine all along."""
     if sample.healthy:
-        return PortHealth(sample.port, Phase.UP, now, good_streak=1, good_since=now,
-                          last=sample, reason="healthy at start")
-    return PortHealth(sample.port, Phase.DOWN, now, bad_streak=1, last=sample,
-                      reason=describe_bad(sample))
+        return PortHealth(sample.port, Verdict.UP, now, reason="healthy at start", last=sample)
+    return PortHealth(sample.port, Verdict.DOWN, now, reason=describe_bad(sample), last=sample)
 
 
-def observe(state: PortHealth, sample: LinkSample, now: float, timers: Timers) -> PortHealth:
-    """Feed one sample. A carrier-down counter that moved while we were not
-    looking (a flap shorter than our sampling, or events lost to ENOBUFS) counts
-    as a bad sample before the current one."""
-    if (state.last is not None and sample.healthy
-            and sample.carrier_down_count > state.last.carrier_down_count):
-        flapped = replace(sample, carrier=False)
-        state = _step(state, Signal.BAD, now, timers,
-                      f"carrier flapped unseen (down count {state.last.carrier_down_count}"
-                      f"->{sample.carrier_down_count})", flapped)
-    signal = Signal.GOOD if sample.healthy else Signal.BAD
-    reason = "link healthy" if signal is Signal.GOOD else describe_bad(sample)
-    return _step(state, signal, now, timers, reason, sample)
+def observe(state: PortHealth, sample: LinkSample, now: float, timers: Timers,
+            policy: HealthPolicy = DEFAULT_POLICY) -> PortHealth:
+    """A link sample (event or periodic re-sample). A carrier loss feeds the
+    flap damper; a carrier-down counter that moved while we were not looking
+    (a flap shorter than our sampling, or events lost to ENOBUFS) counts as a
+    bad evaluation before the current one."""
+    prev = state.last
+    unseen_flap = (prev is not None and sample.healthy
+                   and sample.carrier_down_count > prev.carrier_down_count)
+    lost_carrier = prev is not None and prev.healthy and not sample.healthy
+    if unseen_flap or lost_carrier:
+        state = replace(state, signals=replace(state.signals,
+                                               flaps=state.signals.flaps.flap(now, policy)))
+    if unseen_flap:
+        state = _evaluate(replace(state, last=replace(sample, carrier=False)), now, timers, policy,
+                          f"carrier flapped unseen (down count {prev.carrier_down_count}"
+                          f"->{sample.carrier_down_count})")
+    return _evaluate(replace(state, last=sample), now, timers, policy)
+
+
+def observe_counters(state: PortHealth, sample: CounterSample, now: float, timers: Timers,
+                     policy: HealthPolicy = DEFAULT_POLICY) -> PortHealth:
+    counters = state.signals.counters.observe(sample, now, policy)
+    return _evaluate(replace(state, signals=replace(state.signals, counters=counters)),
+                     now, timers, policy)
+
+
+def observe_optics(state: PortHealth, reading: OpticsReading | Unreadable, now: float,
+                   timers: Timers, policy: HealthPolicy = DEFAULT_POLICY) -> PortHealth:
+    optics = state.signals.optics.observe(reading, now, policy)
+    return _evaluate(replace(state, signals=replace(state.signals, optics=optics)),
+                     now, timers, policy)
 
 
 def describe_bad(sample: LinkSample) -> str:
@@ -125,40 +148,66 @@ def describe_bad(sample: LinkSample) -> str:
     return "unhealthy"
 
 
-def _step(state: PortHealth, signal: Signal, now: float, timers: Timers,
-          reason: str, sample: LinkSample) -> PortHealth:
-    if signal is Signal.GOOD:
-        good_streak = state.good_streak + 1
-        good_since = state.good_since if state.good_streak else now
-        bad_streak = 0
+def evaluation(state: PortHealth, policy: HealthPolicy) -> tuple[Verdict, str]:
+    """The combined severity right now, and the words for it."""
+    sample = state.last
+    if sample is not None and not sample.healthy:
+        return Verdict.DOWN, describe_bad(sample)
+    judged = [a for a in state.signals.assessments(policy) if a.effective is not None]
+    severity = worst(Verdict.UP, *(a.effective for a in judged)) or Verdict.UP
+    if severity is Verdict.UP:
+        return Verdict.UP, "link healthy"
+    return severity, "; ".join(f"{a.signal}: {a.detail}" for a in judged if a.effective is severity)
+
+
+def _evaluate(state: PortHealth, now: float, timers: Timers, policy: HealthPolicy,
+              reason: str | None = None) -> PortHealth:
+    flaps = state.signals.flaps.decayed(now, policy)
+    state = replace(state, signals=replace(state.signals, flaps=flaps))
+    severity, why = evaluation(state, policy)
+    reason = reason or why
+    current = state.verdict
+    if _RANK[severity] > _RANK[current]:
+        relation = Relation.WORSE
+        state = replace(state, bad_streak=state.bad_streak + 1, good_streak=0)
+    elif _RANK[severity] < _RANK[current]:
+        relation = Relation.BETTER
+        run = state.good_streak > 0
+        state = replace(state, bad_streak=0, good_streak=state.good_streak + 1,
+                        good_since=state.good_since if run else now,
+                        good_worst=worst(state.good_worst, severity) if run else severity)
     else:
-        good_streak, good_since = 0, 0.0
-        bad_streak = state.bad_streak + 1
-    probe = replace(state, good_streak=good_streak, good_since=good_since,
-                    bad_streak=bad_streak, last=sample)
-    for guard, target in TRANSITIONS[(state.phase, signal)]:
-        if _guard(guard, probe, now, timers):
+        relation = Relation.SAME
+    for guard, action in TRANSITIONS[(current, relation)]:
+        if _guard(guard, state, severity, now, timers):
             break
     else:  # pragma: no cover - the table is total; a test proves it
-        raise AssertionError(f"no transition for {state.phase} on {signal}")
-    if VERDICT_OF_PHASE[target] != state.verdict:
-        return replace(probe, phase=target, since=now, reason=reason)
-    # The reason explains the verdict, so it is kept while the verdict holds.
-    return replace(probe, phase=target)
+        raise AssertionError(f"no transition for {current} on {relation}")
+
+    if action is Action.STAY:
+        return replace(state, bad_streak=0, good_streak=0)
+    if action is Action.PEND:
+        return state
+    target = severity if action is Action.FOLLOW else state.good_worst
+    # The reason explains the verdict, so it changes only with the verdict.
+    return replace(state, verdict=target, since=now, reason=reason, bad_streak=0, good_streak=0)
 
 
-def _guard(guard: Guard, s: PortHealth, now: float, timers: Timers) -> bool:
+def _guard(guard: Guard, s: PortHealth, severity: Verdict, now: float, timers: Timers) -> bool:
     if guard is Guard.ALWAYS:
         return True
-    if guard is Guard.FALL_REACHED:
-        return s.bad_streak >= timers.fall
-    if guard is Guard.FALL_NOT_REACHED:
-        return s.bad_streak < timers.fall
+    if guard in (Guard.FALL_REACHED, Guard.FALL_NOT_REACHED):
+        # Carrier loss counts evaluations (fall); the other signals were
+        # already confirmed by `confirm` readings of their own.
+        needed = timers.fall if severity is Verdict.DOWN else 1
+        reached = s.bad_streak >= needed
+        return reached if guard is Guard.FALL_REACHED else not reached
     done = s.good_streak >= timers.rise and now - s.good_since >= timers.hold_down_s
     return done if guard is Guard.RISE_AND_HOLD_DONE else not done
 
 
-def port_state(state: PortHealth, now: float, timers: Timers) -> PortState:
+def port_state(state: PortHealth, now: float, timers: Timers,
+               policy: HealthPolicy = DEFAULT_POLICY) -> PortState:
     """The verdict and its evidence, as the policy and the operator see it."""
     last = state.last
     carrier = bool(last and last.healthy)
@@ -166,11 +215,14 @@ def port_state(state: PortHealth, now: float, timers: Timers) -> PortState:
     if last is not None and last.present:
         evidence.append(f"carrier {'up' if last.carrier else 'down'}, operstate {last.operstate}, "
                         f"carrier up/down counts {last.carrier_up_count}/{last.carrier_down_count}")
-    if state.phase is Phase.RECOVERING:
+    for a in state.signals.assessments(policy):
+        pending = "" if a.confirmed else " (not yet confirmed)"
+        evidence.append(f"{a.signal}: {a.status}{pending}" + (f": {a.detail}" if a.detail else ""))
+    if state.phase == "RECOVERING":
         remaining = max(0.0, timers.hold_down_s - (now - state.good_since))
-        evidence.append(f"recovering: {state.good_streak}/{timers.rise} good samples, "
-                        f"hold-down {remaining:.1f}s of {timers.hold_down_s:.1f}s left")
-    elif state.phase is Phase.FAILING:
+        evidence.append(f"recovering to {state.good_worst}: {state.good_streak}/{timers.rise} "
+                        f"good samples, hold-down {remaining:.1f}s of {timers.hold_down_s:.1f}s left")
+    elif state.phase == "FAILING":
         evidence.append(f"failing: {state.bad_streak}/{timers.fall} bad samples")
     return PortState(port=state.port, verdict=state.verdict, carrier=carrier,
-                     phase=str(state.phase), since=state.since, evidence=tuple(evidence))
+                     phase=state.phase, since=state.since, evidence=tuple(evidence))

@@ -1,0 +1,311 @@
+"""Health signals beyond carrier: interface counters, optics, flap history.
+
+Each signal keeps a short history and judges it into an `Assessment`: a
+severity (None when it has no opinion: unsupported, unreadable, too little
+data) with the evidence in words. Judgements are debounced *per signal, per
+reading*: a severity counts only once `confirm` consecutive readings of that
+signal agree, so one spiky reading, however often the daemon re-evaluates it,
+drains nothing. Alibaba's HPN abandoned cross-rail rerouting because noisy
+monitoring caused false reroutes; this module is where that is prevented.
+
+Pure: readings and `now` in, judgements out.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+
+from linkpassd.core.model import CounterSample, OpticsReading, Unreadable, Verdict
+
+COUNTER_FIELDS = ("rx_crc_errors", "symbol_errors", "fec_uncorrectable", "fec_corrected")
+# A counter that moves faster than this per second is a sensor glitch, not a link.
+IMPLAUSIBLE_RATE = 1e12
+
+
+@dataclass(frozen=True)
+class HealthPolicy:
+    """Thresholds and windows for counters, optics and flaps (from config)."""
+
+    confirm: int = 3  # consecutive readings of a signal before it may degrade a port
+    counter_window_s: float = 10.0
+    crc_errors_per_s: float = 10.0
+    symbol_errors_per_s: float = 10.0
+    fec_uncorrectable_per_s: float = 1.0
+    fec_corrected_per_s: float | None = None  # pre-FEC errors: off unless set
+    rx_power_margin_db: float = 0.0  # added to the module's low warning level
+    trend_window_s: float = 60.0
+    trend_min_samples: int = 6
+    trend_min_drop_db: float = 1.0
+    predict_horizon_s: float = 120.0
+    flap_penalty: float = 1000.0
+    flap_half_life_s: float = 15.0
+    flap_suppress: float = 2500.0
+    flap_reuse: float = 800.0
+    flap_max_penalty: float = 10000.0
+
+
+@dataclass(frozen=True)
+class Assessment:
+    signal: str  # "counters", "optics", "flaps"
+    severity: Verdict | None  # None: no opinion
+    status: str  # "ok", "degraded", "unreadable", "unsupported", "warming up", "suppressed"
+    detail: str = ""
+    confirmed: bool = True  # severity has held for `confirm` readings
+
+    @property
+    def effective(self) -> Verdict | None:
+        return self.severity if self.confirmed else None
+
+
+def _worse(a: Verdict | None, b: Verdict | None) -> Verdict | None:
+    rank = {None: -1, Verdict.UP: 0, Verdict.DEGRADED: 1, Verdict.DOWN: 2}
+    return a if rank[a] >= rank[b] else b
+
+
+def worst(*verdicts: Verdict | None) -> Verdict | None:
+    out: Verdict | None = None
+    for v in verdicts:
+        out = _worse(out, v)
+    return out
+
+
+# --------------------------------------------------------------------------
+# Interface counters: rates over a window, confirmed by sustained intervals
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CounterHistory:
+    samples: tuple[tuple[float, CounterSample], ...] = ()
+    bad_intervals: tuple[float, ...] = ()  # ends of intervals whose rate crossed a threshold
+    last: Assessment = Assessment("counters", None, "warming up", "no counter readings yet")
+
+    def observe(self, sample: CounterSample, now: float, policy: HealthPolicy) -> "CounterHistory":
+        """Add a reading and judge. Counters that go backwards (driver reset)
+        restart the window; implausible jumps are discarded as glitches."""
+        if self.samples:
+            t_prev, prev = self.samples[-1]
+            dt = now - t_prev
+            if dt <= 0:
+                return self
+            glitch = _glitch(prev, sample, dt)
+            if glitch == "reset":
+                return CounterHistory(samples=((now, sample),), last=Assessment(
+                    "counters", None, "warming up", "counters went backwards (reset); window restarted"))
+            if glitch:
+                return replace(self, last=Assessment("counters", None, "unreadable", glitch))
+            crossed = _interval_crossings(prev, sample, dt, policy)
+        else:
+            crossed = []
+        window_start = now - policy.counter_window_s
+        samples = tuple(s for s in self.samples if s[0] >= window_start) + ((now, sample),)
+        bad = tuple(t for t in self.bad_intervals if t >= window_start)
+        if crossed:
+            bad += (now,)
+        return CounterHistory(samples=samples, bad_intervals=bad,
+                              last=_judge_counters(samples, bad, crossed, policy))
+
+
+def _glitch(prev: CounterSample, cur: CounterSample, dt: float) -> str:
+    for name in COUNTER_FIELDS:
+        a, b = getattr(prev, name), getattr(cur, name)
+        if a is None or b is None:
+            continue
+        if b < 0:
+            return f"{name} reads negative ({b})"
+        if b < a:
+            return "reset"
+        if (b - a) / dt > IMPLAUSIBLE_RATE:
+            return f"{name} jumped by {b - a} in {dt:.1f}s (implausible)"
+    return ""
+
+
+def _limits(policy: HealthPolicy) -> dict[str, float | None]:
+    return {"rx_crc_errors": policy.crc_errors_per_s, "symbol_errors": policy.symbol_errors_per_s,
+            "fec_uncorrectable": policy.fec_uncorrectable_per_s,
+            "fec_corrected": policy.fec_corrected_per_s}
+
+
+def _interval_crossings(prev: CounterSample, cur: CounterSample, dt: float,
+                        policy: HealthPolicy) -> list[str]:
+    out = []
+    for name, limit in _limits(policy).items():
+        a, b = getattr(prev, name), getattr(cur, name)
+        if limit is not None and a is not None and b is not None and (b - a) / dt > limit:
+            out.append(name)
+    return out
+
+
+def _judge_counters(samples, bad, crossed, policy: HealthPolicy) -> Assessment:
+    (t0, first), (t1, last) = samples[0], samples[-1]
+    supported = [n for n in COUNTER_FIELDS if getattr(last, n) is not None]
+    if not supported:
+        return Assessment("counters", None, "unsupported", "driver reports no error counters")
+    if t1 - t0 <= 0:
+        return Assessment("counters", None, "warming up", "one reading so far")
+    rates = {n: (getattr(last, n) - getattr(first, n)) / (t1 - t0) for n in supported
+             if getattr(first, n) is not None}
+    limits = _limits(policy)
+    over = {n: r for n, r in rates.items() if limits[n] is not None and r > limits[n]}
+    text = ", ".join(f"{n} {r:.3g}/s" for n, r in sorted(rates.items()))
+    window = f"over {t1 - t0:.0f}s"
+    if over and len(bad) >= policy.confirm:
+        detail = "; ".join(f"{n} {r:.3g}/s > {limits[n]:g}/s" for n, r in sorted(over.items()))
+        return Assessment("counters", Verdict.DEGRADED, "degraded",
+                          f"{detail} {window}, in {len(bad)} intervals")
+    if over:
+        return Assessment("counters", Verdict.DEGRADED, "degraded", f"{text} {window}; "
+                          f"{len(bad)} of {policy.confirm} intervals needed", confirmed=False)
+    return Assessment("counters", Verdict.UP, "ok", f"{text} {window}")
+
+
+# --------------------------------------------------------------------------
+# Optics: module thresholds, and the RX power trend
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpticsHistory:
+    rx: tuple[tuple[float, tuple[float | None, ...]], ...] = ()  # (t, rx dBm per lane)
+    streak: int = 0  # consecutive degraded readings
+    last: Assessment = Assessment("optics", None, "warming up", "no optics readings yet")
+    reading: OpticsReading | Unreadable | None = None
+
+    def observe(self, reading: OpticsReading | Unreadable, now: float,
+                policy: HealthPolicy) -> "OpticsHistory":
+        if isinstance(reading, Unreadable):
+            return replace(self, reading=reading, streak=0, last=Assessment(
+                "optics", None, "unreadable", reading.reason))
+        rx = tuple(self.rx) + ((now, tuple(reading.rx_power_dbm)),)
+        rx = tuple(p for p in rx if p[0] >= now - policy.trend_window_s)
+        judged = judge_optics(reading, rx, policy)
+        streak = self.streak + 1 if judged.severity is Verdict.DEGRADED else 0
+        confirmed = judged.severity is not Verdict.DEGRADED or streak >= policy.confirm
+        if not confirmed:
+            judged = replace(judged, confirmed=False,
+                             detail=f"{judged.detail} ({streak} of {policy.confirm} readings)")
+        return OpticsHistory(rx=rx, streak=streak, last=judged, reading=reading)
+
+
+def judge_optics(reading: OpticsReading, rx_history, policy: HealthPolicy) -> Assessment:
+    problems: list[str] = []
+    notes: list[str] = []
+    fault_flags = sorted(f for f in reading.flags if f.startswith(("tx_fault", "rx_los", "tx_los")))
+    if fault_flags:
+        problems.append("module flags " + ", ".join(fault_flags))
+    rx_t = reading.threshold("rx_power_dbm")
+    floor = rx_t.low_warn if rx_t.low_warn is not None else rx_t.low_alarm
+    for lane, dbm in enumerate(reading.rx_power_dbm):
+        if dbm is None or floor is None:
+            continue
+        if rx_t.low_alarm is not None and dbm < rx_t.low_alarm:
+            problems.append(f"lane {lane} RX {dbm:.2f} dBm below low alarm {rx_t.low_alarm:g}")
+        elif dbm < floor + policy.rx_power_margin_db:
+            problems.append(f"lane {lane} RX {dbm:.2f} dBm below low warning {floor:g}"
+                            + (f"+{policy.rx_power_margin_db:g}" if policy.rx_power_margin_db else ""))
+    if rx_t.low_alarm is not None:
+        for lane in range(len(reading.rx_power_dbm)):
+            eta = _time_to_alarm(rx_history, lane, rx_t.low_alarm, policy)
+            if eta is not None:
+                problems.append(eta)
+    for quantity, unit in (("temperature_c", "C"), ("tx_bias_ma", "mA")):
+        t = reading.threshold(quantity)
+        values = getattr(reading, quantity)
+        values = values if isinstance(values, tuple) else (values,)
+        for v in values:
+            if v is None:
+                continue
+            if t.high_alarm is not None and v > t.high_alarm:
+                problems.append(f"{quantity} {v:g}{unit} above high alarm {t.high_alarm:g}")
+            elif t.high_warn is not None and v > t.high_warn:
+                notes.append(f"{quantity} {v:g}{unit} above high warning {t.high_warn:g}")
+    if floor is None and reading.rx_power_dbm:
+        notes.append("module gives no RX power thresholds")
+    rx_text = "RX " + "/".join("-" if v is None else f"{v:.2f}" for v in reading.rx_power_dbm) + " dBm"
+    if problems:
+        return Assessment("optics", Verdict.DEGRADED, "degraded", "; ".join(problems + notes))
+    return Assessment("optics", Verdict.UP, "ok", "; ".join([rx_text] + notes))
+
+
+def theil_sen_slope(points: list[tuple[float, float]]) -> float:
+    """Median of pairwise slopes: a trend that one outlier cannot bend."""
+    slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points)
+              for (x2, y2) in points[i + 1:] if x2 != x1]
+    return statistics.median(slopes) if slopes else 0.0
+
+
+def _time_to_alarm(rx_history, lane: int, alarm: float, policy: HealthPolicy) -> str | None:
+    points = [(t, v[lane]) for t, v in rx_history if lane < len(v) and v[lane] is not None
+              and math.isfinite(v[lane])]
+    if len(points) < policy.trend_min_samples:
+        return None
+    span = points[-1][0] - points[0][0]
+    if span < policy.trend_window_s / 2:
+        return None
+    slope = theil_sen_slope(points)
+    if slope >= 0:
+        return None
+    third = max(1, len(points) // 3)
+    early = statistics.median(v for _, v in points[:third])
+    late = statistics.median(v for _, v in points[-third:])
+    if early - late < policy.trend_min_drop_db:
+        return None
+    eta = (late - alarm) / -slope
+    if eta > policy.predict_horizon_s:
+        return None
+    return (f"lane {lane} RX falling {-slope * 60:.2f} dB/min, {early - late:.1f} dB in "
+            f"{span:.0f}s: low alarm {alarm:g} dBm in ~{max(eta, 0):.0f}s")
+
+
+# --------------------------------------------------------------------------
+# Flap dampening
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FlapDamper:
+    """A penalty per carrier loss that halves every `flap_half_life_s`; above
+    `flap_suppress` the port is kept out of use until it decays below
+    `flap_reuse` (the route-dampening scheme, applied to a port)."""
+
+    penalty: float = 0.0
+    at: float = 0.0
+    suppressed: bool = False
+    flaps: int = 0
+
+    def decayed(self, now: float, policy: HealthPolicy) -> "FlapDamper":
+        if now <= self.at or self.penalty == 0:
+            return replace(self, at=max(now, self.at))
+        penalty = self.penalty * 0.5 ** ((now - self.at) / policy.flap_half_life_s)
+        suppressed = self.suppressed and penalty > policy.flap_reuse
+        return replace(self, penalty=penalty, at=now, suppressed=suppressed)
+
+    def flap(self, now: float, policy: HealthPolicy) -> "FlapDamper":
+        d = self.decayed(now, policy)
+        penalty = min(d.penalty + policy.flap_penalty, policy.flap_max_penalty)
+        return replace(d, penalty=penalty, suppressed=d.suppressed or penalty >= policy.flap_suppress,
+                       flaps=d.flaps + 1)
+
+    def assess(self, policy: HealthPolicy) -> Assessment:
+        text = f"penalty {self.penalty:.0f} after {self.flaps} carrier losses"
+        if self.suppressed:
+            return Assessment("flaps", Verdict.DEGRADED, "suppressed",
+                              f"flapping: {text}; suppressed until below {policy.flap_reuse:g}")
+        return Assessment("flaps", Verdict.UP, "ok", text)
+
+
+@dataclass(frozen=True)
+class Signals:
+    """Everything beyond carrier that health remembers about one port."""
+
+    counters: CounterHistory = field(default_factory=CounterHistory)
+    optics: OpticsHistory = field(default_factory=OpticsHistory)
+    flaps: FlapDamper = field(default_factory=FlapDamper)
+
+    def assessments(self, policy: HealthPolicy) -> tuple[Assessment, ...]:
+        return (self.counters.last, self.optics.last, self.flaps.assess(policy))
+
+    def severity(self, policy: HealthPolicy) -> Verdict | None:
+        return worst(*(a.effective for a in self.assessments(policy)))
