@@ -48,6 +48,38 @@ class Timers:
 
 
 @dataclass(frozen=True)
+class HealthPolicy:
+    """Thresholds and windows for counters, optics and flaps (core.signals)."""
+
+    confirm: int = 3  # consecutive readings of a signal before it may degrade a port
+    counter_window_s: float = 10.0
+    crc_errors_per_s: float = 10.0
+    symbol_errors_per_s: float = 10.0
+    fec_uncorrectable_per_s: float = 1.0
+    fec_corrected_per_s: float | None = None  # pre-FEC errors: off unless set
+    rx_power_margin_db: float = 0.0  # added to the module's low warning level
+    trend_window_s: float = 60.0
+    trend_min_samples: int = 6
+    trend_min_drop_db: float = 1.0
+    predict_horizon_s: float = 120.0
+    flap_penalty: float = 1000.0
+    flap_half_life_s: float = 15.0
+    flap_suppress: float = 2500.0
+    flap_reuse: float = 800.0
+    flap_max_penalty: float = 10000.0
+
+
+@dataclass(frozen=True)
+class SensorConfig:
+    """Where counters and optics come from, and how often they are read."""
+
+    backend: str = "ethtool"  # "ethtool" (the kernel) or "sim" (lab files)
+    sim_dir: str = ""  # for "sim": default <run_dir>/sim
+    counters_interval_s: float = 1.0
+    optics_interval_s: float = 2.0
+
+
+@dataclass(frozen=True)
 class RailConfig:
     """One NIC port ("rail") with its own source address and routing table."""
 
@@ -81,6 +113,8 @@ class Config:
     multipath: tuple[MultipathConfig, ...] = ()
     ownership: Ownership = field(default_factory=Ownership)
     timers: Timers = field(default_factory=Timers)
+    health: HealthPolicy = field(default_factory=HealthPolicy)
+    sensors: SensorConfig = field(default_factory=SensorConfig)
     roce_rules: bool = True
     control_socket: str = "/run/linkpass/linkpassd.sock"
     run_dir: str = "/run/linkpass"
@@ -213,6 +247,32 @@ class CounterSample:
     ext_substate: str | None = None
 
 
+@dataclass(frozen=True)
+class Assessment:
+    """One signal's judgement of a port (core.signals)."""
+
+    signal: str  # "counters", "optics", "flaps"
+    severity: Verdict | None  # None: no opinion
+    status: str  # "ok", "degraded", "unreadable", "unsupported", "warming up", "suppressed"
+    detail: str = ""
+    confirmed: bool = True  # severity has held for `confirm` readings
+
+    @property
+    def effective(self) -> Verdict | None:
+        return self.severity if self.confirmed else None
+
+
+@dataclass(frozen=True)
+class PortSensors:
+    """The latest sensor readings of a port and how each signal judges them."""
+
+    port: str
+    optics: OpticsReading | None = None
+    optics_unreadable: str = ""  # the reason, when the module could not be read
+    counters: CounterSample | None = None
+    assessments: tuple[Assessment, ...] = ()
+
+
 # --------------------------------------------------------------------------
 # Kernel objects linkpassd owns (IPv4)
 # --------------------------------------------------------------------------
@@ -328,3 +388,4 @@ class DaemonStatus:
     netlink_writes: int
     last_reconcile_at: float  # unix time, 0 when none yet
     last_error: str = ""
+    sensors: tuple[PortSensors, ...] = ()

@@ -17,46 +17,12 @@ import math
 import statistics
 from dataclasses import dataclass, field, replace
 
-from linkpassd.core.model import CounterSample, OpticsReading, Unreadable, Verdict
+from linkpassd.core.model import (Assessment, CounterSample, HealthPolicy, OpticsReading,
+                                  Unreadable, Verdict)
 
 COUNTER_FIELDS = ("rx_crc_errors", "symbol_errors", "fec_uncorrectable", "fec_corrected")
 # A counter that moves faster than this per second is a sensor glitch, not a link.
 IMPLAUSIBLE_RATE = 1e12
-
-
-@dataclass(frozen=True)
-class HealthPolicy:
-    """Thresholds and windows for counters, optics and flaps (from config)."""
-
-    confirm: int = 3  # consecutive readings of a signal before it may degrade a port
-    counter_window_s: float = 10.0
-    crc_errors_per_s: float = 10.0
-    symbol_errors_per_s: float = 10.0
-    fec_uncorrectable_per_s: float = 1.0
-    fec_corrected_per_s: float | None = None  # pre-FEC errors: off unless set
-    rx_power_margin_db: float = 0.0  # added to the module's low warning level
-    trend_window_s: float = 60.0
-    trend_min_samples: int = 6
-    trend_min_drop_db: float = 1.0
-    predict_horizon_s: float = 120.0
-    flap_penalty: float = 1000.0
-    flap_half_life_s: float = 15.0
-    flap_suppress: float = 2500.0
-    flap_reuse: float = 800.0
-    flap_max_penalty: float = 10000.0
-
-
-@dataclass(frozen=True)
-class Assessment:
-    signal: str  # "counters", "optics", "flaps"
-    severity: Verdict | None  # None: no opinion
-    status: str  # "ok", "degraded", "unreadable", "unsupported", "warming up", "suppressed"
-    detail: str = ""
-    confirmed: bool = True  # severity has held for `confirm` readings
-
-    @property
-    def effective(self) -> Verdict | None:
-        return self.severity if self.confirmed else None
 
 
 def _worse(a: Verdict | None, b: Verdict | None) -> Verdict | None:
