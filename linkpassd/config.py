@@ -29,7 +29,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from linkpassd.core.model import Config, MultipathConfig, Ownership, RailConfig, Timers
+from pathlib import PurePosixPath
+
+from linkpassd.core.model import (Config, HealthPolicy, MultipathConfig, Ownership, RailConfig,
+                                  SensorConfig, Timers)
 
 __all__ = [
     "DEFAULT_PATH",
@@ -567,6 +570,76 @@ TIMERS = Section(
     rules=("`resync_interval_s` ≥ `tick_interval_s`",),
 )
 
+HEALTH = Section(
+    "health",
+    array=False,
+    help="How counters, optics and flaps turn into a verdict. A signal degrades a port only "
+         "after `confirm` consecutive readings agree; DEGRADED ports are drained while a healthy "
+         "alternative exists. Optic thresholds are the module's own warning levels.",
+    options=(
+        Option("confirm", INT, 3,
+               "Consecutive readings of a signal (optics readings, counter intervals) before it "
+               "may degrade a port: one spiky reading drains nothing.", (_at_least(1),)),
+        Option("counter_window_s", FLOAT, 10.0,
+               "Seconds over which error counter rates are computed.", (_greater_than(0),)),
+        Option("crc_errors_per_s", FLOAT, 10.0, "RX CRC (FCS) errors per second that degrade a port.",
+               (_greater_than(0),)),
+        Option("symbol_errors_per_s", FLOAT, 10.0, "Symbol errors per second that degrade a port.",
+               (_greater_than(0),)),
+        Option("fec_uncorrectable_per_s", FLOAT, 1.0,
+               "Uncorrectable FEC blocks per second that degrade a port (each is lost data).",
+               (_greater_than(0),)),
+        Option("fec_corrected_per_s", FLOAT, 0.0,
+               "Corrected FEC blocks per second that degrade a port (pre-FEC errors); 0 turns this "
+               "check off, since healthy high-speed links correct errors all the time.",
+               (_at_least(0),)),
+        Option("rx_power_margin_db", FLOAT, 0.0,
+               "dB added to the module's RX power low warning level before it degrades a port.",
+               (_at_least(0),)),
+        Option("trend_window_s", FLOAT, 60.0,
+               "Seconds of RX power history used to see a decline coming.", (_greater_than(0),)),
+        Option("trend_min_samples", INT, 6, "Readings needed before a trend is trusted.",
+               (_at_least(3),)),
+        Option("trend_min_drop_db", FLOAT, 1.0,
+               "RX power must have fallen at least this much over the window to count as a trend.",
+               (_greater_than(0),)),
+        Option("predict_horizon_s", FLOAT, 120.0,
+               "Drain a port whose RX power trend reaches the module's low alarm within this "
+               "many seconds.", (_at_least(0),)),
+        Option("flap_penalty", FLOAT, 1000.0, "Penalty added per carrier loss (flap dampening).",
+               (_greater_than(0),)),
+        Option("flap_half_life_s", FLOAT, 15.0, "Seconds for the flap penalty to halve.",
+               (_greater_than(0),)),
+        Option("flap_suppress", FLOAT, 2500.0,
+               "Penalty at which a flapping port is kept DEGRADED beyond its hold-down.",
+               (_greater_than(0),)),
+        Option("flap_reuse", FLOAT, 800.0,
+               "Penalty below which a suppressed port may be used again.", (_greater_than(0),)),
+        Option("flap_max_penalty", FLOAT, 10000.0,
+               "Cap on the penalty, which bounds how long a port stays suppressed.",
+               (_greater_than(0),)),
+    ),
+    rules=("`flap_reuse` < `flap_suppress` ≤ `flap_max_penalty`",),
+)
+
+SENSORS = Section(
+    "sensors",
+    array=False,
+    help="Where counters and optics are read from, and how often. `ethtool` reads the kernel "
+         "(ethtool netlink, module EEPROM; a driver without a counter or module is normal); `sim` "
+         "reads simulated files (labs; format in labs/faults/simsensor.md).",
+    options=(
+        Option("backend", STR, "ethtool", "`ethtool` or `sim`.", (_one_of("ethtool", "sim"),)),
+        Option("sim_dir", STR, None, "Directory of `<port>.json` files for the `sim` backend.",
+               (_abs_path(),), default_doc="`<run_dir>/sim`"),
+        Option("counters_interval_s", FLOAT, 1.0, "Seconds between counter reads.",
+               (_greater_than(0),)),
+        Option("optics_interval_s", FLOAT, 2.0,
+               "Seconds between module EEPROM reads (one reader per module at a time).",
+               (_greater_than(0),)),
+    ),
+)
+
 ROUTING = Section(
     "routing",
     array=False,
@@ -654,7 +727,7 @@ MULTIPATH = Section(
     ),
 )
 
-SCHEMA: tuple[Section, ...] = (DAEMON, OWNERSHIP, TIMERS, ROUTING, RAIL, MULTIPATH)
+SCHEMA: tuple[Section, ...] = (DAEMON, OWNERSHIP, TIMERS, HEALTH, SENSORS, ROUTING, RAIL, MULTIPATH)
 
 
 # --------------------------------------------------------------------------
@@ -801,9 +874,12 @@ class _Builder:
         daemon = self.section(doc, DAEMON)
         own = self.section(doc, OWNERSHIP)
         timers = self.section(doc, TIMERS)
+        health = self.section(doc, HEALTH)
+        sensors = self.section(doc, SENSORS)
         routing = self.section(doc, ROUTING)
         self.check_ownership(own)
         self.check_timers(timers)
+        self.check_health(health)
         rails = self.rails(self.entries(doc, RAIL))
         groups = self.groups(self.entries(doc, MULTIPATH), rails)
         self.check_capacity(own, len(rails), len(groups), routing["roce_rules"])
@@ -838,6 +914,10 @@ class _Builder:
             ),
             ownership=Ownership(**own),
             timers=Timers(**timers),
+            health=HealthPolicy(**{**health, "fec_corrected_per_s":
+                                   health["fec_corrected_per_s"] or None}),
+            sensors=SensorConfig(**{**sensors, "sim_dir": sensors["sim_dir"]
+                                    or str(PurePosixPath(daemon["run_dir"]) / "sim")}),
             roce_rules=routing["roce_rules"],
             control_socket=daemon["control_socket"],
             run_dir=daemon["run_dir"],
@@ -845,6 +925,14 @@ class _Builder:
             log_level=daemon["log_level"],
             source=self.source,
         )
+
+    def check_health(self, health: dict[str, Any]) -> None:
+        if not health["flap_reuse"] < health["flap_suppress"]:
+            self.fail("health.flap_reuse", f"{health['flap_reuse']:g} must be below flap_suppress "
+                      f"({health['flap_suppress']:g}), or a suppressed port is never reused")
+        if health["flap_suppress"] > health["flap_max_penalty"]:
+            self.fail("health.flap_suppress", f"{health['flap_suppress']:g} is above "
+                      f"flap_max_penalty ({health['flap_max_penalty']:g}): it could never be reached")
 
     def check_ownership(self, own: dict[str, Any]) -> None:
         for kind in ("table", "rule_priority", "nexthop_id"):

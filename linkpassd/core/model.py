@@ -74,7 +74,7 @@ class SensorConfig:
     """Where counters and optics come from, and how often they are read."""
 
     backend: str = "ethtool"  # "ethtool" (the kernel) or "sim" (lab files)
-    sim_dir: str = ""  # for "sim": default <run_dir>/sim
+    sim_dir: str = "/run/linkpass/sim"  # for "sim"; the config default is <run_dir>/sim
     counters_interval_s: float = 1.0
     optics_interval_s: float = 2.0
 

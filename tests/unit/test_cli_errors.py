@@ -30,6 +30,8 @@ MALFORMED = [
     (GOOD_RAIL + '[[multipath]]\nname = "f"\ndestination = "198.19.0.0/33"\nrails = ["rail0"]\n',
      "multipath[0].destination"),
     ("[bogus]\nx = 1\n" + GOOD_RAIL, "bogus"),
+    ('[sensors]\nbackend = "snmp"\n' + GOOD_RAIL, "sensors.backend"),
+    ("[health]\nflap_reuse = 3000\n" + GOOD_RAIL, "health.flap_reuse"),
 ]
 
 
