@@ -20,9 +20,9 @@ from typing import Iterable
 def rail_config_toml(socket_path: str, run_dir: str, rails: Iterable, *, rise: int = 2,
                      hold_down_s: float = 1.0, tick_interval_s: float = 0.1,
                      multipath: str | None = "198.18.128.0/17", buckets: int = 8,
-                     log_level: str = "info") -> str:
+                     log_level: str = "info", extra: str = "") -> str:
     """A linkpassd config for rails with .port/.address/.gateway/.prefixlen;
-    every rail backs up the others, in order."""
+    every rail backs up the others, in order. `extra` is more TOML (sections)."""
     rails = list(rails)
     names = [f"rail{i}" for i in range(len(rails))]
     out = [
@@ -40,6 +40,8 @@ def rail_config_toml(socket_path: str, run_dir: str, rails: Iterable, *, rise: i
         out += ["[[rail]]", f'name = "{name}"', f'port = "{rail.port}"',
                 f'address = "{rail.address}/{rail.prefixlen}"', f'gateway = "{rail.gateway}"',
                 f"backups = [{backups}]"]
+    if extra:
+        out.append(extra.strip())
     if multipath:
         members = ", ".join(f'"{n}"' for n in names)
         out += ["[[multipath]]", 'name = "fabric"', f'destination = "{multipath}"',

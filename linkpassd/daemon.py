@@ -36,10 +36,14 @@ from linkpassd import config as configmod
 from linkpassd import logs
 from linkpassd.adapters import sdnotify
 from linkpassd.adapters.control_server import ControlServer
+from linkpassd.adapters.ethtool import EthtoolSensor
 from linkpassd.adapters.kernel import KernelAdapter, KernelOpError
 from linkpassd.adapters.links import LinkEvent, LinkMonitor, LinkSnapshot
-from linkpassd.core import health, plan, policy
-from linkpassd.core.model import Config, DaemonStatus, KernelState, LinkSample, PortState
+from linkpassd.adapters.sensor import Sensor
+from linkpassd.adapters.simsensor import SimulatedSensor
+from linkpassd.core import explain, health, plan, policy
+from linkpassd.core.model import (Config, CounterSample, DaemonStatus, KernelState, LinkSample,
+                                  OpticsReading, PortSensors, PortState, Unreadable)
 
 log = structlog.get_logger("linkpassd")
 
@@ -49,6 +53,18 @@ DEFAULT_CONFIG = "/etc/linkpass/linkpassd.toml"
 @dataclass(frozen=True)
 class Tick:
     """Re-sample cached link state (rise counts, hold-down expiry)."""
+
+
+@dataclass(frozen=True)
+class CounterReading:
+    port: str
+    sample: CounterSample
+
+
+@dataclass(frozen=True)
+class OpticsRead:
+    port: str
+    reading: OpticsReading | Unreadable
 
 
 @dataclass(frozen=True)
@@ -102,7 +118,9 @@ class Daemon:
         self.kernel = KernelAdapter(ipr)
         self.ipr = ipr
         self.monitor = LinkMonitor(self.ports(), self.queue.put)
-        control = ControlServer(self.config.control_socket, self.status)
+        sensor = make_sensor(self.config)
+        control = ControlServer(self.config.control_socket, self.status,
+                                explain_provider=self.explain)
         await control.start()
         log.info("started", version=linkpassd.__version__, config=self.config.source,
                  rails=len(self.config.rails), multipath=len(self.config.multipath))
@@ -110,12 +128,15 @@ class Daemon:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self.monitor.run(), name="links")
                 tasks.create_task(self._ticker(), name="ticker")
+                tasks.create_task(self._poll(sensor, "counters"), name="counters")
+                tasks.create_task(self._poll(sensor, "optics"), name="optics")
                 tasks.create_task(self._reconcile_loop(), name="reconcile")
         except* ShutdownRequested:
             pass
         finally:
             sdnotify.notify("STOPPING=1")
             await control.stop(0.5)
+            sensor.close()
             ipr.close()
             log.info("stopped", note="routes left as they are (fail-static)")
 
@@ -123,6 +144,26 @@ class Daemon:
         while True:
             await asyncio.sleep(self.config.timers.tick_interval_s)
             await self.queue.put(Tick())
+
+    async def _poll(self, sensor: Sensor, what: str) -> None:
+        """Read one kind of sensor for every port, one port at a time, forever.
+        A sensor answers bad input with None or Unreadable; anything it raises
+        anyway is logged and becomes Unreadable, never the daemon's end."""
+        while True:
+            interval = (self.config.sensors.counters_interval_s if what == "counters"
+                        else self.config.sensors.optics_interval_s)
+            await asyncio.sleep(interval)
+            for port in self.ports():
+                try:
+                    if what == "counters":
+                        await self.queue.put(CounterReading(port, await sensor.counters(port)))
+                    else:
+                        await self.queue.put(OpticsRead(port, await sensor.optics(port)))
+                except Exception as exc:  # noqa: BLE001 - outside input must not end the daemon
+                    log.error("sensor_failed", port=port, rail=self._rail_of(port), sensor=what,
+                              error=repr(exc))
+                    if what == "optics":
+                        await self.queue.put(OpticsRead(port, Unreadable(f"sensor failed: {exc!r}")))
 
     async def _reconcile_loop(self) -> None:
         while True:
@@ -154,6 +195,8 @@ class Daemon:
             elif isinstance(event, Tick):
                 for sample in list(self.links.values()):
                     self._observe(sample, now)
+            elif isinstance(event, (CounterReading, OpticsRead)):
+                self._observe_sensor(event, now)
         if not all(p in self.links for p in self.ports()):
             return  # no full picture of the ports yet
         decision = policy.decide(self.config, self.port_states(now))
@@ -184,14 +227,30 @@ class Daemon:
             self.kernel_view = plan.carrier_lost(self.kernel_view, sample.port)
         before = self.health.get(sample.port)
         after = (health.initial(sample, now) if before is None
-                 else health.observe(before, sample, now, self.config.timers))
-        self.health[sample.port] = after
+                 else health.observe(before, sample, now, self.config.timers, self.config.health))
+        self._set_health(before, after)
+
+    def _observe_sensor(self, event: CounterReading | OpticsRead, now: float) -> None:
+        before = self.health.get(event.port)
+        if before is None or event.port not in self.ports():
+            return  # no link sample yet, or the port left the config
+        if isinstance(event, CounterReading):
+            after = health.observe_counters(before, event.sample, now, self.config.timers,
+                                            self.config.health)
+        else:
+            after = health.observe_optics(before, event.reading, now, self.config.timers,
+                                          self.config.health)
+        self._set_health(before, after)
+
+    def _set_health(self, before: health.PortHealth | None, after: health.PortHealth) -> None:
+        self.health[after.port] = after
         if before is None or before.verdict != after.verdict:
-            self._later("port_verdict", port=sample.port, rail=self._rail_of(sample.port),
-                     verdict=str(after.verdict), phase=str(after.phase), reason=after.reason)
+            self._later("port_verdict", port=after.port, rail=self._rail_of(after.port),
+                        verdict=str(after.verdict), phase=after.phase, reason=after.reason)
 
     def port_states(self, now: float) -> dict[str, PortState]:
-        return {p: health.port_state(h, now, self.config.timers) for p, h in self.health.items()}
+        return {p: health.port_state(h, now, self.config.timers, self.config.health)
+                for p, h in self.health.items()}
 
     def _rail_of(self, port: str) -> str:
         return next((r.name for r in self.config.rails if r.port == port), "")
@@ -282,11 +341,31 @@ class Daemon:
 
     # ---------------------------------------------------------------- status
 
+    def _unix_port_states(self, now: float) -> dict[str, PortState]:
+        to_wall = self.started_wall - self.started_mono
+        return {p: replace(s, since=s.since + to_wall) for p, s in self.port_states(now).items()}
+
+    def explain(self, port: str) -> explain.Explanation | None:
+        if self.decision is None:
+            return None
+        return explain.explain(self.config, self.decision, self._unix_port_states(self.clock()), port)
+
+    def sensors(self) -> tuple[PortSensors, ...]:
+        out = []
+        for port, h in self.health.items():
+            sig = h.signals
+            reading = sig.optics.reading
+            out.append(PortSensors(
+                port=port,
+                optics=reading if isinstance(reading, OpticsReading) else None,
+                optics_unreadable=reading.reason if isinstance(reading, Unreadable) else "",
+                counters=sig.counters.samples[-1][1] if sig.counters.samples else None,
+                assessments=sig.assessments(self.config.health)))
+        return tuple(out)
+
     def status(self) -> DaemonStatus:
         now = self.clock()
-        to_wall = self.started_wall - self.started_mono
-        ports = tuple(replace(s, since=s.since + to_wall)
-                      for s in self.port_states(now).values())
+        ports = tuple(self._unix_port_states(now).values())
         return DaemonStatus(
             hostname=socket.gethostname(),
             version=linkpassd.__version__,
@@ -300,7 +379,14 @@ class Daemon:
             netlink_writes=self.kernel.writes if self.kernel else 0,
             last_reconcile_at=self.last_reconcile_at,
             last_error=self.last_error,
+            sensors=self.sensors(),
         )
+
+
+def make_sensor(config: Config) -> Sensor:
+    if config.sensors.backend == "sim":
+        return SimulatedSensor(config.sensors.sim_dir)
+    return EthtoolSensor(min_module_interval_s=min(1.0, config.sensors.optics_interval_s))
 
 
 def main(argv: list[str] | None = None) -> int:

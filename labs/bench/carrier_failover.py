@@ -42,6 +42,14 @@ RESULTS = Path(__file__).parent / "results"
 NH_MIN = 1_000_100  # default nexthop id range: rail i -> NH_MIN + i
 RAIL0_TABLE = 10100
 LINKWATCH_QUIET_S = 1.2
+# Every trial pulls the same cable: flap dampening would (rightly) suppress the
+# port after a few. This bench times failover, so dampening is set out of reach.
+NO_DAMPENING = """
+[health]
+flap_penalty = 1.0
+flap_suppress = 10000.0
+flap_max_penalty = 10000.0
+"""
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -207,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = Path(tmp) / "linkpassd.toml"
             sock = f"{tmp}/ctl.sock"
             cfg.write_text(rail_config_toml(sock, tmp, lab.rails, rise=1, hold_down_s=hold_down,
-                                            tick_interval_s=0.05, log_level="warning"))
+                                            tick_interval_s=0.05, log_level="warning",
+                                            extra=NO_DAMPENING))
             with DaemonProcess(lab.host.name, cfg, sock, Path(tmp) / "linkpassd.log") as daemon:
                 daemon.wait_ready()
                 rows = asyncio.run(asyncio.wait_for(trials(lab, args.trials, hold_down),

@@ -23,7 +23,7 @@ import click
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 import grpc  # noqa: E402
-from google.protobuf import json_format  # noqa: E402
+from google.protobuf import json_format, struct_pb2  # noqa: E402
 from google.protobuf.descriptor import Descriptor  # noqa: E402
 from google.protobuf.message import Message  # noqa: E402
 
@@ -86,6 +86,8 @@ class Target:
             if "connection refused" in low or "no such file" in low:
                 return f"linkpassd is not running? nothing listens on {path}"
             return f"linkpassd unavailable on {path}: {_one_line(details)}"
+        if code == grpc.StatusCode.NOT_FOUND:  # the daemon's message names what was not found
+            return _one_line(details)
         name = code.name if code is not None else "error"
         return f"linkpassd answered {name}: {_one_line(details)}"
 
@@ -102,7 +104,9 @@ def _one_line(text: str) -> str:
 def to_json(message: Message) -> str:
     """Proto field names, every field present even at its zero value, keys in
     field-number order (MessageToDict appends zero-valued fields last, which
-    would make the order depend on the values)."""
+    would make the order depend on the values). Fields with presence that are
+    unset (a sensor reading that was not reported) are null, not missing, so
+    the keys stay the same whatever the values; map keys are sorted."""
     data = json_format.MessageToDict(
         message,
         preserving_proto_field_name=True,
@@ -115,10 +119,18 @@ def _in_field_order(descriptor: Descriptor, data: dict) -> dict:
     ordered = {}
     for field in descriptor.fields:
         if field.name not in data:
-            continue  # an unset message field; ours are always set
+            if field.has_presence:  # unset optional scalar or message: "not reported"
+                ordered[field.name] = None
+            continue
         value = data[field.name]
         sub = field.message_type
-        if sub is not None and not sub.GetOptions().map_entry:  # well-known types are not dicts: kept as is
+        if sub is not None and sub.GetOptions().map_entry:
+            value_type = sub.fields_by_name["value"].message_type
+            value = {
+                k: _in_field_order(value_type, v) if value_type is not None and isinstance(v, dict) else v
+                for k, v in sorted(value.items())
+            }
+        elif sub is not None:  # well-known types are not dicts: kept as is
             if isinstance(value, dict):
                 value = _in_field_order(sub, value)
             elif isinstance(value, list):
@@ -129,10 +141,15 @@ def _in_field_order(descriptor: Descriptor, data: dict) -> dict:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Columns padded to their widest cell; the last one is left ragged so a
-    long evidence string does not pad every line."""
+    long evidence string does not pad every line. A row with fewer cells than
+    headers is a note: its last cell runs on across the remaining columns."""
     widths = [len(h) for h in headers]
     for row in rows:
-        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+        if not 0 < len(row) <= len(headers):
+            raise ValueError(f"row {row!r} does not fit headers {headers!r}")
+        cells = row if len(row) == len(headers) else row[:-1]
+        for i, cell in enumerate(cells):
+            widths[i] = max(widths[i], len(cell))
     return "\n".join(
         "  ".join([*(c.ljust(w) for c, w in zip(line[:-1], widths)), line[-1]]).rstrip()
         for line in [headers, *rows]
@@ -162,6 +179,10 @@ def duration(seconds: float) -> str:
 
 def wall_time(unix: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix))
+
+
+def since_text(since: float, served_at: float) -> str:
+    return f"{duration(served_at - since)} ago"
 
 
 def verdict_name(verdict: int) -> str:
@@ -237,15 +258,169 @@ def render_links(resp: pb.ListLinksResponse) -> str:
                 str(link.carrier_down_count),
                 verdict_name(state.verdict),
                 state.phase or "-",
-                f"{duration(resp.served_at - state.since)} ago" if judged else "-",
+                since_text(state.since, resp.served_at) if judged else "-",
                 "; ".join(state.evidence) or "-",
             ]
         )
-    return table(
+    links = table(
         ["PORT", "RAIL", "PRESENT", "ADMIN", "CARRIER", "OPERSTATE", "UPS", "DOWNS",
          "VERDICT", "PHASE", "SINCE", "EVIDENCE"],
         rows,
     )
+    sensors = [row.sensors for row in resp.links]
+    return "\n\n".join([links, render_optics(sensors), render_counters(sensors), render_signals(sensors)])
+
+
+# Marks on a reading past the module's own levels (legend printed with them).
+WARN_MARK = "!"
+ALARM_MARK = "!!"
+NOT_REPORTED = "n/a"
+
+
+def _opt(message: Message, field: str) -> float | int | str | None:
+    """An optional field's value, None when it is unset (not reported)."""
+    return getattr(message, field) if message.HasField(field) else None
+
+
+def _lane_values(values: Sequence[struct_pb2.Value]) -> list[float | None]:
+    return [v.number_value if v.WhichOneof("kind") == "number_value" else None for v in values]
+
+
+def _mark(value: float, levels: pb.Thresholds | None) -> str:
+    """Same comparisons as the health signals: strictly past a level."""
+    if levels is None:
+        return ""
+    lo_alarm, lo_warn = _opt(levels, "low_alarm"), _opt(levels, "low_warn")
+    hi_alarm, hi_warn = _opt(levels, "high_alarm"), _opt(levels, "high_warn")
+    if (lo_alarm is not None and value < lo_alarm) or (hi_alarm is not None and value > hi_alarm):
+        return ALARM_MARK
+    if (lo_warn is not None and value < lo_warn) or (hi_warn is not None and value > hi_warn):
+        return WARN_MARK
+    return ""
+
+
+def _reading(value: float | None, levels: pb.Thresholds | None, digits: int = 1) -> str:
+    return NOT_REPORTED if value is None else f"{value:.{digits}f}{_mark(value, levels)}"
+
+
+def _per_lane(values: Sequence[struct_pb2.Value], levels: pb.Thresholds | None) -> str:
+    """Lane 0 first, space separated."""
+    return " ".join(_reading(v, levels) for v in _lane_values(values)) or "-"
+
+
+def _levels(optics: pb.OpticsReading, quantity: str) -> pb.Thresholds | None:
+    return optics.thresholds[quantity] if quantity in optics.thresholds else None
+
+
+def _low_levels(levels: pb.Thresholds | None) -> str:
+    if levels is None:
+        return "-"
+    warn, alarm = _opt(levels, "low_warn"), _opt(levels, "low_alarm")
+    if warn is None and alarm is None:
+        return "-"
+    return "/".join(NOT_REPORTED if v is None else f"{v:.1f}" for v in (warn, alarm))
+
+
+def render_optics(sensors: Sequence[pb.PortSensors]) -> str:
+    """Per port: the module and its readings against the module's own levels."""
+    rows: list[list[str]] = []
+    marked = False
+    for s in sensors:
+        if not s.HasField("optics"):
+            note = f"unreadable: {_one_line(s.optics_unreadable)}" if s.optics_unreadable else "no module data"
+            rows.append([s.port, note])
+            continue
+        o = s.optics
+        module = " ".join(x for x in (o.identity.vendor, o.identity.part) if x) or "?"
+        row = [
+            s.port,
+            module,
+            _reading(_opt(o, "temperature_c"), _levels(o, "temperature_c")),
+            _per_lane(o.rx_power_dbm, _levels(o, "rx_power_dbm")),
+            _low_levels(_levels(o, "rx_power_dbm")),
+            _per_lane(o.tx_power_dbm, _levels(o, "tx_power_dbm")),
+            _per_lane(o.tx_bias_ma, _levels(o, "tx_bias_ma")),
+            ",".join(o.flags) or "-",
+        ]
+        marked = marked or any(WARN_MARK in cell for cell in row[2:-1])
+        rows.append(row)
+    if not rows:
+        return "OPTICS\nno ports"
+    out = "OPTICS\n" + table(
+        ["PORT", "MODULE", "TEMP °C", "RX dBm", "RX LOW WARN/ALARM", "TX dBm", "BIAS mA", "FLAGS"], rows
+    )
+    if marked:
+        out += (f"\n{WARN_MARK} past the module's warning level, {ALARM_MARK} past its alarm level; "
+                f"lanes from 0; {NOT_REPORTED}: not reported")
+    return out
+
+
+COUNTERS = [
+    ("CRC", "rx_crc_errors"),
+    ("SYMBOL", "symbol_errors"),
+    ("LENGTH", "length_errors"),
+    ("MISSED", "rx_missed"),
+    ("FEC CORR", "fec_corrected"),
+    ("FEC UNCORR", "fec_uncorrectable"),
+    ("LINK DOWNS", "link_down_events"),
+]
+
+
+def render_counters(sensors: Sequence[pb.PortSensors]) -> str:
+    """Counter totals as the driver reports them; n/a: the driver has no such counter."""
+    rows: list[list[str]] = []
+    for s in sensors:
+        if not s.HasField("counters"):
+            rows.append([s.port, "no counter data"])
+            continue
+        c = s.counters
+        values = [_opt(c, field) for _, field in COUNTERS]
+        ext = " / ".join(x for x in (_opt(c, "ext_state"), _opt(c, "ext_substate")) if x) or "-"
+        rows.append([s.port, *(NOT_REPORTED if v is None else str(v) for v in values), ext])
+    if not rows:
+        return "COUNTERS\nno ports"
+    return "COUNTERS\n" + table(["PORT", *(h for h, _ in COUNTERS), "LINK DOWN REASON"], rows)
+
+
+def render_signals(sensors: Sequence[pb.PortSensors]) -> str:
+    """Each health signal's judgement per port."""
+    rows: list[list[str]] = []
+    for s in sensors:
+        if not s.assessments:
+            rows.append([s.port, "no assessments"])
+        for a in s.assessments:
+            severity = verdict_name(a.severity) if a.HasField("severity") else "-"
+            if a.HasField("severity") and not a.confirmed:
+                severity += " (unconfirmed)"
+            rows.append([s.port, a.signal, a.status, severity, _one_line(a.detail) or "-"])
+    if not rows:
+        return "SIGNALS\nno ports"
+    return "SIGNALS\n" + table(["PORT", "SIGNAL", "STATUS", "SEVERITY", "DETAIL"], rows)
+
+
+def render_explanation(e: pb.Explanation) -> str:
+    state = e.state
+    evidence = list(state.evidence) or ["-"]
+    head = key_values(
+        [
+            ("verdict", verdict_name(state.verdict)),
+            ("carrier", "yes" if state.carrier else "no"),
+            ("phase", state.phase or "-"),
+            ("since", f"{since_text(state.since, e.served_at)} ({wall_time(state.since)})"
+             if state.verdict != pb.VERDICT_UNSPECIFIED else "-"),
+            ("evidence", evidence[0]),
+            *(("", line) for line in evidence[1:]),
+        ]
+    )
+    if e.consequences:
+        uses = table(
+            ["KIND", "NAME", "TABLE", "ROLE", "CARRIES PORT", "DETAIL"],
+            [[c.kind, c.name, str(c.table), c.role, "yes" if c.carries_port else "no", c.detail or "-"]
+             for c in e.consequences],
+        )
+    else:
+        uses = "no table or group uses this port"
+    return "\n\n".join([_one_line(e.summary), head, uses])
 
 
 # --------------------------------------------------------------------------
@@ -301,9 +476,20 @@ def status(target: Target, output: str) -> None:
 @output_option
 @click.pass_obj
 def links(target: Target, output: str) -> None:
-    """Per port: link state, flap counters and health verdict with evidence."""
+    """Per port: link state, flap counters, health verdict with evidence, optics
+    against the module's levels, error counters and each health signal."""
     resp = target.call(lambda stub: stub.ListLinks, pb.ListLinksRequest())
     click.echo(to_json(resp) if output == "json" else render_links(resp))
+
+
+@cli.command()
+@click.argument("port")
+@output_option
+@click.pass_obj
+def explain(target: Target, port: str, output: str) -> None:
+    """Why PORT has its verdict, and what that did to every table and group using it."""
+    resp = target.call(lambda stub: stub.ExplainPort, pb.ExplainPortRequest(port=port))
+    click.echo(to_json(resp) if output == "json" else render_explanation(resp))
 
 
 def main() -> None:

@@ -30,17 +30,69 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from linkpassd._proto.linkpass.v1 import control_pb2 as pb
 from linkpassd.adapters import control_server
 from linkpassd.adapters.control_server import ControlServer, ControlSocketError
+from linkpassd.core.explain import Explanation
 from linkpassd.core.model import (
+    Assessment,
+    CounterSample,
     DaemonStatus,
     GroupStatus,
     LinkSample,
+    ModuleIdentity,
+    OpticsReading,
+    PortSensors,
     PortState,
     RailStatus,
+    Thresholds,
     Verdict,
 )
 from linkpassd.ctl import main as ctl
 
 WALL_NOW = 1_800_000_000.0  # unix time while serving
+
+
+def realistic_sensors() -> tuple[PortSensors, ...]:
+    """eth0: a 4-lane QSFP28 with every reading, level and counter given
+    (lane 2 reads low); eth1: the module cannot be read, the link is down."""
+    return (
+        PortSensors(
+            port="eth0",
+            optics=OpticsReading(
+                identity=ModuleIdentity(spec="SFF-8636", form_factor="QSFP28", vendor="FS", part="QSFP28-SR4-100G",
+                                        serial="F2031234567", revision="A", spec_revision="2.10"),
+                temperature_c=38.5,
+                voltage_v=3.29,
+                tx_bias_ma=(6.6, 6.5, 6.7, 6.4),
+                tx_power_dbm=(-0.8, -0.9, -0.7, -1.0),
+                rx_power_dbm=(-1.6, -1.8, -9.2, -1.7),
+                thresholds=(
+                    ("temperature_c", Thresholds(high_alarm=75.0, high_warn=70.0, low_warn=-5.0, low_alarm=-10.0)),
+                    ("voltage_v", Thresholds(high_alarm=3.63, high_warn=3.47, low_warn=3.13, low_alarm=2.97)),
+                    ("tx_bias_ma", Thresholds(high_alarm=12.0, high_warn=11.0, low_warn=2.0, low_alarm=1.0)),
+                    ("tx_power_dbm", Thresholds(high_alarm=5.0, high_warn=3.0, low_warn=-6.4, low_alarm=-8.4)),
+                    ("rx_power_dbm", Thresholds(high_alarm=5.4, high_warn=3.4, low_warn=-8.4, low_alarm=-10.4)),
+                ),
+                flags=frozenset({"rx_power_low_warn[2]"}),
+            ),
+            counters=CounterSample(port="eth0", rx_crc_errors=1204, symbol_errors=3, length_errors=1, rx_missed=88,
+                                   fec_corrected=2_147_483_651, fec_uncorrectable=7, link_down_events=2,
+                                   ext_state="Link training failure", ext_substate="KR link partner did not set "
+                                   "receiver ready"),
+            assessments=(
+                Assessment("counters", Verdict.UP, "ok", "CRC 0.2/s, symbol 0.0/s over 10s"),
+                Assessment("optics", Verdict.DEGRADED, "degraded",
+                           "lane 2 RX -9.20 dBm below low warning -8.4 (1 of 3 readings)", confirmed=False),
+                Assessment("flaps", Verdict.UP, "ok", "penalty 12 (suppress at 2500)"),
+            ),
+        ),
+        PortSensors(
+            port="eth1",
+            optics_unreadable="eth1: module EEPROM page 0x11: Input/output error",
+            counters=CounterSample(port="eth1", rx_crc_errors=0, fec_uncorrectable=0, link_down_events=6,
+                                   ext_state="No cable"),
+            assessments=(Assessment("optics", None, "unreadable",
+                                    "eth1: module EEPROM page 0x11: Input/output error"),),
+        ),
+    )
 
 
 def realistic_status() -> DaemonStatus:
@@ -79,15 +131,17 @@ def realistic_status() -> DaemonStatus:
         netlink_writes=17,
         last_reconcile_at=WALL_NOW - 2,
         last_error="netlink: RTM_NEWROUTE table 10101: Network is unreachable",
+        sensors=realistic_sensors(),
     )
 
 
 @contextlib.contextmanager
-def running_server(socket_path: Path, provider: Callable[[], DaemonStatus]) -> Iterator[ControlServer]:
+def running_server(socket_path: Path, provider: Callable[[], DaemonStatus],
+                   explain_provider: Callable[[str], Explanation | None] | None = None) -> Iterator[ControlServer]:
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    server = ControlServer(socket_path, provider, wall_clock=lambda: WALL_NOW)
+    server = ControlServer(socket_path, provider, explain_provider, wall_clock=lambda: WALL_NOW)
     try:
         asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
         yield server
@@ -252,19 +306,32 @@ def run_ctl_json_of(status: DaemonStatus) -> str:
     return ctl.to_json(control_server.status_to_proto(status, served_at=WALL_NOW))
 
 
+# Model fields whose None the proto documents as "" (no path); every other
+# None is an unset field, which linkpassctl prints as null.
+NONE_AS_EMPTY_STRING = {(RailStatus, "active_rail"), (RailStatus, "active_port")}
+
+
 def _expected_json(value: object) -> object:
     """The proto3 JSON form of a model value, by the rules control.proto documents."""
     if dataclasses.is_dataclass(value):
-        return {f.name: _expected_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        out = {}
+        for f in dataclasses.fields(value):
+            v = getattr(value, f.name)
+            out[f.name] = "" if v is None and (type(value), f.name) in NONE_AS_EMPTY_STRING else _expected_json(v)
+        return out
     if isinstance(value, Verdict):
         return f"VERDICT_{value.value}"
     if isinstance(value, enum.Enum):
         raise AssertionError(f"no JSON rule for enum {type(value).__name__}")
+    if isinstance(value, frozenset):  # a set goes out sorted
+        return [_expected_json(v) for v in sorted(value)]
+    if isinstance(value, tuple) and value and all(
+        isinstance(v, tuple) and len(v) == 2 and isinstance(v[0], str) for v in value
+    ):  # (key, value) pairs are a map; a later pair wins
+        return {k: _expected_json(v) for k, v in value}
     if isinstance(value, tuple):
         return [_expected_json(v) for v in value]
-    if value is None:
-        return ""
-    return value
+    return value  # None included: null
 
 
 def _assert_contains(expected: object, actual: object, where: str) -> None:
@@ -283,12 +350,41 @@ def _assert_contains(expected: object, actual: object, where: str) -> None:
         assert actual == expected, f"{where}: {actual!r} != {expected!r}"
 
 
+def _dataclasses_in(value: object) -> Iterator[object]:
+    if dataclasses.is_dataclass(value):
+        yield value
+        for f in dataclasses.fields(value):
+            yield from _dataclasses_in(getattr(value, f.name))
+    elif isinstance(value, (tuple, frozenset)):
+        for v in value:
+            yield from _dataclasses_in(v)
+
+
+def _fields_never_given(value: object) -> set[str]:
+    """Model fields that are None or empty everywhere in `value`: the walk
+    below cannot notice the mapping dropping one of those."""
+    seen: set[str] = set()
+    given: set[str] = set()
+    for obj in _dataclasses_in(value):
+        for f in dataclasses.fields(obj):
+            name = f"{type(obj).__name__}.{f.name}"
+            seen.add(name)
+            if getattr(obj, f.name) not in (None, (), frozenset(), ""):
+                given.add(name)
+    return seen - given
+
+
 def test_every_daemon_status_field_reaches_json(server: ControlServer, sock: Path) -> None:
-    """Walks the model, not a list: a field added to DaemonStatus (or its parts)
+    """Walks the model, not a list: a field added to DaemonStatus (or its parts,
+    down to PortSensors, OpticsReading, Thresholds, CounterSample, Assessment)
     but not carried by the proto and the mapping fails here."""
+    status = realistic_status()
+    assert not _fields_never_given(status), "give these a value in realistic_status()"
+    assert {"PortSensors", "OpticsReading", "ModuleIdentity", "Thresholds", "CounterSample", "Assessment"} <= {
+        type(v).__name__ for v in _dataclasses_in(status)}
     result = run_ctl(sock, "status", "-o", "json")
     assert result.exit_code == 0, result.output
-    _assert_contains(_expected_json(realistic_status()), json.loads(result.stdout), "status")
+    _assert_contains(_expected_json(status), json.loads(result.stdout), "status")
 
 
 # --------------------------------------------------------------------------
@@ -299,7 +395,7 @@ def test_every_daemon_status_field_reaches_json(server: ControlServer, sock: Pat
 def test_links_table(server: ControlServer, sock: Path) -> None:
     result = run_ctl(sock, "links")
     assert result.exit_code == 0, result.output
-    rows = table_rows(result.stdout)
+    rows = table_rows(result.stdout.split("\n\n")[0])  # sensor sections follow (test_control_explain.py)
     assert rows[0] == ["PORT", "RAIL", "PRESENT", "ADMIN", "CARRIER", "OPERSTATE", "UPS", "DOWNS",
                        "VERDICT", "PHASE", "SINCE", "EVIDENCE"]
     assert rows[1] == ["eth0", "rail0", "yes", "up", "yes", "UP", "3", "2", "UP", "UP", "1h00m00s ago",

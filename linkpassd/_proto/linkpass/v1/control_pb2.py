@@ -22,37 +22,60 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19linkpass/v1/control.proto\x12\x0blinkpass.v1\"\x81\x01\n\tPortState\x12\x0c\n\x04port\x18\x01 \x01(\t\x12%\n\x07verdict\x18\x02 \x01(\x0e\x32\x14.linkpass.v1.Verdict\x12\x0f\n\x07\x63\x61rrier\x18\x03 \x01(\x08\x12\r\n\x05phase\x18\x04 \x01(\t\x12\r\n\x05since\x18\x05 \x01(\x01\x12\x10\n\x08\x65vidence\x18\x06 \x03(\t\"\xa8\x01\n\nLinkSample\x12\x0c\n\x04port\x18\x01 \x01(\t\x12\x0f\n\x07present\x18\x02 \x01(\x08\x12\x0f\n\x07ifindex\x18\x03 \x01(\x05\x12\x10\n\x08\x61\x64min_up\x18\x04 \x01(\x08\x12\x0f\n\x07\x63\x61rrier\x18\x05 \x01(\x08\x12\x11\n\toperstate\x18\x06 \x01(\t\x12\x18\n\x10\x63\x61rrier_up_count\x18\x07 \x01(\r\x12\x1a\n\x12\x63\x61rrier_down_count\x18\x08 \x01(\r\"r\n\nRailStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05table\x18\x04 \x01(\r\x12\x13\n\x0b\x61\x63tive_rail\x18\x05 \x01(\t\x12\x13\n\x0b\x61\x63tive_port\x18\x06 \x01(\t\"c\n\x0bGroupStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65stination\x18\x02 \x01(\t\x12\r\n\x05table\x18\x03 \x01(\r\x12\x0f\n\x07members\x18\x04 \x03(\t\x12\x11\n\tmin_paths\x18\x05 \x01(\r\"\xeb\x02\n\x0c\x44\x61\x65monStatus\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x15\n\rconfig_source\x18\x03 \x01(\t\x12\x12\n\nstarted_at\x18\x04 \x01(\x01\x12%\n\x05ports\x18\x05 \x03(\x0b\x32\x16.linkpass.v1.PortState\x12&\n\x05links\x18\x06 \x03(\x0b\x32\x17.linkpass.v1.LinkSample\x12&\n\x05rails\x18\x07 \x03(\x0b\x32\x17.linkpass.v1.RailStatus\x12(\n\x06groups\x18\x08 \x03(\x0b\x32\x18.linkpass.v1.GroupStatus\x12\x12\n\nreconciles\x18\t \x01(\x04\x12\x16\n\x0enetlink_writes\x18\n \x01(\x04\x12\x19\n\x11last_reconcile_at\x18\x0b \x01(\x01\x12\x12\n\nlast_error\x18\x0c \x01(\t\x12\x11\n\tserved_at\x18\r \x01(\x01\"\x12\n\x10GetStatusRequest\">\n\x11GetStatusResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.linkpass.v1.DaemonStatus\"\x12\n\x10ListLinksRequest\"q\n\x04Link\x12\x0c\n\x04port\x18\x01 \x01(\t\x12\r\n\x05rails\x18\x02 \x03(\t\x12%\n\x04link\x18\x03 \x01(\x0b\x32\x17.linkpass.v1.LinkSample\x12%\n\x05state\x18\x04 \x01(\x0b\x32\x16.linkpass.v1.PortState\"H\n\x11ListLinksResponse\x12 \n\x05links\x18\x01 \x03(\x0b\x32\x11.linkpass.v1.Link\x12\x11\n\tserved_at\x18\x02 \x01(\x01*Z\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x0e\n\nVERDICT_UP\x10\x01\x12\x14\n\x10VERDICT_DEGRADED\x10\x02\x12\x10\n\x0cVERDICT_DOWN\x10\x03\x32\xa1\x01\n\x07\x43ontrol\x12J\n\tGetStatus\x12\x1d.linkpass.v1.GetStatusRequest\x1a\x1e.linkpass.v1.GetStatusResponse\x12J\n\tListLinks\x12\x1d.linkpass.v1.ListLinksRequest\x1a\x1e.linkpass.v1.ListLinksResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19linkpass/v1/control.proto\x12\x0blinkpass.v1\x1a\x1cgoogle/protobuf/struct.proto\"\x81\x01\n\tPortState\x12\x0c\n\x04port\x18\x01 \x01(\t\x12%\n\x07verdict\x18\x02 \x01(\x0e\x32\x14.linkpass.v1.Verdict\x12\x0f\n\x07\x63\x61rrier\x18\x03 \x01(\x08\x12\r\n\x05phase\x18\x04 \x01(\t\x12\r\n\x05since\x18\x05 \x01(\x01\x12\x10\n\x08\x65vidence\x18\x06 \x03(\t\"\xa8\x01\n\nLinkSample\x12\x0c\n\x04port\x18\x01 \x01(\t\x12\x0f\n\x07present\x18\x02 \x01(\x08\x12\x0f\n\x07ifindex\x18\x03 \x01(\x05\x12\x10\n\x08\x61\x64min_up\x18\x04 \x01(\x08\x12\x0f\n\x07\x63\x61rrier\x18\x05 \x01(\x08\x12\x11\n\toperstate\x18\x06 \x01(\t\x12\x18\n\x10\x63\x61rrier_up_count\x18\x07 \x01(\r\x12\x1a\n\x12\x63\x61rrier_down_count\x18\x08 \x01(\r\"r\n\nRailStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0c\n\x04port\x18\x02 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x03 \x01(\t\x12\r\n\x05table\x18\x04 \x01(\r\x12\x13\n\x0b\x61\x63tive_rail\x18\x05 \x01(\t\x12\x13\n\x0b\x61\x63tive_port\x18\x06 \x01(\t\"c\n\x0bGroupStatus\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65stination\x18\x02 \x01(\t\x12\r\n\x05table\x18\x03 \x01(\r\x12\x0f\n\x07members\x18\x04 \x03(\t\x12\x11\n\tmin_paths\x18\x05 \x01(\r\"\xa4\x01\n\nThresholds\x12\x17\n\nhigh_alarm\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x16\n\thigh_warn\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x15\n\x08low_warn\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x16\n\tlow_alarm\x18\x04 \x01(\x01H\x03\x88\x01\x01\x42\r\n\x0b_high_alarmB\x0c\n\n_high_warnB\x0b\n\t_low_warnB\x0c\n\n_low_alarm\"\x8a\x01\n\x0eModuleIdentity\x12\x0c\n\x04spec\x18\x01 \x01(\t\x12\x13\n\x0b\x66orm_factor\x18\x02 \x01(\t\x12\x0e\n\x06vendor\x18\x03 \x01(\t\x12\x0c\n\x04part\x18\x04 \x01(\t\x12\x0e\n\x06serial\x18\x05 \x01(\t\x12\x10\n\x08revision\x18\x06 \x01(\t\x12\x15\n\rspec_revision\x18\x07 \x01(\t\"\xb5\x03\n\rOpticsReading\x12-\n\x08identity\x18\x01 \x01(\x0b\x32\x1b.linkpass.v1.ModuleIdentity\x12\x1a\n\rtemperature_c\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x16\n\tvoltage_v\x18\x03 \x01(\x01H\x01\x88\x01\x01\x12*\n\ntx_bias_ma\x18\x04 \x03(\x0b\x32\x16.google.protobuf.Value\x12,\n\x0ctx_power_dbm\x18\x05 \x03(\x0b\x32\x16.google.protobuf.Value\x12,\n\x0crx_power_dbm\x18\x06 \x03(\x0b\x32\x16.google.protobuf.Value\x12>\n\nthresholds\x18\x07 \x03(\x0b\x32*.linkpass.v1.OpticsReading.ThresholdsEntry\x12\r\n\x05\x66lags\x18\x08 \x03(\t\x1aJ\n\x0fThresholdsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.linkpass.v1.Thresholds:\x02\x38\x01\x42\x10\n\x0e_temperature_cB\x0c\n\n_voltage_v\"\xb7\x03\n\rCounterSample\x12\x0c\n\x04port\x18\x01 \x01(\t\x12\x1a\n\rrx_crc_errors\x18\x02 \x01(\x04H\x00\x88\x01\x01\x12\x1a\n\rsymbol_errors\x18\x03 \x01(\x04H\x01\x88\x01\x01\x12\x1a\n\rlength_errors\x18\x04 \x01(\x04H\x02\x88\x01\x01\x12\x16\n\trx_missed\x18\x05 \x01(\x04H\x03\x88\x01\x01\x12\x1a\n\rfec_corrected\x18\x06 \x01(\x04H\x04\x88\x01\x01\x12\x1e\n\x11\x66\x65\x63_uncorrectable\x18\x07 \x01(\x04H\x05\x88\x01\x01\x12\x1d\n\x10link_down_events\x18\x08 \x01(\x04H\x06\x88\x01\x01\x12\x16\n\text_state\x18\t \x01(\tH\x07\x88\x01\x01\x12\x19\n\x0c\x65xt_substate\x18\n \x01(\tH\x08\x88\x01\x01\x42\x10\n\x0e_rx_crc_errorsB\x10\n\x0e_symbol_errorsB\x10\n\x0e_length_errorsB\x0c\n\n_rx_missedB\x10\n\x0e_fec_correctedB\x14\n\x12_fec_uncorrectableB\x13\n\x11_link_down_eventsB\x0c\n\n_ext_stateB\x0f\n\r_ext_substate\"\x89\x01\n\nAssessment\x12\x0e\n\x06signal\x18\x01 \x01(\t\x12+\n\x08severity\x18\x02 \x01(\x0e\x32\x14.linkpass.v1.VerdictH\x00\x88\x01\x01\x12\x0e\n\x06status\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\x12\x11\n\tconfirmed\x18\x05 \x01(\x08\x42\x0b\n\t_severity\"\xbe\x01\n\x0bPortSensors\x12\x0c\n\x04port\x18\x01 \x01(\t\x12*\n\x06optics\x18\x02 \x01(\x0b\x32\x1a.linkpass.v1.OpticsReading\x12\x19\n\x11optics_unreadable\x18\x03 \x01(\t\x12,\n\x08\x63ounters\x18\x04 \x01(\x0b\x32\x1a.linkpass.v1.CounterSample\x12,\n\x0b\x61ssessments\x18\x05 \x03(\x0b\x32\x17.linkpass.v1.Assessment\"\x96\x03\n\x0c\x44\x61\x65monStatus\x12\x10\n\x08hostname\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x15\n\rconfig_source\x18\x03 \x01(\t\x12\x12\n\nstarted_at\x18\x04 \x01(\x01\x12%\n\x05ports\x18\x05 \x03(\x0b\x32\x16.linkpass.v1.PortState\x12&\n\x05links\x18\x06 \x03(\x0b\x32\x17.linkpass.v1.LinkSample\x12&\n\x05rails\x18\x07 \x03(\x0b\x32\x17.linkpass.v1.RailStatus\x12(\n\x06groups\x18\x08 \x03(\x0b\x32\x18.linkpass.v1.GroupStatus\x12\x12\n\nreconciles\x18\t \x01(\x04\x12\x16\n\x0enetlink_writes\x18\n \x01(\x04\x12\x19\n\x11last_reconcile_at\x18\x0b \x01(\x01\x12\x12\n\nlast_error\x18\x0c \x01(\t\x12\x11\n\tserved_at\x18\r \x01(\x01\x12)\n\x07sensors\x18\x14 \x03(\x0b\x32\x18.linkpass.v1.PortSensors\"\x12\n\x10GetStatusRequest\">\n\x11GetStatusResponse\x12)\n\x06status\x18\x01 \x01(\x0b\x32\x19.linkpass.v1.DaemonStatus\"\x12\n\x10ListLinksRequest\"\x9c\x01\n\x04Link\x12\x0c\n\x04port\x18\x01 \x01(\t\x12\r\n\x05rails\x18\x02 \x03(\t\x12%\n\x04link\x18\x03 \x01(\x0b\x32\x17.linkpass.v1.LinkSample\x12%\n\x05state\x18\x04 \x01(\x0b\x32\x16.linkpass.v1.PortState\x12)\n\x07sensors\x18\x05 \x01(\x0b\x32\x18.linkpass.v1.PortSensors\"H\n\x11ListLinksResponse\x12 \n\x05links\x18\x01 \x03(\x0b\x32\x11.linkpass.v1.Link\x12\x11\n\tserved_at\x18\x02 \x01(\x01\"\"\n\x12\x45xplainPortRequest\x12\x0c\n\x04port\x18\x01 \x01(\t\"l\n\x0b\x43onsequence\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05table\x18\x03 \x01(\r\x12\x0c\n\x04role\x18\x04 \x01(\t\x12\x14\n\x0c\x63\x61rries_port\x18\x05 \x01(\x08\x12\x0e\n\x06\x64\x65tail\x18\x06 \x01(\t\"\xa4\x01\n\x0b\x45xplanation\x12\x0c\n\x04port\x18\x01 \x01(\t\x12\x0c\n\x04rail\x18\x02 \x01(\t\x12%\n\x05state\x18\x03 \x01(\x0b\x32\x16.linkpass.v1.PortState\x12.\n\x0c\x63onsequences\x18\x04 \x03(\x0b\x32\x18.linkpass.v1.Consequence\x12\x0f\n\x07summary\x18\x05 \x01(\t\x12\x11\n\tserved_at\x18\x06 \x01(\x01*Z\n\x07Verdict\x12\x17\n\x13VERDICT_UNSPECIFIED\x10\x00\x12\x0e\n\nVERDICT_UP\x10\x01\x12\x14\n\x10VERDICT_DEGRADED\x10\x02\x12\x10\n\x0cVERDICT_DOWN\x10\x03\x32\xeb\x01\n\x07\x43ontrol\x12J\n\tGetStatus\x12\x1d.linkpass.v1.GetStatusRequest\x1a\x1e.linkpass.v1.GetStatusResponse\x12J\n\tListLinks\x12\x1d.linkpass.v1.ListLinksRequest\x1a\x1e.linkpass.v1.ListLinksResponse\x12H\n\x0b\x45xplainPort\x12\x1f.linkpass.v1.ExplainPortRequest\x1a\x18.linkpass.v1.Explanationb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'linkpass.v1.control_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_VERDICT']._serialized_start=1221
-  _globals['_VERDICT']._serialized_end=1311
-  _globals['_PORTSTATE']._serialized_start=43
-  _globals['_PORTSTATE']._serialized_end=172
-  _globals['_LINKSAMPLE']._serialized_start=175
-  _globals['_LINKSAMPLE']._serialized_end=343
-  _globals['_RAILSTATUS']._serialized_start=345
-  _globals['_RAILSTATUS']._serialized_end=459
-  _globals['_GROUPSTATUS']._serialized_start=461
-  _globals['_GROUPSTATUS']._serialized_end=560
-  _globals['_DAEMONSTATUS']._serialized_start=563
-  _globals['_DAEMONSTATUS']._serialized_end=926
-  _globals['_GETSTATUSREQUEST']._serialized_start=928
-  _globals['_GETSTATUSREQUEST']._serialized_end=946
-  _globals['_GETSTATUSRESPONSE']._serialized_start=948
-  _globals['_GETSTATUSRESPONSE']._serialized_end=1010
-  _globals['_LISTLINKSREQUEST']._serialized_start=1012
-  _globals['_LISTLINKSREQUEST']._serialized_end=1030
-  _globals['_LINK']._serialized_start=1032
-  _globals['_LINK']._serialized_end=1145
-  _globals['_LISTLINKSRESPONSE']._serialized_start=1147
-  _globals['_LISTLINKSRESPONSE']._serialized_end=1219
-  _globals['_CONTROL']._serialized_start=1314
-  _globals['_CONTROL']._serialized_end=1475
+  _globals['_OPTICSREADING_THRESHOLDSENTRY']._loaded_options = None
+  _globals['_OPTICSREADING_THRESHOLDSENTRY']._serialized_options = b'8\001'
+  _globals['_VERDICT']._serialized_start=3174
+  _globals['_VERDICT']._serialized_end=3264
+  _globals['_PORTSTATE']._serialized_start=73
+  _globals['_PORTSTATE']._serialized_end=202
+  _globals['_LINKSAMPLE']._serialized_start=205
+  _globals['_LINKSAMPLE']._serialized_end=373
+  _globals['_RAILSTATUS']._serialized_start=375
+  _globals['_RAILSTATUS']._serialized_end=489
+  _globals['_GROUPSTATUS']._serialized_start=491
+  _globals['_GROUPSTATUS']._serialized_end=590
+  _globals['_THRESHOLDS']._serialized_start=593
+  _globals['_THRESHOLDS']._serialized_end=757
+  _globals['_MODULEIDENTITY']._serialized_start=760
+  _globals['_MODULEIDENTITY']._serialized_end=898
+  _globals['_OPTICSREADING']._serialized_start=901
+  _globals['_OPTICSREADING']._serialized_end=1338
+  _globals['_OPTICSREADING_THRESHOLDSENTRY']._serialized_start=1232
+  _globals['_OPTICSREADING_THRESHOLDSENTRY']._serialized_end=1306
+  _globals['_COUNTERSAMPLE']._serialized_start=1341
+  _globals['_COUNTERSAMPLE']._serialized_end=1780
+  _globals['_ASSESSMENT']._serialized_start=1783
+  _globals['_ASSESSMENT']._serialized_end=1920
+  _globals['_PORTSENSORS']._serialized_start=1923
+  _globals['_PORTSENSORS']._serialized_end=2113
+  _globals['_DAEMONSTATUS']._serialized_start=2116
+  _globals['_DAEMONSTATUS']._serialized_end=2522
+  _globals['_GETSTATUSREQUEST']._serialized_start=2524
+  _globals['_GETSTATUSREQUEST']._serialized_end=2542
+  _globals['_GETSTATUSRESPONSE']._serialized_start=2544
+  _globals['_GETSTATUSRESPONSE']._serialized_end=2606
+  _globals['_LISTLINKSREQUEST']._serialized_start=2608
+  _globals['_LISTLINKSREQUEST']._serialized_end=2626
+  _globals['_LINK']._serialized_start=2629
+  _globals['_LINK']._serialized_end=2785
+  _globals['_LISTLINKSRESPONSE']._serialized_start=2787
+  _globals['_LISTLINKSRESPONSE']._serialized_end=2859
+  _globals['_EXPLAINPORTREQUEST']._serialized_start=2861
+  _globals['_EXPLAINPORTREQUEST']._serialized_end=2895
+  _globals['_CONSEQUENCE']._serialized_start=2897
+  _globals['_CONSEQUENCE']._serialized_end=3005
+  _globals['_EXPLANATION']._serialized_start=3008
+  _globals['_EXPLANATION']._serialized_end=3172
+  _globals['_CONTROL']._serialized_start=3267
+  _globals['_CONTROL']._serialized_end=3502
 # @@protoc_insertion_point(module_scope)

@@ -1,3 +1,4 @@
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -84,8 +85,117 @@ class GroupStatus(_message.Message):
     min_paths: int
     def __init__(self, name: _Optional[str] = ..., destination: _Optional[str] = ..., table: _Optional[int] = ..., members: _Optional[_Iterable[str]] = ..., min_paths: _Optional[int] = ...) -> None: ...
 
+class Thresholds(_message.Message):
+    __slots__ = ("high_alarm", "high_warn", "low_warn", "low_alarm")
+    HIGH_ALARM_FIELD_NUMBER: _ClassVar[int]
+    HIGH_WARN_FIELD_NUMBER: _ClassVar[int]
+    LOW_WARN_FIELD_NUMBER: _ClassVar[int]
+    LOW_ALARM_FIELD_NUMBER: _ClassVar[int]
+    high_alarm: float
+    high_warn: float
+    low_warn: float
+    low_alarm: float
+    def __init__(self, high_alarm: _Optional[float] = ..., high_warn: _Optional[float] = ..., low_warn: _Optional[float] = ..., low_alarm: _Optional[float] = ...) -> None: ...
+
+class ModuleIdentity(_message.Message):
+    __slots__ = ("spec", "form_factor", "vendor", "part", "serial", "revision", "spec_revision")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    FORM_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    VENDOR_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    SERIAL_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    SPEC_REVISION_FIELD_NUMBER: _ClassVar[int]
+    spec: str
+    form_factor: str
+    vendor: str
+    part: str
+    serial: str
+    revision: str
+    spec_revision: str
+    def __init__(self, spec: _Optional[str] = ..., form_factor: _Optional[str] = ..., vendor: _Optional[str] = ..., part: _Optional[str] = ..., serial: _Optional[str] = ..., revision: _Optional[str] = ..., spec_revision: _Optional[str] = ...) -> None: ...
+
+class OpticsReading(_message.Message):
+    __slots__ = ("identity", "temperature_c", "voltage_v", "tx_bias_ma", "tx_power_dbm", "rx_power_dbm", "thresholds", "flags")
+    class ThresholdsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: Thresholds
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[Thresholds, _Mapping]] = ...) -> None: ...
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    TEMPERATURE_C_FIELD_NUMBER: _ClassVar[int]
+    VOLTAGE_V_FIELD_NUMBER: _ClassVar[int]
+    TX_BIAS_MA_FIELD_NUMBER: _ClassVar[int]
+    TX_POWER_DBM_FIELD_NUMBER: _ClassVar[int]
+    RX_POWER_DBM_FIELD_NUMBER: _ClassVar[int]
+    THRESHOLDS_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    identity: ModuleIdentity
+    temperature_c: float
+    voltage_v: float
+    tx_bias_ma: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Value]
+    tx_power_dbm: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Value]
+    rx_power_dbm: _containers.RepeatedCompositeFieldContainer[_struct_pb2.Value]
+    thresholds: _containers.MessageMap[str, Thresholds]
+    flags: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, identity: _Optional[_Union[ModuleIdentity, _Mapping]] = ..., temperature_c: _Optional[float] = ..., voltage_v: _Optional[float] = ..., tx_bias_ma: _Optional[_Iterable[_Union[_struct_pb2.Value, _Mapping]]] = ..., tx_power_dbm: _Optional[_Iterable[_Union[_struct_pb2.Value, _Mapping]]] = ..., rx_power_dbm: _Optional[_Iterable[_Union[_struct_pb2.Value, _Mapping]]] = ..., thresholds: _Optional[_Mapping[str, Thresholds]] = ..., flags: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class CounterSample(_message.Message):
+    __slots__ = ("port", "rx_crc_errors", "symbol_errors", "length_errors", "rx_missed", "fec_corrected", "fec_uncorrectable", "link_down_events", "ext_state", "ext_substate")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    RX_CRC_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    SYMBOL_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    RX_MISSED_FIELD_NUMBER: _ClassVar[int]
+    FEC_CORRECTED_FIELD_NUMBER: _ClassVar[int]
+    FEC_UNCORRECTABLE_FIELD_NUMBER: _ClassVar[int]
+    LINK_DOWN_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    EXT_STATE_FIELD_NUMBER: _ClassVar[int]
+    EXT_SUBSTATE_FIELD_NUMBER: _ClassVar[int]
+    port: str
+    rx_crc_errors: int
+    symbol_errors: int
+    length_errors: int
+    rx_missed: int
+    fec_corrected: int
+    fec_uncorrectable: int
+    link_down_events: int
+    ext_state: str
+    ext_substate: str
+    def __init__(self, port: _Optional[str] = ..., rx_crc_errors: _Optional[int] = ..., symbol_errors: _Optional[int] = ..., length_errors: _Optional[int] = ..., rx_missed: _Optional[int] = ..., fec_corrected: _Optional[int] = ..., fec_uncorrectable: _Optional[int] = ..., link_down_events: _Optional[int] = ..., ext_state: _Optional[str] = ..., ext_substate: _Optional[str] = ...) -> None: ...
+
+class Assessment(_message.Message):
+    __slots__ = ("signal", "severity", "status", "detail", "confirmed")
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    CONFIRMED_FIELD_NUMBER: _ClassVar[int]
+    signal: str
+    severity: Verdict
+    status: str
+    detail: str
+    confirmed: bool
+    def __init__(self, signal: _Optional[str] = ..., severity: _Optional[_Union[Verdict, str]] = ..., status: _Optional[str] = ..., detail: _Optional[str] = ..., confirmed: _Optional[bool] = ...) -> None: ...
+
+class PortSensors(_message.Message):
+    __slots__ = ("port", "optics", "optics_unreadable", "counters", "assessments")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    OPTICS_FIELD_NUMBER: _ClassVar[int]
+    OPTICS_UNREADABLE_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_FIELD_NUMBER: _ClassVar[int]
+    ASSESSMENTS_FIELD_NUMBER: _ClassVar[int]
+    port: str
+    optics: OpticsReading
+    optics_unreadable: str
+    counters: CounterSample
+    assessments: _containers.RepeatedCompositeFieldContainer[Assessment]
+    def __init__(self, port: _Optional[str] = ..., optics: _Optional[_Union[OpticsReading, _Mapping]] = ..., optics_unreadable: _Optional[str] = ..., counters: _Optional[_Union[CounterSample, _Mapping]] = ..., assessments: _Optional[_Iterable[_Union[Assessment, _Mapping]]] = ...) -> None: ...
+
 class DaemonStatus(_message.Message):
-    __slots__ = ("hostname", "version", "config_source", "started_at", "ports", "links", "rails", "groups", "reconciles", "netlink_writes", "last_reconcile_at", "last_error", "served_at")
+    __slots__ = ("hostname", "version", "config_source", "started_at", "ports", "links", "rails", "groups", "reconciles", "netlink_writes", "last_reconcile_at", "last_error", "served_at", "sensors")
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CONFIG_SOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +209,7 @@ class DaemonStatus(_message.Message):
     LAST_RECONCILE_AT_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     SERVED_AT_FIELD_NUMBER: _ClassVar[int]
+    SENSORS_FIELD_NUMBER: _ClassVar[int]
     hostname: str
     version: str
     config_source: str
@@ -112,7 +223,8 @@ class DaemonStatus(_message.Message):
     last_reconcile_at: float
     last_error: str
     served_at: float
-    def __init__(self, hostname: _Optional[str] = ..., version: _Optional[str] = ..., config_source: _Optional[str] = ..., started_at: _Optional[float] = ..., ports: _Optional[_Iterable[_Union[PortState, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., rails: _Optional[_Iterable[_Union[RailStatus, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., reconciles: _Optional[int] = ..., netlink_writes: _Optional[int] = ..., last_reconcile_at: _Optional[float] = ..., last_error: _Optional[str] = ..., served_at: _Optional[float] = ...) -> None: ...
+    sensors: _containers.RepeatedCompositeFieldContainer[PortSensors]
+    def __init__(self, hostname: _Optional[str] = ..., version: _Optional[str] = ..., config_source: _Optional[str] = ..., started_at: _Optional[float] = ..., ports: _Optional[_Iterable[_Union[PortState, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., rails: _Optional[_Iterable[_Union[RailStatus, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., reconciles: _Optional[int] = ..., netlink_writes: _Optional[int] = ..., last_reconcile_at: _Optional[float] = ..., last_error: _Optional[str] = ..., served_at: _Optional[float] = ..., sensors: _Optional[_Iterable[_Union[PortSensors, _Mapping]]] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()
@@ -129,16 +241,18 @@ class ListLinksRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Link(_message.Message):
-    __slots__ = ("port", "rails", "link", "state")
+    __slots__ = ("port", "rails", "link", "state", "sensors")
     PORT_FIELD_NUMBER: _ClassVar[int]
     RAILS_FIELD_NUMBER: _ClassVar[int]
     LINK_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
+    SENSORS_FIELD_NUMBER: _ClassVar[int]
     port: str
     rails: _containers.RepeatedScalarFieldContainer[str]
     link: LinkSample
     state: PortState
-    def __init__(self, port: _Optional[str] = ..., rails: _Optional[_Iterable[str]] = ..., link: _Optional[_Union[LinkSample, _Mapping]] = ..., state: _Optional[_Union[PortState, _Mapping]] = ...) -> None: ...
+    sensors: PortSensors
+    def __init__(self, port: _Optional[str] = ..., rails: _Optional[_Iterable[str]] = ..., link: _Optional[_Union[LinkSample, _Mapping]] = ..., state: _Optional[_Union[PortState, _Mapping]] = ..., sensors: _Optional[_Union[PortSensors, _Mapping]] = ...) -> None: ...
 
 class ListLinksResponse(_message.Message):
     __slots__ = ("links", "served_at")
@@ -147,3 +261,41 @@ class ListLinksResponse(_message.Message):
     links: _containers.RepeatedCompositeFieldContainer[Link]
     served_at: float
     def __init__(self, links: _Optional[_Iterable[_Union[Link, _Mapping]]] = ..., served_at: _Optional[float] = ...) -> None: ...
+
+class ExplainPortRequest(_message.Message):
+    __slots__ = ("port",)
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    port: str
+    def __init__(self, port: _Optional[str] = ...) -> None: ...
+
+class Consequence(_message.Message):
+    __slots__ = ("kind", "name", "table", "role", "carries_port", "detail")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CARRIES_PORT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    name: str
+    table: int
+    role: str
+    carries_port: bool
+    detail: str
+    def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., table: _Optional[int] = ..., role: _Optional[str] = ..., carries_port: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class Explanation(_message.Message):
+    __slots__ = ("port", "rail", "state", "consequences", "summary", "served_at")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CONSEQUENCES_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    SERVED_AT_FIELD_NUMBER: _ClassVar[int]
+    port: str
+    rail: str
+    state: PortState
+    consequences: _containers.RepeatedCompositeFieldContainer[Consequence]
+    summary: str
+    served_at: float
+    def __init__(self, port: _Optional[str] = ..., rail: _Optional[str] = ..., state: _Optional[_Union[PortState, _Mapping]] = ..., consequences: _Optional[_Iterable[_Union[Consequence, _Mapping]]] = ..., summary: _Optional[str] = ..., served_at: _Optional[float] = ...) -> None: ...

@@ -45,6 +45,11 @@ class ControlStub:
                 request_serializer=linkpass_dot_v1_dot_control__pb2.ListLinksRequest.SerializeToString,
                 response_deserializer=linkpass_dot_v1_dot_control__pb2.ListLinksResponse.FromString,
                 _registered_method=True)
+        self.ExplainPort = channel.unary_unary(
+                '/linkpass.v1.Control/ExplainPort',
+                request_serializer=linkpass_dot_v1_dot_control__pb2.ExplainPortRequest.SerializeToString,
+                response_deserializer=linkpass_dot_v1_dot_control__pb2.Explanation.FromString,
+                _registered_method=True)
 
 
 class ControlServicer:
@@ -68,6 +73,18 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExplainPort(self, request, context):
+        """ExplainPort says why a rail's port has its verdict and what that did to
+        every routing table and multipath group the port takes part in.
+        Errors: NOT_FOUND when the port is not a configured rail's port (the
+        message names it and lists the rail ports); FAILED_PRECONDITION when it is
+        but the daemon has not judged it yet; INVALID_ARGUMENT for an empty port;
+        UNIMPLEMENTED when this daemon serves no explanations.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -80,6 +97,11 @@ def add_ControlServicer_to_server(servicer, server):
                     servicer.ListLinks,
                     request_deserializer=linkpass_dot_v1_dot_control__pb2.ListLinksRequest.FromString,
                     response_serializer=linkpass_dot_v1_dot_control__pb2.ListLinksResponse.SerializeToString,
+            ),
+            'ExplainPort': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExplainPort,
+                    request_deserializer=linkpass_dot_v1_dot_control__pb2.ExplainPortRequest.FromString,
+                    response_serializer=linkpass_dot_v1_dot_control__pb2.Explanation.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -137,6 +159,33 @@ class Control:
             '/linkpass.v1.Control/ListLinks',
             linkpass_dot_v1_dot_control__pb2.ListLinksRequest.SerializeToString,
             linkpass_dot_v1_dot_control__pb2.ListLinksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExplainPort(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/linkpass.v1.Control/ExplainPort',
+            linkpass_dot_v1_dot_control__pb2.ExplainPortRequest.SerializeToString,
+            linkpass_dot_v1_dot_control__pb2.Explanation.FromString,
             options,
             channel_credentials,
             insecure,
