@@ -58,8 +58,9 @@ FAULTS: dict[str, FaultFactory] = {
     "miswire": lambda lab, host, rail: Miswire(lab, host, rail, 1 - rail),
     "optic-degradation": lambda lab, host, rail: OpticDegradation(lab, host, rail, duration_s=1.5),
 }
-# What linkpassd acts on today: carrier. Probes (BFD, echo) and optics come later.
-HANDLED_BY_LINKPASSD = ("cable-pull", "flap")
+# What linkpassd acts on today: carrier and sensors (optics, error counters).
+# Gray failures need path probes (BFD, echo), which come later.
+HANDLED_BY_LINKPASSD = ("cable-pull", "flap", "optic-degradation")
 
 LINKWATCH_QUIET_S = 1.2
 READY_LINE = re.compile(r"sending t0=([0-9.]+)")

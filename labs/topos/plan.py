@@ -381,9 +381,13 @@ def linkpassd_toml(host: HostPlan, *, control_socket: str, run_dir: str,
     address lives), not all of 198.18.0.0/15: hosts never address the
     leaf-spine links. No single prefix can leave out the host's own /31s
     (its gateways sit between peers), and linkpassd's group rule sits above
-    both its rail rules and main, so unbound traffic to a host's *own*
+    main (below its rail rules), so unbound traffic to a host's *own*
     gateway is hashed onto the group like any peer's and may reach that leaf
-    through another rail and the spine. It still arrives; what it means:
+    through another rail and the spine.
+
+    Sensors: the `sim` backend, reading the files labs/faults/optics.py
+    writes under run_dir/sim (veth has no module and few counters), read
+    five times a second so lab trials stay short. It still arrives; what it means:
     a probe of a rail's gateway must bind to the port (SO_BINDTODEVICE), or
     a dead rail can answer through a live one. Nexthop creation is not
     affected: the kernel validates a nexthop's gateway with a link-scope
@@ -396,6 +400,10 @@ def linkpassd_toml(host: HostPlan, *, control_socket: str, run_dir: str,
     if timers:
         out.append("[timers]")
         out += [f"{key} = {_toml(value)}" for key, value in timers.items()]
+    out += ["[sensors]", 'backend = "sim"', "counters_interval_s = 0.2", "optics_interval_s = 0.2"]
+    # Flap dampening stays on, but decays in seconds rather than minutes, so a
+    # lab reused across trials recovers between them.
+    out += ["[health]", "flap_half_life_s = 2.0"]
     names = [rail.name for rail in host.rails]
     for rail in host.rails:
         out += ["[[rail]]",

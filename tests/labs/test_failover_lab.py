@@ -1,8 +1,9 @@
 """Every fault class against the dualrail lab, without linkpassd (the kernel
 alone) and with it, through the same trial runner as the demo and benchmark.
 
-Where linkpassd handles a fault class (carrier: cable pull, flap) the flows
-must recover within generous bounds, far below the fault's length. Where it
+Where linkpassd handles a fault class (carrier: cable pull, flap; sensors:
+optic degradation) the flows must recover within generous bounds, far below
+the fault's length, or, for a failing optic, lose nothing at all. Where it
 does not yet (gray failures need probes, optics need the sensor work) the test
 pins down what happens today: traffic is lost for the fault's length, linkpassd
 does not fail over on it, and traffic returns when the fault clears.
@@ -74,9 +75,21 @@ def test_fault_class(scenario, fault):
         # 20 % loss both ways during the fault, link up: lossy, never dark for long.
         assert kp.lost > 0 and kp.blackout_s < 1.0
     elif fault == "optic-degradation":
-        # Sensor files only: the data plane is untouched, and linkpassd does not
-        # read simulated optics yet, so nothing may move.
-        assert kp.lost == 0 and kp.blackout_s < 0.2
+        # RX power ramps past the module's low warning and alarm (simulated
+        # sensor files; the data plane is untouched): no packet may be lost.
+        assert kp.lost == 0 and qp.lost == 0 and kp.blackout_s < 0.2
+        if scenario.mechanism == "linkpassd":
+            # drained while it still carried traffic...
+            assert f"rail{trial.rail}  " in trial.status_during
+            assert "(backup)" in trial.status_during, trial.status_during
+            # ...and given back once healthy through the hold-down
+            scenario.wait_recovered(timeout=15)
+            port = scenario.lab.host("lph1").rail(trial.rail).port
+            src = scenario.lab.host("lph1").rail(trial.rail).address
+            dst = scenario.lab.host("lph2").rail(trial.rail).address
+            route = json.loads(scenario.lab.run("lph1", ["ip", "-j", "route", "get", dst,
+                                                         "from", src]).stdout)[0]
+            assert route["dev"] == port
 
     if scenario.mechanism == "linkpassd" and fault not in HANDLED_BY_LINKPASSD:
         # No false failover on what linkpassd cannot judge yet.
