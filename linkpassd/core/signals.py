@@ -163,14 +163,18 @@ def judge_optics(reading: OpticsReading, rx_history, policy: HealthPolicy) -> As
         problems.append("module flags " + ", ".join(fault_flags))
     rx_t = reading.threshold("rx_power_dbm")
     floor = rx_t.low_warn if rx_t.low_warn is not None else rx_t.low_alarm
+    below: dict[str, list[tuple[int, float]]] = {}
     for lane, dbm in enumerate(reading.rx_power_dbm):
         if dbm is None or floor is None:
             continue
         if rx_t.low_alarm is not None and dbm < rx_t.low_alarm:
-            problems.append(f"lane {lane} RX {dbm:.2f} dBm below low alarm {rx_t.low_alarm:g}")
+            below.setdefault(f"low alarm {rx_t.low_alarm:g}", []).append((lane, dbm))
         elif dbm < floor + policy.rx_power_margin_db:
-            problems.append(f"lane {lane} RX {dbm:.2f} dBm below low warning {floor:g}"
-                            + (f"+{policy.rx_power_margin_db:g}" if policy.rx_power_margin_db else ""))
+            margin = f"+{policy.rx_power_margin_db:g}" if policy.rx_power_margin_db else ""
+            below.setdefault(f"low warning {floor:g}{margin}", []).append((lane, dbm))
+    for level, lanes in below.items():
+        problems.append(f"{_lanes(lanes)} RX {'/'.join(f'{v:.2f}' for _, v in lanes)} dBm "
+                        f"below {level}")
     if rx_t.low_alarm is not None:
         for lane in range(len(reading.rx_power_dbm)):
             eta = _time_to_alarm(rx_history, lane, rx_t.low_alarm, policy)
@@ -193,6 +197,15 @@ def judge_optics(reading: OpticsReading, rx_history, policy: HealthPolicy) -> As
     if problems:
         return Assessment("optics", Verdict.DEGRADED, "degraded", "; ".join(problems + notes))
     return Assessment("optics", Verdict.UP, "ok", "; ".join([rx_text] + notes))
+
+
+def _lanes(lanes: list[tuple[int, float]]) -> str:
+    idx = [i for i, _ in lanes]
+    if len(idx) == 1:
+        return f"lane {idx[0]}"
+    if idx == list(range(idx[0], idx[-1] + 1)):
+        return f"lanes {idx[0]}-{idx[-1]}"
+    return "lanes " + ",".join(map(str, idx))
 
 
 def theil_sen_slope(points: list[tuple[float, float]]) -> float:
