@@ -9,7 +9,7 @@ compare with them directly.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from labs.topos.lab import Lab
 from labs.topos.plan import HostPlan, HostRail, LabError
@@ -75,3 +75,51 @@ class Fault:
 
     def _clear(self) -> float:
         raise NotImplementedError
+
+
+class BackgroundFault(Fault):
+    """A fault that keeps acting after inject() (a flap, a ramp) on one bounded
+    thread. Errors on the thread surface in wait() and clear()."""
+
+    def __init__(self, lab: Lab, host: str | int | HostPlan, rail: int | str):
+        super().__init__(lab, host, rail)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    @property
+    def budget_s(self) -> float:
+        """How long the background work takes when left alone."""
+        raise NotImplementedError
+
+    def _start(self, work: Callable[[], None], name: str) -> None:
+        self._stop.clear()
+        self._error = None
+
+        def run() -> None:
+            try:
+                work()
+            except BaseException as exc:  # surfaced by wait()/clear()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, daemon=True, name=name)
+        self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until the background work is done (bounded: its budget + 5 s by default)."""
+        if self._thread is not None:
+            self._thread.join(self.budget_s + 5.0 if timeout is None else timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"{self.description}: still running")
+        self._raise_error()
+
+    def _stop_thread(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+            if self._thread.is_alive():
+                raise LabError(f"{self.description}: background thread did not stop")
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise LabError(f"{self.description}: {self._error}") from self._error

@@ -6,10 +6,9 @@ way a NIC does when the far side goes dark; nothing in the host is touched.
 
 from __future__ import annotations
 
-import threading
 import time
 
-from labs.faults.base import Fault
+from labs.faults.base import BackgroundFault, Fault
 from labs.topos.lab import Lab
 from labs.topos.plan import HostPlan, LabError
 
@@ -24,7 +23,7 @@ class CablePull(Fault):
         return self.lab.set_link(self.rail.leaf, self.rail.leaf_port, up=True)
 
 
-class Flap(Fault):
+class Flap(BackgroundFault):
     """``times`` down/up cycles spread evenly over ``within_s`` seconds: cycle
     k goes down at k*T and up at k*T + T/2 (T = within_s/times). The first
     down happens in inject(); the rest on one bounded background thread.
@@ -43,9 +42,10 @@ class Flap(Fault):
         self.times = times
         self.within_s = float(within_s)
         self.events: list[tuple[float, str]] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+
+    @property
+    def budget_s(self) -> float:
+        return self.within_s
 
     @property
     def description(self) -> str:
@@ -58,42 +58,22 @@ class Flap(Fault):
 
     def _inject(self) -> float:
         self.events = []
-        self._stop.clear()
-        self._error = None
         start = self._set(False)
-        self._thread = threading.Thread(target=self._run, args=(start,), daemon=True,
-                                        name=f"flap-{self.rail.leaf_port}")
-        self._thread.start()
+        self._start(lambda: self._cycle(start), name=f"flap-{self.rail.leaf_port}")
         return start
 
-    def _run(self, start: float) -> None:
+    def _cycle(self, start: float) -> None:
         period = self.within_s / self.times
-        try:
-            for k in range(self.times):
-                for offset, up in ((k * period, False), (k * period + period / 2, True)):
-                    if k == 0 and not up:
-                        continue  # done by inject()
-                    if self._stop.wait(max(0.0, start + offset - time.monotonic())):
-                        return
-                    self._set(up)
-        except BaseException as exc:  # surfaced by wait()/clear()
-            self._error = exc
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Until the last cycle is done (bounded: within_s + 5 s by default)."""
-        if self._thread is not None:
-            self._thread.join(self.within_s + 5.0 if timeout is None else timeout)
-            if self._thread.is_alive():
-                raise TimeoutError(f"{self.description}: still flapping")
-        if self._error is not None:
-            raise LabError(f"{self.description}: {self._error}") from self._error
+        for k in range(self.times):
+            for offset, up in ((k * period, False), (k * period + period / 2, True)):
+                if k == 0 and not up:
+                    continue  # done by inject()
+                if self._stop.wait(max(0.0, start + offset - time.monotonic())):
+                    return
+                self._set(up)
 
     def _clear(self) -> float:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5.0)
-            if self._thread.is_alive():
-                raise LabError(f"{self.description}: flap thread did not stop")
+        self._stop_thread()
         if self.events and self.events[-1][1] == "up" and len(self.events) == 2 * self.times:
             return self.events[-1][0]  # finished on its own: it ended at the last up
         return self._set(True)

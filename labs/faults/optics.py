@@ -9,12 +9,11 @@ from __future__ import annotations
 import copy
 import json
 import os
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from labs.faults.base import Fault
+from labs.faults.base import BackgroundFault
 from labs.topos.lab import Lab
 from labs.topos.plan import HostPlan, LabError
 
@@ -96,7 +95,7 @@ def _fec_per_step(rx_dbm: float) -> tuple[int, int, int]:
     return corrected, uncorrectable, uncorrectable
 
 
-class OpticDegradation(Fault):
+class OpticDegradation(BackgroundFault):
     """RX power ramps linearly from ``start_dbm`` (healthy) to ``end_dbm``
     (past the low alarm) over ``duration_s``, one file write per ``step_s``,
     on the given ``lanes`` (default all); error counters grow as the margin
@@ -121,9 +120,10 @@ class OpticDegradation(Fault):
         self.duration_s, self.step_s = duration_s, step_s
         self.sensor = SimSensor(lab.sim_path(self.host, self.rail.port), self.rail.port)
         self.crossed_alarm_at: float | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._error: BaseException | None = None
+
+    @property
+    def budget_s(self) -> float:
+        return self.duration_s
 
     @property
     def description(self) -> str:
@@ -143,39 +143,21 @@ class OpticDegradation(Fault):
         return stamp
 
     def _inject(self) -> float:
-        self._stop.clear()
-        self._error = None
         self.crossed_alarm_at = None
         start = time.monotonic()
         self._set_rx(self.start_dbm)
-        self._thread = threading.Thread(target=self._ramp, args=(start,), daemon=True,
-                                        name=f"optic-{self.rail.port}")
-        self._thread.start()
+        self._start(lambda: self._ramp(start), name=f"optic-{self.rail.port}")
         return start
 
     def _ramp(self, start: float) -> None:
-        try:
-            while not self._stop.wait(self.step_s):
-                frac = min(1.0, (time.monotonic() - start) / self.duration_s)
-                self._set_rx(self.start_dbm + (self.end_dbm - self.start_dbm) * frac)
-                if frac >= 1.0:
-                    return
-        except BaseException as exc:  # surfaced by wait()/clear()
-            self._error = exc
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Until the ramp reached ``end_dbm`` (bounded: duration + 5 s)."""
-        if self._thread is not None:
-            self._thread.join(self.duration_s + 5.0 if timeout is None else timeout)
-            if self._thread.is_alive():
-                raise TimeoutError(f"{self.description}: still ramping")
-        if self._error is not None:
-            raise LabError(f"{self.description}: {self._error}") from self._error
+        while not self._stop.wait(self.step_s):
+            frac = min(1.0, (time.monotonic() - start) / self.duration_s)
+            self._set_rx(self.start_dbm + (self.end_dbm - self.start_dbm) * frac)
+            if frac >= 1.0:
+                return
 
     def _clear(self) -> float:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5.0)
+        self._stop_thread()
         stamp = time.monotonic()
         self.sensor.reading = copy.deepcopy(HEALTHY)
         self.sensor.write()

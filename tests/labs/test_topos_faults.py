@@ -30,6 +30,7 @@ from labs.faults import (
 )
 from labs.faults.nft import TABLE
 from labs.faults.optics import THRESHOLDS
+from labs.netnslib import wait_for_sync
 from labs.topos.dualrail import dualrail
 from labs.topos.lab import (
     Lab,
@@ -52,15 +53,7 @@ def needs_root() -> None:
         pytest.skip("needs root and mnexec (apt-get install mininet)")
 
 
-def wait_until(pred, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.02)
+wait_until = wait_for_sync
 
 
 def ping_rail(lab: Lab, src: str, dst: str, rail: int, **kw):
