@@ -136,12 +136,20 @@ class ScenarioLab:
         return proc.stdout if proc.returncode == 0 else f"linkpassctl failed: {proc.stderr.strip()}"
 
     def _recovered(self) -> bool:
-        """Every rail carries carrier again, and linkpassd (if any) is back on
-        its primary paths."""
+        """Every rail carries carrier again, linkpassd (if any) is back on its
+        primary paths, and every rail forwards again: after a miswire or a
+        flap the neighbour tables take a second or more to re-resolve (the
+        first ARP after carrier returns is lost), and a trial started before
+        that would measure the last fault, not its own."""
         for host in (SENDER, RECEIVER):
             for rail in self.lab.host(host).rails:
                 if not self.lab.carrier(host, rail.port):
                     return False
+        tx, rx = self.lab.host(SENDER), self.lab.host(RECEIVER)
+        for rail in tx.rails:
+            if not self.lab.ping(SENDER, rx.rail(rail.index).address, src_addr=rail.address,
+                                 wait_s=0.5).ok:
+                return False
         if self.mechanism == "linkpassd":
             for host in (SENDER, RECEIVER):
                 proc = self.linkpassctl(host, "status", "-o", "json")
