@@ -20,7 +20,7 @@ from typing import Iterable
 def rail_config_toml(socket_path: str, run_dir: str, rails: Iterable, *, rise: int = 2,
                      hold_down_s: float = 1.0, tick_interval_s: float = 0.1,
                      multipath: str | None = "198.18.128.0/17", buckets: int = 8,
-                     log_level: str = "info", extra: str = "") -> str:
+                     log_level: str = "info", extra: str = "", bfd: bool = False) -> str:
     """A linkpassd config for rails with .port/.address/.gateway/.prefixlen;
     every rail backs up the others, in order. `extra` is more TOML (sections)."""
     rails = list(rails)
@@ -39,7 +39,7 @@ def rail_config_toml(socket_path: str, run_dir: str, rails: Iterable, *, rise: i
         backups = ", ".join(f'"{n}"' for n in names if n != name)
         out += ["[[rail]]", f'name = "{name}"', f'port = "{rail.port}"',
                 f'address = "{rail.address}/{rail.prefixlen}"', f'gateway = "{rail.gateway}"',
-                f"backups = [{backups}]"]
+                f"backups = [{backups}]"] + (["bfd = true"] if bfd else [])
     if extra:
         out.append(extra.strip())
     if multipath:

@@ -31,8 +31,8 @@ from typing import Any, NoReturn
 
 from pathlib import PurePosixPath
 
-from linkpassd.core.model import (Config, HealthPolicy, MultipathConfig, Ownership, RailConfig,
-                                  SensorConfig, Timers)
+from linkpassd.core.model import (BfdSettings, Config, HealthPolicy, MultipathConfig, Ownership,
+                                  RailConfig, SensorConfig, Timers)
 
 __all__ = [
     "DEFAULT_PATH",
@@ -640,6 +640,23 @@ SENSORS = Section(
     ),
 )
 
+BFD = Section(
+    "bfd",
+    array=False,
+    help="BFD (RFC 5880/5881, single hop) with each rail's gateway where the rail sets "
+         "`bfd = true`; interoperates with switch and FRR bfdd sessions. Detection takes "
+         "`detect_mult` × the negotiated interval; a session that never came up, a peer that "
+         "goes AdminDown, and a Down our own stalled event loop could explain are not path "
+         "failures.",
+    options=(
+        Option("interval_ms", INT, 300,
+               "Desired transmit and required receive interval once Up (FRR's default is 300; "
+               "before Up, BFD slows to 1 s).", (_int_range(10, 60000),)),
+        Option("detect_mult", INT, 3, "Missed packets before the session is declared Down.",
+               (_int_range(1, 255),)),
+    ),
+)
+
 ROUTING = Section(
     "routing",
     array=False,
@@ -680,6 +697,9 @@ RAIL = Section(
         Option("destinations", STR_LIST, ("0.0.0.0/0",),
                "Destinations routed in the rail table.",
                (NON_EMPTY, _each(IPV4_CIDR), UNIQUE)),
+        Option("bfd", BOOL, False,
+               "Run a single-hop BFD session with `gateway` (the leaf switch) on this port; a "
+               "session that was up and goes down takes the port DOWN (timers in `[bfd]`)."),
     ),
     rules=(
         "`name`, `port` and the host part of `address` are unique across rails",
@@ -727,7 +747,8 @@ MULTIPATH = Section(
     ),
 )
 
-SCHEMA: tuple[Section, ...] = (DAEMON, OWNERSHIP, TIMERS, HEALTH, SENSORS, ROUTING, RAIL, MULTIPATH)
+SCHEMA: tuple[Section, ...] = (DAEMON, OWNERSHIP, TIMERS, HEALTH, SENSORS, BFD, ROUTING, RAIL,
+                               MULTIPATH)
 
 
 # --------------------------------------------------------------------------
@@ -876,6 +897,7 @@ class _Builder:
         timers = self.section(doc, TIMERS)
         health = self.section(doc, HEALTH)
         sensors = self.section(doc, SENSORS)
+        bfd = self.section(doc, BFD)
         routing = self.section(doc, ROUTING)
         self.check_ownership(own)
         self.check_timers(timers)
@@ -896,6 +918,7 @@ class _Builder:
                     table=table,
                     backups=r["backups"],
                     destinations=r["destinations"],
+                    bfd=r["bfd"],
                 )
                 for r, table in zip(rails, rail_tables)
             ),
@@ -918,6 +941,7 @@ class _Builder:
                                    health["fec_corrected_per_s"] or None}),
             sensors=SensorConfig(**{**sensors, "sim_dir": sensors["sim_dir"]
                                     or str(PurePosixPath(daemon["run_dir"]) / "sim")}),
+            bfd=BfdSettings(**bfd),
             roce_rules=routing["roce_rules"],
             control_socket=daemon["control_socket"],
             run_dir=daemon["run_dir"],

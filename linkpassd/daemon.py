@@ -35,13 +35,15 @@ import linkpassd
 from linkpassd import config as configmod
 from linkpassd import logs
 from linkpassd.adapters import sdnotify
+from linkpassd.adapters.bfd import BfdAgent, BfdEvent, PeerSpec
 from linkpassd.adapters.control_server import ControlServer
 from linkpassd.adapters.ethtool import EthtoolSensor
 from linkpassd.adapters.kernel import KernelAdapter, KernelOpError
 from linkpassd.adapters.links import LinkEvent, LinkMonitor, LinkSnapshot
 from linkpassd.adapters.sensor import Sensor
 from linkpassd.adapters.simsensor import SimulatedSensor
-from linkpassd.core import explain, health, plan, policy
+from linkpassd.core import bfd, explain, health, plan, policy
+from linkpassd.core.signals import bfd_assessment
 from linkpassd.core.model import (Config, CounterSample, DaemonStatus, KernelState, LinkSample,
                                   OpticsReading, PortSensors, PortState, Unreadable)
 
@@ -106,6 +108,7 @@ class Daemon:
         self.ready = asyncio.Event()
         self.kernel: KernelAdapter | None = None
         self.monitor: LinkMonitor | None = None
+        self.bfd: BfdAgent | None = None
 
     # ------------------------------------------------------------------ tasks
 
@@ -119,6 +122,7 @@ class Daemon:
         self.ipr = ipr
         self.monitor = LinkMonitor(self.ports(), self.queue.put)
         sensor = make_sensor(self.config)
+        self.bfd = make_bfd_agent(self.config, self.queue.put_nowait)
         control = ControlServer(self.config.control_socket, self.status,
                                 explain_provider=self.explain)
         await control.start()
@@ -130,6 +134,8 @@ class Daemon:
                 tasks.create_task(self._ticker(), name="ticker")
                 tasks.create_task(self._poll(sensor, "counters"), name="counters")
                 tasks.create_task(self._poll(sensor, "optics"), name="optics")
+                if self.bfd is not None:
+                    tasks.create_task(self.bfd.run(), name="bfd")
                 tasks.create_task(self._reconcile_loop(), name="reconcile")
         except* ShutdownRequested:
             pass
@@ -137,6 +143,10 @@ class Daemon:
             sdnotify.notify("STOPPING=1")
             await control.stop(0.5)
             sensor.close()
+            if self.bfd is not None:
+                # AdminDown tells the switch "shut down on purpose", not a path
+                # failure (RFC 5882): our routes stay as they are (fail-static).
+                self.bfd.close(admin_down=True)
             ipr.close()
             log.info("stopped", note="routes left as they are (fail-static)")
 
@@ -197,6 +207,8 @@ class Daemon:
                     self._observe(sample, now)
             elif isinstance(event, (CounterReading, OpticsRead)):
                 self._observe_sensor(event, now)
+            elif isinstance(event, BfdEvent):
+                self._observe_bfd(event, now)
         if not all(p in self.links for p in self.ports()):
             return  # no full picture of the ports yet
         decision = policy.decide(self.config, self.port_states(now))
@@ -241,6 +253,25 @@ class Daemon:
             after = health.observe_optics(before, event.reading, now, self.config.timers,
                                           self.config.health)
         self._set_health(before, after)
+
+    def _observe_bfd(self, event: BfdEvent, now: float) -> None:
+        port = event.spec.ifname
+        before = self.health.get(port)
+        if before is None or port not in self.ports():
+            return
+        change = event.change
+        try:
+            diag = bfd.Diag(change.diag).name.lower().replace("_", " ")
+        except ValueError:
+            diag = f"diag {change.diag}"
+        judged = bfd_assessment(event.name, change.new.name, ever_up=change.ever_up, diag=diag,
+                                peer_state=change.remote_state.name,
+                                detection_s=event.detection_time_s, max_lag_s=event.max_lag_s)
+        self._later("bfd_session", port=port, rail=self._rail_of(port), peer=event.spec.peer,
+                    state=str(change.new), previous=str(change.old), diag=diag,
+                    judged=judged.status, lag_ms=round(event.max_lag_s * 1e3, 1))
+        self._set_health(before, health.observe_probe(before, event.name, judged, now,
+                                                      self.config.timers, self.config.health))
 
     def _set_health(self, before: health.PortHealth | None, after: health.PortHealth) -> None:
         self.health[after.port] = after
@@ -381,6 +412,22 @@ class Daemon:
             last_error=self.last_error,
             sensors=self.sensors(),
         )
+
+
+def make_bfd_agent(config: Config, emit) -> BfdAgent | None:
+    """One BFD session per rail that asks for it, with the rail's gateway."""
+    rails = [r for r in config.rails if r.bfd]
+    if not rails:
+        return None
+    agent = BfdAgent(emit)
+    interval_us = config.bfd.interval_ms * 1000
+    for rail in rails:
+        agent.add(PeerSpec(ifname=rail.port, local=rail.address, peer=rail.gateway,
+                           config=bfd.SessionConfig(desired_min_tx_us=interval_us,
+                                                    required_min_rx_us=interval_us,
+                                                    detect_mult=config.bfd.detect_mult),
+                           name=f"bfd:{rail.gateway}"))
+    return agent
 
 
 def make_sensor(config: Config) -> Sensor:

@@ -24,8 +24,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
-from linkpassd.core.model import (CounterSample, LinkSample, OpticsReading, PortState, Timers,
-                                  Unreadable, Verdict)
+from linkpassd.core.model import (Assessment, CounterSample, LinkSample, OpticsReading,
+                                  PortState, Timers, Unreadable, Verdict)
 from linkpassd.core.signals import HealthPolicy, Signals, worst
 
 DEFAULT_POLICY = HealthPolicy()
@@ -135,6 +135,15 @@ def observe_optics(state: PortHealth, reading: OpticsReading | Unreadable, now: 
                    timers: Timers, policy: HealthPolicy = DEFAULT_POLICY) -> PortHealth:
     optics = state.signals.optics.observe(reading, now, policy)
     return _evaluate(replace(state, signals=replace(state.signals, optics=optics)),
+                     now, timers, policy)
+
+
+def observe_probe(state: PortHealth, name: str, assessment: Assessment, now: float,
+                  timers: Timers, policy: HealthPolicy = DEFAULT_POLICY) -> PortHealth:
+    """A path probe's judgement (BFD session, echo prober). Probes confirm
+    their own verdicts (detect multiplier, confirmation burst) before they
+    report, so one report is enough here."""
+    return _evaluate(replace(state, signals=state.signals.with_probe(name, assessment)),
                      now, timers, policy)
 
 

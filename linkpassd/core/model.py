@@ -91,6 +91,13 @@ class RailConfig:
     table: int
     backups: tuple[str, ...] = ()  # rail names, in order of preference
     destinations: tuple[str, ...] = ("0.0.0.0/0",)
+    bfd: bool = False  # single-hop BFD session with `gateway`
+
+
+@dataclass(frozen=True)
+class BfdSettings:
+    interval_ms: int = 300
+    detect_mult: int = 3
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,7 @@ class Config:
     timers: Timers = field(default_factory=Timers)
     health: HealthPolicy = field(default_factory=HealthPolicy)
     sensors: SensorConfig = field(default_factory=SensorConfig)
+    bfd: BfdSettings = field(default_factory=BfdSettings)
     roce_rules: bool = True
     control_socket: str = "/run/linkpass/linkpassd.sock"
     run_dir: str = "/run/linkpass"

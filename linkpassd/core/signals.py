@@ -275,6 +275,32 @@ class FlapDamper:
         return Assessment("flaps", Verdict.UP, "ok", text)
 
 
+# --------------------------------------------------------------------------
+# Path probes (BFD, echo): judged by their own state machines, kept here
+# --------------------------------------------------------------------------
+
+
+def bfd_assessment(name: str, state: str, *, ever_up: bool, diag: str, peer_state: str,
+                   detection_s: float | None, max_lag_s: float) -> Assessment:
+    """A BFD session's state as a health signal. Never-established sessions,
+    a peer that went AdminDown (RFC 5882: not a path failure) and a Down that
+    our own stalled event loop could explain have no opinion: a false
+    failover costs as much as a missed one."""
+    if state == "UP":
+        return Assessment(name, Verdict.UP, "up", "session up")
+    if not ever_up:
+        return Assessment(name, None, "never up", f"session {state.lower()}, never established")
+    if peer_state == "ADMIN_DOWN" or state == "ADMIN_DOWN":
+        return Assessment(name, None, "admin down", "administratively down: not a path failure")
+    if detection_s and max_lag_s >= detection_s / 2:
+        return Assessment(name, None, "suspect", f"down ({diag}) while our event loop was "
+                          f"{max_lag_s * 1e3:.0f} ms late against a {detection_s * 1e3:.0f} ms "
+                          "detection time: not counted")
+    detail = f"down: {diag}" + (f" after {detection_s * 1e3:.0f} ms without packets"
+                                if detection_s else "")
+    return Assessment(name, Verdict.DOWN, "down", detail)
+
+
 @dataclass(frozen=True)
 class Signals:
     """Everything beyond carrier that health remembers about one port."""
@@ -282,9 +308,16 @@ class Signals:
     counters: CounterHistory = field(default_factory=CounterHistory)
     optics: OpticsHistory = field(default_factory=OpticsHistory)
     flaps: FlapDamper = field(default_factory=FlapDamper)
+    probes: tuple[tuple[str, Assessment], ...] = ()  # by probe name, sorted
+
+    def with_probe(self, name: str, assessment: Assessment) -> "Signals":
+        probes = dict(self.probes)
+        probes[name] = assessment
+        return replace(self, probes=tuple(sorted(probes.items())))
 
     def assessments(self, policy: HealthPolicy) -> tuple[Assessment, ...]:
-        return (self.counters.last, self.optics.last, self.flaps.assess(policy))
+        return (self.counters.last, self.optics.last, self.flaps.assess(policy),
+                *(a for _, a in self.probes))
 
     def severity(self, policy: HealthPolicy) -> Verdict | None:
         return worst(*(a.effective for a in self.assessments(policy)))
