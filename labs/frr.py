@@ -1,13 +1,16 @@
 """FRR (zebra + bfdd) inside one lab namespace: the real BFD peer a switch would be.
 
-LAB.md's rules apply: the daemons run in the foreground, each started with
-``ip netns exec`` (which execs, so the PID we hold is the daemon's) and stopped
-by that PID; every path they use (config, pid files, vty sockets, the zserv
-socket, bfdd's control socket) lives in a private directory owned by user
-``frr``, so the system FRR service and /etc/frr are never touched.  The
-directory is made with mkdtemp rather than under pytest's tmp_path, whose
-0700 root-owned parents user ``frr`` could not traverse once FRR drops
-privileges.  (FRR itself still creates an empty /var/tmp/frr for crash logs.)
+LAB.md's rules apply: the daemons run in the foreground, each started through
+a *runner* prefix that enters the namespace and execs (so the PID we hold is
+the daemon's) and stopped by that PID: ``netns_exec(name)`` (``ip netns exec``)
+for a named namespace, ``mnexec_attach(pid)`` (``mnexec -a``) for a Mininet
+node, whose namespace has no name. Every path they use (config, pid files, vty
+sockets, the zserv socket, bfdd's control socket) lives in a private directory
+owned by user ``frr``, so the system FRR service and /etc/frr are never
+touched.  The directory is made with mkdtemp rather than under pytest's
+tmp_path, whose 0700 root-owned parents user ``frr`` could not traverse once
+FRR drops privileges.  (FRR itself still creates an empty /var/tmp/frr for
+crash logs.)
 
 bfdd needs zebra in the same namespace (interfaces come from zebra). 8.4 has no
 ``bfd`` on static routes, so sessions are configured as bfdd peers and read
@@ -36,6 +39,18 @@ VTYSH_TIMEOUT_S = 10.0
 
 class FrrError(RuntimeError):
     pass
+
+
+def netns_exec(name: str) -> tuple[str, ...]:
+    """Runner for a named namespace (/run/netns/<name>)."""
+    return ("ip", "netns", "exec", name)
+
+
+def mnexec_attach(pid: int) -> tuple[str, ...]:
+    """Runner for a Mininet node: its shell's PID names the namespaces. No
+    ``-d``: for it mnexec forks when it leads its process group, and the PID
+    we hold would then be a parent that has exited, not the daemon."""
+    return ("mnexec", "-a", str(int(pid)))
 
 
 @dataclass(frozen=True)
@@ -74,10 +89,15 @@ def bfdd_config(peers: Iterable[BfdPeer]) -> str:
 
 
 class FrrBfd:
-    """zebra and bfdd in `netns`, configured with `peers`."""
+    """zebra and bfdd in the named namespace `netns`, or wherever the argv
+    prefix `runner` puts them (exactly one of the two), configured with `peers`."""
 
-    def __init__(self, netns: str, peers: Sequence[BfdPeer], log_level: str = "informational"):
+    def __init__(self, netns: str | None, peers: Sequence[BfdPeer],
+                 log_level: str = "informational", *, runner: Sequence[str] | None = None):
+        if (netns is None) == (runner is None):
+            raise ValueError("give exactly one of netns and runner")
         self.netns = netns
+        self.runner: tuple[str, ...] = tuple(runner) if runner is not None else netns_exec(netns)
         self.peers_conf = tuple(peers)
         self.log_level = log_level
         self.dir: Path | None = None
@@ -119,7 +139,7 @@ class FrrBfd:
         out = open(self._path("log", f"{daemon}.out"), "ab")
         try:
             self.procs[daemon] = subprocess.Popen(
-                ["ip", "netns", "exec", self.netns, str(FRR_DIR / daemon),
+                [*self.runner, str(FRR_DIR / daemon),
                  *self._common(daemon), *extra],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         finally:
@@ -184,7 +204,7 @@ class FrrBfd:
     # ---- reading state -----------------------------------------------------
 
     def vtysh(self, *commands: str, timeout: float = VTYSH_TIMEOUT_S) -> str:
-        args = ["ip", "netns", "exec", self.netns, "vtysh", "--vty_socket", str(self.run_dir),
+        args = [*self.runner, "vtysh", "--vty_socket", str(self.run_dir),
                 "--config_dir", str(self._path("etc"))]
         for c in commands:
             args += ["-c", c]

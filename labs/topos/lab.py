@@ -36,6 +36,7 @@ from mininet.net import Mininet
 from mininet.node import Host, Node
 from mininet.topo import Topo
 
+from labs.frr import BfdPeer, FrrBfd, mnexec_attach
 from labs.topos.nl import LinkSetter, arp_who_has
 from labs.topos.plan import (
     LAB_NAME_RE,
@@ -44,6 +45,7 @@ from labs.topos.plan import (
     HostPlan,
     HostRail,
     LabError,
+    bfd_options,
     linkpassd_toml,
 )
 
@@ -134,13 +136,22 @@ class Lab:
     carrier loss as a non-urgent linkwatch event that it may hold back for up
     to a second after its last run (see labs/bench/carrier_failover.py);
     ``urgent`` gives the ends different ifindexes, and the kernel reports at once.
+
+    ``bfd`` (default None: off), e.g. ``{"interval_ms": 100, "detect_mult": 3}``
+    and optionally ``"passive": True``: every leaf runs FRR (zebra + bfdd) with
+    a single-hop peer toward each host port on it, from the leaf's half of the
+    /31, through one BFD profile with those timers: the switch-side BFD a
+    host's linkpassd talks to. Generated linkpassd configs then ask for BFD on
+    every rail. FRR is up (configured, answering on its vty) when the lab is;
+    sessions come Up once something in the host answers (see labs.bfdpeer).
     """
 
     def __init__(self, plan: FabricPlan, mechanism: str = "none", *,
                  workdir: str | os.PathLike[str] | None = None,
                  carrier_events: str = "physical",
                  linkpassd_timers: dict[str, float | int] | None = None,
-                 linkpassd_log_level: str = "info"):
+                 linkpassd_log_level: str = "info",
+                 bfd: dict | None = None):
         if mechanism not in MECHANISMS:
             raise LabError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
         if carrier_events not in CARRIER_EVENTS:
@@ -150,6 +161,7 @@ class Lab:
         self.carrier_events = carrier_events
         self.linkpassd_timers = dict(linkpassd_timers or {})
         self.linkpassd_log_level = linkpassd_log_level
+        self.bfd = bfd_options(bfd)
         self._own_workdir = workdir is None
         self._workdir_arg = workdir
         self.workdir: Path | None = None
@@ -160,6 +172,8 @@ class Lab:
         self._procs: list[tuple[str, subprocess.Popen]] = []
         self._faults: list[Any] = []
         self._setters: dict[str, LinkSetter] = {}
+        self._frr: dict[str, FrrBfd] = {}  # leaf -> its FRR
+        self._frr_dirs: list[Path] = []
         self._lock = threading.Lock()
         self._started = False
         self._closed = False
@@ -222,6 +236,30 @@ class Lab:
                     if time.monotonic() > deadline:
                         raise LabError(f"{rail.port}: no carrier {CARRIER_WAIT_S}s after build")
                     time.sleep(0.02)
+        if self.bfd:
+            self._start_frr()
+
+    def _start_frr(self) -> None:
+        """One FRR per leaf, all started at once (each can take seconds). Their
+        processes join the lab's, so teardown's leak check covers them even
+        if a start failed half-way."""
+        bfd = self.bfd
+        assert bfd is not None
+        for r, leaf in enumerate(self.leaves):
+            peers = [BfdPeer(peer=h.rail(r).address, local=h.rail(r).gateway,
+                             ifname=h.rail(r).leaf_port, transmit_ms=bfd["interval_ms"],
+                             receive_ms=bfd["interval_ms"], detect_mult=bfd["detect_mult"],
+                             passive=bfd["passive"]) for h in self.hosts]
+            self._frr[leaf] = FrrBfd(None, peers, runner=mnexec_attach(self.pid(leaf)))
+        try:
+            with ThreadPoolExecutor(max_workers=len(self._frr)) as pool:
+                for started in [pool.submit(frr.start) for frr in self._frr.values()]:
+                    started.result()
+        finally:
+            for leaf, frr in self._frr.items():
+                if frr.dir is not None:
+                    self._frr_dirs.append(frr.dir)
+                self._procs.extend((leaf, proc) for proc in frr.procs.values())
 
     def close(self) -> None:
         """Tear down; idempotent. Raises LabLeakError if anything was left.
@@ -242,6 +280,7 @@ class Lab:
         try:
             for fault in reversed(list(self._faults)):
                 step(f"clearing {fault}", fault.clear)
+            step("stopping FRR", self._stop_frr)
             step("stopping processes", self._stop_processes)
             if self.net is not None:
                 for name in self.nodes:
@@ -262,10 +301,24 @@ class Lab:
                 self._stopped = True
                 step("net.stop()", self.net.stop)
             problems += self._leaks()
+            for frr in self._frr.values():
+                frr.cleanup()
+            problems += [f"FRR directory {d} left behind" for d in self._frr_dirs if d.exists()]
             if self._own_workdir and self.workdir is not None:
                 shutil.rmtree(self.workdir, ignore_errors=True)
         if problems:
             raise LabLeakError("lab teardown left problems:\n  " + "\n  ".join(problems))
+
+    def _stop_frr(self) -> list[str]:
+        """bfdd before zebra in each leaf (FrrBfd.stop), by PID; anything that
+        survives is still in _procs for _stop_processes and the leak check."""
+        problems = []
+        for leaf, frr in self._frr.items():
+            try:
+                frr.stop(timeout=PROC_STOP_S)
+            except Exception as exc:  # the next leaf's FRR must still stop
+                problems.append(f"{leaf}: stopping FRR: {exc}")
+        return problems
 
     def _stop_processes(self) -> list[str]:
         problems = []
@@ -459,6 +512,29 @@ class Lab:
             if name.startswith("lp_"):
                 self.nft(node, f"delete table {family} {name}\n")
 
+    # ---- BFD on the leaves (FRR) ------------------------------------------------
+
+    def frr(self, leaf: str | int) -> FrrBfd:
+        """The FRR of a leaf (by name or rail number), for vtysh and logs."""
+        name = self.plan.leaf_of(leaf) if isinstance(leaf, int) else leaf
+        if not self.bfd:
+            raise LabError("this lab runs no BFD (Lab(..., bfd={...}))")
+        try:
+            return self._frr[name]
+        except KeyError:
+            raise LabError(f"no leaf {name!r} in this lab "
+                           f"(leaves: {', '.join(self.leaves)})") from None
+
+    def bfd_peers(self, leaf: str | int) -> list[dict]:
+        """``show bfd peers json`` of a leaf, parsed."""
+        return self.frr(leaf).bfd_peers()
+
+    def bfd_peer(self, host: str | int | HostPlan, rail: int | str) -> dict | None:
+        """The leaf's view of its session with this host port (None if FRR
+        does not list it)."""
+        port = self.rail(host, rail)
+        return next((p for p in self.bfd_peers(port.leaf) if p.get("peer") == port.address), None)
+
     # ---- faults bookkeeping (labs.faults) ---------------------------------------
 
     def _register_fault(self, fault: Any) -> None:
@@ -491,7 +567,7 @@ class Lab:
         plan = self.host(host)
         text = linkpassd_toml(plan, control_socket=self.control_socket(plan),
                               run_dir=str(self.run_dir(plan)), timers=self.linkpassd_timers,
-                              log_level=self.linkpassd_log_level)
+                              log_level=self.linkpassd_log_level, bfd=self.bfd)
         parse_config(text, source=f"<lab {plan.name}>")
         return text
 

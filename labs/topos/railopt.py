@@ -6,6 +6,11 @@ builds the lab, (for ``linkpassd``) starts one daemon per host from the
 generated configs, pings every host pair on every rail from the rail address,
 prints the table and tears everything down. Exit status 0 only if every ping
 was answered and teardown left nothing behind.
+
+``--bfd-interval-ms 100 [--bfd-detect-mult 3]`` also runs FRR bfdd on every
+leaf; the host side is linkpassd (mechanism ``linkpassd``, whose generated
+configs then ask for BFD) or else labs.bfdpeer, and --check also requires every
+leaf's session with every host port to come Up.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from labs.topos.lab import CARRIER_EVENTS, Lab
 from labs.topos.plan import MECHANISMS, FabricPlan
 
 DAEMON_READY_S = 20.0
+BFD_UP_S = 15.0
 
 
 def railopt(hosts: int = 4, rails: int = 2, spines: int = 2, mechanism: str = "none", *,
@@ -52,6 +58,26 @@ def start_linkpassd(lab: Lab, host: str) -> subprocess.Popen:
                        f"{log_path.read_text(errors='replace')}")
 
 
+def wait_bfd_up(lab: Lab, timeout: float = BFD_UP_S) -> list[dict]:
+    """Every leaf's peers, once all are up or ``timeout`` has passed (the
+    caller judges): one row per session, as FRR sees it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = [{"leaf": leaf, **peer} for leaf in lab.leaves for peer in lab.bfd_peers(leaf)]
+        if all(row["status"] == "up" for row in rows) or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.1)
+
+
+def format_bfd(rows: list[dict]) -> str:
+    lines = [f"{'leaf':<6}{'interface':<12}{'local':<15}{'peer':<15}{'status':<8}tx/rx ms x mult"]
+    for row in rows:
+        lines.append(f"{row['leaf']:<6}{row['interface']:<12}{row['local']:<15}{row['peer']:<15}"
+                     f"{row['status']:<8}{row['transmit-interval']}/{row['receive-interval']} "
+                     f"x {row['detect-multiplier']}")
+    return "\n".join(lines)
+
+
 def format_reachability(rows: list[dict]) -> str:
     lines = [f"{'src':<7}{'dst':<7}{'rail':<6}{'from':<15}{'to':<15}result"]
     for row in rows:
@@ -71,6 +97,9 @@ def main(argv: list[str] | None = None, *, defaults: tuple[int, int, int] = (4, 
     parser.add_argument("--no-detour", action="store_true",
                         help="strict fabric: no fallback path to a host whose link is down")
     parser.add_argument("--carrier-events", choices=CARRIER_EVENTS, default="physical")
+    parser.add_argument("--bfd-interval-ms", type=int, metavar="MS",
+                        help="run FRR bfdd on the leaves, a session per host port at this interval")
+    parser.add_argument("--bfd-detect-mult", type=int, default=3, metavar="N")
     parser.add_argument("--check", action="store_true",
                         help="ping every host pair on every rail, print the table, tear down")
     parser.add_argument("--plan", action="store_true", help="print the addressing and exit")
@@ -81,8 +110,11 @@ def main(argv: list[str] | None = None, *, defaults: tuple[int, int, int] = (4, 
         if not args.check:
             print("\n(nothing built: pass --check to build, ping and tear down)")
         return 0
+    bfd = ({"interval_ms": args.bfd_interval_ms, "detect_mult": args.bfd_detect_mult}
+           if args.bfd_interval_ms is not None else None)
+    bfd_rows: list[dict] = []
     started = time.monotonic()
-    with Lab(plan, args.mechanism, carrier_events=args.carrier_events) as lab:
+    with Lab(plan, args.mechanism, carrier_events=args.carrier_events, bfd=bfd) as lab:
         print(plan.describe())
         print(f"\nbuilt in {time.monotonic() - started:.2f}s, mechanism {args.mechanism}, "
               f"workdir {lab.workdir}")
@@ -90,11 +122,23 @@ def main(argv: list[str] | None = None, *, defaults: tuple[int, int, int] = (4, 
             for host in lab.hosts:
                 start_linkpassd(lab, host.name)
             print(f"linkpassd running in {len(lab.hosts)} hosts")
+        if bfd:
+            if args.mechanism != "linkpassd":
+                from labs.bfdpeer import BfdPeerProcess
+
+                for host in lab.hosts:
+                    BfdPeerProcess.start(lab, host.name)
+            bfd_rows = wait_bfd_up(lab)
+            print()
+            print(format_bfd(bfd_rows))
         rows = lab.reachability(count=1, wait_s=1.0)
         print()
         print(format_reachability(rows))
         failed = sum(not row["ok"] for row in rows)
-    print(f"\n{len(rows) - failed}/{len(rows)} reachable; torn down cleanly; "
+        failed += sum(row["status"] != "up" for row in bfd_rows)
+    bfd_note = (f"; {sum(r['status'] == 'up' for r in bfd_rows)}/{len(bfd_rows)} BFD sessions up"
+                if bfd else "")
+    print(f"\n{sum(row['ok'] for row in rows)}/{len(rows)} reachable{bfd_note}; torn down cleanly; "
           f"{time.monotonic() - started:.2f}s total")
     return 1 if failed else 0
 
