@@ -5,6 +5,7 @@ per-rail routes (no failover), the kernel alone (linkdown-aware routes, no
 daemon) and linkpassd. In each it sends two RoCEv2 flows from lph1 to lph2
 (kernel-path and qp-pinned, see labs/scenario.py), pulls a cable and then
 blackholes the same link silently, and prints the blackout each flow saw.
+With linkpassd the leaves run FRR bfdd and each host rail a BFD session.
 With linkpassd it also prints `linkpassctl status` on lph1 before, during and
 after the cable pull. Everything is torn down at the end, and verified gone.
 
@@ -98,8 +99,9 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
 
     print(table(results, args.fault_seconds))
-    print("\nlinkpassd today acts on carrier (link events). A silent blackhole leaves the")
-    print("link up, so only path probing (BFD, echo) can see it; that is not built yet.")
+    print("\nA silent blackhole leaves the link up: carrier-based failover (the kernel's")
+    print("own) cannot see it. linkpassd runs BFD with each leaf (FRR bfdd in the lab,")
+    print("100 ms x 3) and moves the rail's traffic once the session goes down.")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "demo.json"
     out.write_text(json.dumps([t.as_dict() for t in results.values()], indent=2))

@@ -58,9 +58,16 @@ FAULTS: dict[str, FaultFactory] = {
     "miswire": lambda lab, host, rail: Miswire(lab, host, rail, 1 - rail),
     "optic-degradation": lambda lab, host, rail: OpticDegradation(lab, host, rail, duration_s=1.5),
 }
-# What linkpassd acts on today: carrier and sensors (optics, error counters).
-# Gray failures need path probes (BFD, echo), which come later.
-HANDLED_BY_LINKPASSD = ("cable-pull", "flap", "optic-degradation")
+# What linkpassd moves traffic away from: carrier loss, failing sensors
+# (optics, error counters), and, through BFD with the leaf, a path that dies
+# while the link stays up (a silent blackhole, loss in one direction). A
+# miswire swaps both of a host's cables: BFD sees both rails go down, but no
+# healthy path is left to move to.
+HANDLED_BY_LINKPASSD = ("cable-pull", "flap", "optic-degradation", "silent-blackhole",
+                        "one-way-loss")
+# With linkpassd the leaves run FRR bfdd and each host rail a BFD session with
+# its leaf: 100 ms x 3, so 300 ms to detect.
+LAB_BFD = {"interval_ms": 100, "detect_mult": 3}
 
 LINKWATCH_QUIET_S = 1.2
 READY_LINE = re.compile(r"sending t0=([0-9.]+)")
@@ -105,7 +112,8 @@ class ScenarioLab:
             raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
         self.mechanism = mechanism
         self.rate = rate
-        self.lab = dualrail(mechanism, linkpassd_timers=LAB_TIMERS)
+        self.lab = dualrail(mechanism, linkpassd_timers=LAB_TIMERS,
+                            bfd=LAB_BFD if mechanism == "linkpassd" else None)
         self.trials = 0
 
     def __enter__(self) -> "ScenarioLab":
