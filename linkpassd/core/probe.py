@@ -1,0 +1,546 @@
+"""Active path probing: a UDP echo to a peer daemon, judged by suspicion and confirmation.
+
+A path is one local rail (interface + source address) to one peer daemon. The
+prober sends a numbered echo request every `interval_s`; a reply matches by
+sequence number. Carrier cannot see the faults that hurt most (dead ASIC port,
+one-way optic, blackholing upstream); these probes can. But a probe verdict that
+fails paths on noise is as harmful as none (Alibaba HPN dropped rerouting over
+false reroutes), so:
+
+* **A miss only raises suspicion.** A steady probe with no reply by `timeout_s`
+  moves the path to SUSPECT and starts a burst of `burst_count` probes,
+  `burst_interval_s` apart. Any reply (even a late one) is proof of life and
+  ends the suspicion. Only when the burst is lost too is the path DOWN. One-way
+  loss (requests *or* replies dropped) and a silent blackhole look the same
+  from here, and both are DOWN: the path cannot carry a conversation.
+* **Random loss is a quality problem, not an outage.** The steady probes (not
+  the burst, which would over-sample bad moments) feed a window of
+  `loss_window` outcomes; above `max_loss_ratio` the path is DEGRADED, and it
+  clears at `clear_loss_ratio` (hysteresis, so it does not oscillate). A path
+  that already loses probes gets a longer burst (`burst_size()`), so its loss
+  cannot fake a DOWN more often than `false_down_odds` per probe.
+* **Our own stalls are not the path's fault.** The adapter reports how late
+  each handling ran (event-loop lag). A miss whose time in flight was covered
+  by stalls for `max_stall_ratio` of the timeout (all of it, by default) is
+  UNKNOWN, not lost; so is a reply that was late only by the time we, or the
+  responder (it reports how long it held the request), sat on it. An unjudged
+  burst probe is replaced (up to `burst_max`) rather than spoiling the burst.
+  An ICMP port unreachable from the peer (host up, daemon restarting) makes
+  misses UNKNOWN for `refused_grace_s`.
+* **A path that never came up is not a failure** (FRR #4133): it stays
+  NEVER_UP, with no opinion, until `rise` replies in a row; its misses are
+  counted as unanswered, never as lost.
+* Recovery from DOWN needs `rise` on-time replies in a row. Hold-down is not
+  here: the port health machine (core.health) applies it to the port verdict.
+
+Detection arithmetic (the worst case, the fault landing just after a reply):
+the next steady probe leaves within `interval_s`; its miss is judged `timeout_s`
+later; the burst spans `(burst_count - 1) * burst_interval_s`; the last burst
+probe's miss is judged `timeout_s` after it. So
+
+    detection = interval + timeout + (burst_count - 1) * burst_interval + timeout
+
+With the defaults, 50 + 8 + 7 * 1 + 8 = 73 ms, against BFD's detect-mult x
+interval = 3 x 50 = 150 ms at the same steady interval (0.49 of it); at a 300 ms
+interval, 323 ms against 900 ms (0.36). On average (fault at a random phase)
+it is half an interval less: 48 ms against BFD's 125 ms. The timeout is short
+because a probe's round trip in one fabric is well under a millisecond and
+stalls of ours are accounted for separately; the burst is fast because its job
+is only to tell "everything is lost" from "some is lost". (A 25 ms timeout
+with a 3 x 5 ms burst would cost 50 + 25 + 10 + 25 = 110 ms: 0.73 of BFD's.)
+
+Noise arithmetic: a false DOWN needs 1 + `burst_count` probe exchanges lost in a
+row. With 5 % random loss in each direction an exchange is lost with
+q = 1 - 0.95**2 = 9.75 %, and q**9 = 8e-10 per steady probe: one false DOWN per
+~2 years of a path at 20 probes/s under that (already bad) loss. A 200-probe
+window at q = 9.75 % exceeds 20 % with probability 4e-6; at 20 % loss each way
+(q = 36 %) it stays under 20 % with probability 6e-7, and the burst grows to 20
+probes so that q**21 < 1e-9.
+
+Pure: `now` and the lag are passed in; every method returns a new Prober.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from linkpassd.core.model import Assessment, Verdict
+
+SEQ_MODULO = 2**32  # sequence numbers are 32-bit on the wire
+_JUDGED_MEMORY = 256  # recently judged probes remembered, to recognise late replies
+_STALL_MEMORY_S = 2.0  # how long a recorded stall can matter for a probe in flight
+_MIN_LOSS_SAMPLE = 20  # steady outcomes needed before the measured loss sizes the burst
+
+
+class PathState(enum.StrEnum):
+    NEVER_UP = "NEVER_UP"
+    UP = "UP"
+    SUSPECT = "SUSPECT"
+    DOWN = "DOWN"
+
+
+class Outcome(enum.StrEnum):
+    OK = "ok"  # reply by the deadline
+    LOST = "lost"  # no reply by the deadline, and nothing stopped us from seeing one
+    LATE = "late"  # reply after the deadline: a loss for the window, but proof of life
+    UNKNOWN = "unknown"  # cannot be judged (stall, send failure, peer port closed)
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """Timers and thresholds of one path's prober (defaults: see the module docstring)."""
+
+    interval_s: float = 0.050  # steady probes, one per interval
+    timeout_s: float = 0.008  # a reply later than this is a miss
+    burst_count: int = 8  # confirmation probes on a clean path; more when it already loses some
+    burst_interval_s: float = 0.001  # spacing of the confirmation probes
+    burst_max: int = 32  # cap on a burst, replacements for unjudged probes included
+    false_down_odds: float = 1e-9  # wanted chance, per steady probe, that random loss fakes DOWN
+    rise: int = 3  # on-time replies in a row before a path is UP (first time, or after DOWN)
+    loss_window: int = 200  # steady outcomes the loss ratio is taken over
+    max_loss_ratio: float = 0.20  # DEGRADED above this share of lost steady probes...
+    clear_loss_ratio: float = 0.10  # ...and no longer at or below this one
+    max_stall_ratio: float = 1.0  # a miss is unknown if our stalls covered this share of the timeout
+    lag_tolerance_s: float = 0.001  # loop lag below this is ordinary jitter, not a stall
+    refused_grace_s: float = 2.0  # misses are unknown this long after an ICMP port unreachable
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.interval_s > 0:
+            problems.append("interval_s must be > 0")
+        if not 0 < self.timeout_s < self.interval_s:
+            problems.append("timeout_s must be > 0 and below interval_s")
+        if not 1 <= self.burst_count <= self.burst_max:
+            problems.append("need 1 <= burst_count <= burst_max")
+        if not 0 < self.false_down_odds < 1:
+            problems.append("false_down_odds must be in (0, 1)")
+        if self.burst_interval_s < 0:
+            problems.append("burst_interval_s must be >= 0")
+        if self.rise < 1:
+            problems.append("rise must be >= 1")
+        if self.loss_window < 1:
+            problems.append("loss_window must be >= 1")
+        if not 0 <= self.clear_loss_ratio < self.max_loss_ratio <= 1:
+            problems.append("need 0 <= clear_loss_ratio < max_loss_ratio <= 1")
+        if not 0 < self.max_stall_ratio <= 1:
+            problems.append("max_stall_ratio must be in (0, 1]")
+        if self.lag_tolerance_s < 0 or self.refused_grace_s < 0:
+            problems.append("lag_tolerance_s and refused_grace_s must be >= 0")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    @property
+    def stall_budget_s(self) -> float:
+        """Stalled time within a probe's flight that makes its miss unknown."""
+        return self.timeout_s * self.max_stall_ratio
+
+
+def detection_bound_s(config: ProbeConfig, burst: int | None = None) -> float:
+    """Worst-case time from the last good reply to DOWN on a blackhole, with a
+    burst of `burst` probes (default: `burst_count`, what a clean path uses)."""
+    k = config.burst_count if burst is None else burst
+    return config.interval_s + config.timeout_s + (k - 1) * config.burst_interval_s + config.timeout_s
+
+
+def burst_size(config: ProbeConfig, loss_ratio: float) -> int:
+    """Confirmation probes needed so that random loss at `loss_ratio` (per probe
+    exchange) fakes a DOWN with at most `false_down_odds` per steady probe: the
+    trigger and all k burst probes must be lost, so loss**(k+1) <= odds."""
+    if loss_ratio <= 0:
+        return config.burst_count
+    if loss_ratio >= 1:
+        return config.burst_max
+    need = math.ceil(math.log(config.false_down_odds) / math.log(loss_ratio) - 1e-9) - 1
+    return min(config.burst_max, max(config.burst_count, need))
+
+
+@dataclass(frozen=True)
+class Send:
+    """A probe the adapter must send now (stamped with the `now` of the call)."""
+
+    seq: int
+    burst: bool
+
+
+@dataclass(frozen=True)
+class InFlight:
+    seq: int
+    sent_at: float
+    deadline: float
+    burst: bool
+
+
+@dataclass(frozen=True)
+class ProbeCounters:
+    sent: int = 0
+    received: int = 0  # replies by the deadline
+    lost: int = 0  # misses judged lost (path was up)
+    late: int = 0  # replies after their deadline
+    unknown_lag: int = 0  # unjudged: a stall (ours or the responder's) ate the timeout
+    unknown_other: int = 0  # unjudged: send failed, or the peer's port was closed
+    unanswered: int = 0  # misses while the path was never up: not failures
+    malformed: int = 0  # datagrams on the prober socket that do not parse
+    stray: int = 0  # well-formed replies that match no probe of ours
+    send_errors: int = 0
+    refused: int = 0  # ICMP port unreachable: the peer host answers, its daemon does not
+    bursts: int = 0  # suspicions raised
+    downs: int = 0  # transitions to DOWN
+    degradations: int = 0  # transitions to DEGRADED
+
+
+def _with(obj, **changes):
+    """dataclasses.replace without re-running __init__: a new frozen value with
+    some fields changed. The prober updates at every probe, on every path, so
+    this is its hot path (replace() costs ~10x more)."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__, **changes)
+    return new
+
+
+def _stalled(stalls: Iterable[tuple[float, float]], start: float, end: float) -> float:
+    return sum(max(0.0, min(e, end) - max(s, start)) for s, e in stalls)
+
+
+@dataclass(frozen=True)
+class Prober:
+    """Everything one path's prober remembers. Start with `Prober(peer, config)`."""
+
+    peer: str
+    config: ProbeConfig = field(default_factory=ProbeConfig)
+    state: PathState = PathState.NEVER_UP
+    degraded: bool = False
+    since: float = 0.0  # when the reported verdict last changed
+    reason: str = "no reply yet"
+    next_seq: int = 1
+    next_send: float | None = None  # next steady probe; None: at the first poll
+    burst_due: tuple[float, ...] = ()
+    burst_from: float = 0.0  # when the current burst started; older burst probes do not count
+    burst_size: int = 0  # lost burst probes that confirm DOWN
+    burst_scheduled: int = 0  # probes in the current burst, replacements for unjudged ones included
+    burst_outcomes: tuple[Outcome, ...] = ()
+    inflight: tuple[InFlight, ...] = ()
+    judged: tuple[tuple[int, float], ...] = ()  # (seq, sent_at), newest last
+    window: tuple[bool, ...] = ()  # steady probe outcomes, True = lost; newest last
+    streak: int = 0  # on-time replies in a row
+    stalls: tuple[tuple[float, float], ...] = ()  # merged, oldest first
+    refused_at: float | None = None
+    heard_at: float | None = None  # last time the peer's own probes reached us on this path
+    rtt_s: float | None = None
+    counters: ProbeCounters = field(default_factory=ProbeCounters)
+
+    # ---------------------------------------------------------------- views
+
+    @property
+    def signal(self) -> str:
+        return f"probe:{self.peer}"
+
+    @property
+    def phase(self) -> str:
+        """NEVER_UP, UP, DEGRADED, SUSPECT or DOWN, for operators."""
+        if self.state is PathState.UP and self.degraded:
+            return "DEGRADED"
+        return str(self.state)
+
+    @property
+    def loss_ratio(self) -> float | None:
+        return sum(self.window) / len(self.window) if self.window else None
+
+    def next_wakeup(self) -> float:
+        """When the adapter must call poll() next (a send is due or a deadline passes)."""
+        times = [f.deadline for f in self.inflight]
+        times.append(float("-inf") if self.next_send is None else self.next_send)
+        if self.burst_due:
+            times.append(self.burst_due[0])
+        return min(times)
+
+    def assessment(self) -> Assessment:
+        """This path's judgement as a health signal (see core.signals)."""
+        sig, c, cfg = self.signal, self.counters, self.config
+        if self.state is PathState.NEVER_UP:
+            return Assessment(sig, None, "never up",
+                              f"{self.streak} of {cfg.rise} replies in a row so far, "
+                              f"{c.unanswered} probes unanswered, {c.refused} refused; "
+                              "a path that never came up is not a failure")
+        if self.state is PathState.DOWN:
+            recovering = (f"; recovering: {self.streak} of {cfg.rise} replies"
+                          if self.streak else "")
+            # The peer's own probes reaching us since then: peer-to-us delivers.
+            one_way = ("; the peer's own probes have reached us since, so our requests are "
+                       "being lost (one-way)"
+                       if self.heard_at is not None and self.heard_at > self.since else "")
+            return Assessment(sig, Verdict.DOWN, "down", self.reason + one_way + recovering)
+        stats = self._stats()
+        if self.state is PathState.SUSPECT:
+            lost = self.burst_outcomes.count(Outcome.LOST)
+            text = (f"suspect: probe missed, confirming with {self.burst_size} probes "
+                    f"({lost} lost so far); {stats}")
+            if self.degraded:
+                return Assessment(sig, Verdict.DEGRADED, "suspect", text)
+            return Assessment(sig, Verdict.DOWN, "suspect", text, confirmed=False)
+        if self.degraded:
+            return Assessment(sig, Verdict.DEGRADED, "degraded", f"{self.reason}; {stats}")
+        return Assessment(sig, Verdict.UP, "ok", stats)
+
+    def _stats(self) -> str:
+        c = self.counters
+        parts = []
+        if self.rtt_s is not None:
+            parts.append(f"rtt {self.rtt_s * 1e3:.2f} ms")
+        if self.window:
+            parts.append(f"loss {sum(self.window)}/{len(self.window)} recent probes")
+        if c.unknown_lag or c.unknown_other:
+            parts.append(f"{c.unknown_lag + c.unknown_other} unjudged "
+                         f"({c.unknown_lag} stalled, {c.unknown_other} other)")
+        return ", ".join(parts) or "no replies judged yet"
+
+    # --------------------------------------------------------------- inputs
+
+    def note_lag(self, now: float, lag: float) -> "Prober":
+        """The event loop ran a handler `lag` seconds late: it was stalled over
+        [now - lag, now]. Below `lag_tolerance_s` that is ordinary jitter."""
+        if lag < self.config.lag_tolerance_s:
+            return self
+        start = now - lag
+        merged: list[tuple[float, float]] = []
+        for s, e in sorted(self.stalls + ((start, now),)):
+            if e < now - _STALL_MEMORY_S:
+                continue
+            if merged and s <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+            else:
+                merged.append((s, e))
+        return _with(self, stalls=tuple(merged))
+
+    def poll(self, now: float, lag: float = 0.0) -> tuple["Prober", tuple[Send, ...]]:
+        """Judge the probes whose deadline passed, then say which probes to send now."""
+        p = self.note_lag(now, lag)._expire(now)
+        sends: list[Send] = []
+        if p.next_send is None or now >= p.next_send:
+            p, send = p._send(now, burst=False)
+            sends.append(send)
+            # Keep the cadence, but never catch up on slots a stall swallowed.
+            nxt = now if p.next_send is None else p.next_send + p.config.interval_s
+            p = _with(p, next_send=nxt if nxt > now else now + p.config.interval_s)
+        while p.burst_due and p.burst_due[0] <= now:
+            p = _with(p, burst_due=p.burst_due[1:])
+            p, send = p._send(now, burst=True)
+            sends.append(send)
+        return p, tuple(sends)
+
+    def on_reply(self, seq: int, received_at: float, now: float, lag: float = 0.0,
+                 echoed_sent_at: float | None = None, peer_delay_s: float = 0.0) -> "Prober":
+        """A reply to probe `seq` arrived at `received_at` (the kernel's receive
+        time when the adapter has it, else `now`). `echoed_sent_at` is the send
+        time the reply carries (it must match ours); `peer_delay_s` is how long
+        the responder held the request before answering."""
+        p = self.note_lag(now, lag)
+        flight = next((f for f in p.inflight if f.seq == seq), None)
+        if flight is not None and echoed_sent_at is not None \
+                and abs(echoed_sent_at - flight.sent_at) > 1e-6:
+            flight = None  # same number, another probe: a stale reply
+        if flight is None:
+            return p._late_or_stray(seq, echoed_sent_at, now)
+        p = _with(p, inflight=tuple(f for f in p.inflight if f is not flight))
+        if received_at <= flight.deadline:
+            outcome = Outcome.OK
+            p = _with(p, rtt_s=max(0.0, received_at - flight.sent_at))
+        else:
+            p = p._count(late=1)
+            # Late only by the time we or the responder sat on it: not the path's doing.
+            ours = _stalled(p.stalls, flight.sent_at, received_at)
+            on_time_but_for_stalls = (received_at - peer_delay_s - ours <= flight.deadline
+                                      or ours >= p.config.stall_budget_s)
+            outcome = Outcome.UNKNOWN if on_time_but_for_stalls else Outcome.LATE
+            if outcome is Outcome.UNKNOWN:
+                p = p._count(unknown_lag=1)
+        return p._judge(flight, outcome, now, replied=True)
+
+    def on_send_error(self, seq: int, now: float) -> "Prober":
+        """The probe could not be sent: no evidence either way."""
+        flight = next((f for f in self.inflight if f.seq == seq), None)
+        p = self._count(send_errors=1)
+        if flight is None:
+            return p
+        p = _with(p, inflight=tuple(f for f in p.inflight if f is not flight))
+        return p._count(unknown_other=1)._judge(flight, Outcome.UNKNOWN, now)
+
+    def on_refused(self, now: float) -> "Prober":
+        """ICMP port unreachable from the peer: the path delivered our probe and
+        the peer's answer, but no daemon listens (restart, upgrade). Misses in
+        the next `refused_grace_s` are not the path's fault."""
+        return _with(self._count(refused=1), refused_at=now)
+
+    def peer_heard(self, now: float) -> "Prober":
+        """The peer's own probes reached our responder over this path: the
+        peer-to-us direction delivers. Used to say which way a one-way fault runs."""
+        return _with(self, heard_at=now)
+
+    def count_malformed(self, n: int = 1) -> "Prober":
+        return self._count(malformed=n)
+
+    def count_stray(self, n: int = 1) -> "Prober":
+        return self._count(stray=n)
+
+    # ------------------------------------------------------------- internals
+
+    def _count(self, **deltas: int) -> "Prober":
+        c = self.counters
+        return _with(self, counters=_with(c, **{k: getattr(c, k) + v for k, v in deltas.items()}))
+
+    def _send(self, now: float, burst: bool) -> tuple["Prober", Send]:
+        seq = self.next_seq
+        flight = InFlight(seq, now, now + self.config.timeout_s, burst)
+        p = _with(self, next_seq=seq % (SEQ_MODULO - 1) + 1, inflight=self.inflight + (flight,))
+        return p._count(sent=1), Send(seq, burst)
+
+    def _expire(self, now: float) -> "Prober":
+        p = self
+        for flight in self.inflight:
+            if flight.deadline > now:
+                continue
+            p = _with(p, inflight=tuple(f for f in p.inflight if f is not flight))
+            if p.refused_at is not None and now - p.refused_at <= p.config.refused_grace_s:
+                p = p._count(unknown_other=1)._judge(flight, Outcome.UNKNOWN, now)
+            elif _stalled(p.stalls, flight.sent_at, now) >= p.config.stall_budget_s:
+                p = p._count(unknown_lag=1)._judge(flight, Outcome.UNKNOWN, now)
+            else:
+                p = p._judge(flight, Outcome.LOST, now)
+        return p
+
+    def _remember(self, flight: InFlight) -> "Prober":
+        judged = self.judged + ((flight.seq, flight.sent_at),)
+        return _with(self, judged=judged[-_JUDGED_MEMORY:])
+
+    def _late_or_stray(self, seq: int, echoed_sent_at: float | None, now: float) -> "Prober":
+        for j_seq, sent_at in reversed(self.judged):
+            if j_seq == seq and (echoed_sent_at is None or abs(echoed_sent_at - sent_at) <= 1e-6):
+                p = self._count(late=1)
+                if p.state is PathState.SUSPECT:
+                    return p._end_suspicion(now, "a late reply arrived: the path is slow, not dead")
+                return p
+        return self._count(stray=1)
+
+    def _judge(self, flight: InFlight, outcome: Outcome, now: float,
+               replied: bool = False) -> "Prober":
+        """Apply one probe's outcome. `replied`: a reply came, however late."""
+        p = self._remember(flight)
+        if outcome is Outcome.OK:
+            p = p._count(received=1)
+        elif outcome is Outcome.LOST:
+            p = p._count(**{"unanswered" if p.state is PathState.NEVER_UP else "lost": 1})
+        missed = outcome in (Outcome.LOST, Outcome.LATE)
+
+        if p.state in (PathState.NEVER_UP, PathState.DOWN):
+            if outcome is Outcome.OK:
+                p = _with(p, streak=p.streak + 1)
+                if p.streak >= p.config.rise:
+                    first = p.state is PathState.NEVER_UP
+                    return p._become_up(now, f"{p.streak} replies in a row"
+                                        + (" (first contact)" if first else " after DOWN"))
+            elif missed:
+                p = _with(p, streak=0)
+            return p
+
+        # UP or SUSPECT: the steady probes measure loss; a lost one raises suspicion.
+        if not flight.burst and outcome is not Outcome.UNKNOWN:
+            p = p._window(missed, now)
+        if p.state is PathState.SUSPECT:
+            if replied:
+                return p._end_suspicion(now, "a reply arrived during confirmation")
+            if flight.burst and flight.sent_at >= p.burst_from:
+                p = _with(p, burst_outcomes=p.burst_outcomes + (outcome,))
+                if outcome is Outcome.UNKNOWN and p.burst_scheduled < p.config.burst_max:
+                    # No evidence either way: replace it, rather than give up on the burst.
+                    after = p.burst_due[-1] if p.burst_due else now
+                    p = _with(p, burst_due=p.burst_due + (after + p.config.burst_interval_s,),
+                              burst_scheduled=p.burst_scheduled + 1)
+                if (p.burst_outcomes.count(Outcome.LOST) >= p.burst_size
+                        or len(p.burst_outcomes) >= p.burst_scheduled):
+                    return p._conclude_burst(now)
+            return p
+        if outcome is Outcome.LOST and not flight.burst:
+            return p._suspect(now)
+        return p
+
+    def _window(self, lost: bool, now: float) -> "Prober":
+        cfg = self.config
+        window = (self.window + (lost,))[-cfg.loss_window:]
+        p = _with(self, window=window)
+        if len(window) < cfg.loss_window:
+            return p
+        ratio = sum(window) / len(window)
+        if not p.degraded and ratio > cfg.max_loss_ratio:
+            p = _with(p, degraded=True, since=now,
+                      reason=f"loss {ratio:.0%} over the last {len(window)} probes "
+                             f"> {cfg.max_loss_ratio:.0%}")
+            return p._count(degradations=1)
+        if p.degraded and ratio <= cfg.clear_loss_ratio:
+            return _with(p, degraded=False, since=now,
+                         reason=f"loss back to {ratio:.0%} (<= {cfg.clear_loss_ratio:.0%})")
+        return p
+
+    def _suspect(self, now: float) -> "Prober":
+        cfg = self.config
+        n = len(self.window)
+        k = burst_size(cfg, sum(self.window) / n if n >= _MIN_LOSS_SAMPLE else 0.0)
+        due = tuple(now + i * cfg.burst_interval_s for i in range(k))
+        p = _with(self, state=PathState.SUSPECT, burst_from=now, burst_due=due,
+                  burst_size=k, burst_scheduled=k, burst_outcomes=())
+        return p._count(bursts=1)
+
+    def _end_suspicion(self, now: float, why: str) -> "Prober":
+        # `since` is untouched: the reported verdict (UP or DEGRADED) never changed.
+        return _with(self, state=PathState.UP, burst_due=(), burst_outcomes=(),
+                     reason=f"suspicion cleared: {why}")
+
+    def _conclude_burst(self, now: float) -> "Prober":
+        lost = self.burst_outcomes.count(Outcome.LOST)
+        if lost < self.burst_size:
+            return self._end_suspicion(
+                now, f"confirmation inconclusive ({lost} of {self.burst_scheduled} lost, "
+                     "the rest unjudged)")
+        reason = (f"no reply to a probe nor to {lost} confirmation probes "
+                  "(blackhole or one-way loss)")
+        p = _with(self, state=PathState.DOWN, degraded=False, since=now, reason=reason,
+                  burst_due=(), burst_outcomes=(), window=(), streak=0)
+        return p._count(downs=1)
+
+    def _become_up(self, now: float, why: str) -> "Prober":
+        return _with(self, state=PathState.UP, degraded=False, since=now, reason=why,
+                     window=(), burst_due=(), burst_outcomes=())
+
+
+# --------------------------------------------------------------------------
+# A rail's probe verdict from its paths to several peers
+# --------------------------------------------------------------------------
+
+
+def rail_assessment(paths: Iterable[Assessment]) -> Assessment:
+    """Combine one rail's per-peer path assessments into one "probe" signal.
+
+    A dead or restarting peer host must not fail our rail over: the rail is
+    DOWN only when every peer that has an opinion is DOWN through it, and
+    DEGRADED when most of them are degraded or down. Peers with no opinion
+    (never up, unconfirmed suspicion) do not count."""
+    paths = list(paths)
+    judged = [a for a in paths if a.effective is not None]
+    if not judged:
+        return Assessment("probe", None, "never up" if paths else "unsupported",
+                          f"no peer has answered yet ({len(paths)} probed)")
+    down = sorted(a.signal.removeprefix("probe:") for a in judged if a.effective is Verdict.DOWN)
+    bad = sorted(a.signal.removeprefix("probe:") for a in judged
+                 if a.effective in (Verdict.DOWN, Verdict.DEGRADED))
+    if len(down) == len(judged):
+        return Assessment("probe", Verdict.DOWN, "down",
+                          f"all {len(judged)} peers unreachable: " + ", ".join(down))
+    if 2 * len(bad) > len(judged):
+        return Assessment("probe", Verdict.DEGRADED, "degraded",
+                          f"{len(bad)} of {len(judged)} peers degraded or down: " + ", ".join(bad))
+    if bad:
+        return Assessment("probe", Verdict.UP, "ok",
+                          f"{len(judged) - len(bad)} of {len(judged)} peers fine; "
+                          f"trouble only towards {', '.join(bad)} (their side)")
+    return Assessment("probe", Verdict.UP, "ok", f"all {len(judged)} peers answer")
