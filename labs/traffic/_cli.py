@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 import tempfile
 
@@ -90,3 +91,30 @@ def write_report(path: str, report: dict) -> None:
 def fail(prog: str, message: str, status: int) -> int:
     sys.stderr.write(f"{prog}: error: {message}\n")
     return status
+
+
+class StopFlag:
+    """SIGTERM/SIGINT only record intent; the run loop acts on it and the
+    report is still written."""
+
+    def __init__(self):
+        self.stop = False
+
+    def __call__(self, signum, frame):
+        self.stop = True
+
+    @classmethod
+    def installed(cls) -> "StopFlag":
+        flag = cls()
+        signal.signal(signal.SIGTERM, flag)
+        signal.signal(signal.SIGINT, flag)
+        return flag
+
+
+def save_report(prog: str, path: str, report: dict) -> int:
+    """Write the report; 0, or the one-line failure's exit status."""
+    try:
+        write_report(path, report)
+    except OSError as e:
+        return fail(prog, f"cannot write report {path}: {e.strerror or e}", EXIT_RUNTIME)
+    return 0

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import errno
 import select
-import signal
 import sys
 import time
 from collections import Counter
@@ -247,16 +246,6 @@ def _errname(e: OSError) -> str:
     return errno.errorcode.get(e.errno or 0, str(e.errno))
 
 
-class _StopFlag:
-    """Signal handlers only record intent; the loop acts on it."""
-
-    def __init__(self):
-        self.stop = False
-
-    def __call__(self, signum, frame):
-        self.stop = True
-
-
 def run_receiver(
     cfg: ReceiverConfig,
     *,
@@ -383,9 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = cfg.validated()
     except (AddressError, _cli.UsageError) as e:
         return _cli.fail(PROG, str(e), _cli.EXIT_USAGE)
-    flag = _StopFlag()
-    signal.signal(signal.SIGTERM, flag)
-    signal.signal(signal.SIGINT, flag)
+    flag = _cli.StopFlag.installed()
 
     def ready():
         sys.stderr.write(f"{PROG}: ready on {cfg.bind}:{cfg.port} qp={cfg.qp:#x}\n")
@@ -401,12 +388,8 @@ def main(argv: list[str] | None = None) -> int:
         return _cli.fail(
             PROG, f"{e.strerror or e} (receiving on {cfg.bind}:{cfg.port})", _cli.EXIT_RUNTIME
         )
-    try:
-        _cli.write_report(report_path, report)
-    except OSError as e:
-        return _cli.fail(
-            PROG, f"cannot write report {report_path}: {e.strerror or e}", _cli.EXIT_RUNTIME
-        )
+    if status := _cli.save_report(PROG, report_path, report):
+        return status
     return 0
 
 

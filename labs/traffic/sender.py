@@ -32,7 +32,6 @@ import errno
 import math
 import os
 import select
-import signal
 import socket
 import sys
 import time
@@ -588,16 +587,6 @@ def build_parser() -> _cli.OneLineParser:
     return p
 
 
-class _StopFlag:
-    """Signal handlers only record intent; the send loop acts on it."""
-
-    def __init__(self):
-        self.stop = False
-
-    def __call__(self, signum, frame):
-        self.stop = True
-
-
 def parse_argv(argv: list[str] | None) -> tuple[SenderConfig, str]:
     """CLI arguments to (config, report path); argparse exits 2 on syntax errors."""
     args = vars(build_parser().parse_args(argv))
@@ -611,9 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         cfg = cfg.validated()
     except (AddressError, _cli.UsageError) as e:
         return _cli.fail(PROG, str(e), _cli.EXIT_USAGE)
-    flag = _StopFlag()
-    signal.signal(signal.SIGTERM, flag)
-    signal.signal(signal.SIGINT, flag)
+    flag = _cli.StopFlag.installed()
 
     def started(t0: float) -> None:
         sys.stderr.write(
@@ -636,12 +623,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{e.strerror or e} (source {cfg.src or 'from route'}, destination {cfg.dst})",
             _cli.EXIT_RUNTIME,
         )
-    try:
-        _cli.write_report(report_path, report)
-    except OSError as e:
-        return _cli.fail(
-            PROG, f"cannot write report {report_path}: {e.strerror or e}", _cli.EXIT_RUNTIME
-        )
+    if status := _cli.save_report(PROG, report_path, report):
+        return status
     problem = _nothing_sent(report)
     if problem:
         return _cli.fail(PROG, problem, _cli.EXIT_RUNTIME)
