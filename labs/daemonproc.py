@@ -49,6 +49,30 @@ def rail_config_toml(socket_path: str, run_dir: str, rails: Iterable, *, rise: i
     return "\n".join(out) + "\n"
 
 
+def ctl_status(socket_path: str) -> dict | None:
+    """`linkpassctl status -o json`, or None while the daemon does not answer."""
+    ctl = [sys.executable, "-m", "linkpassd.ctl.main", "--socket", socket_path,
+           "--timeout", "2", "status", "-o", "json"]
+    proc = subprocess.run(ctl, capture_output=True, text=True, timeout=10)
+    return json.loads(proc.stdout) if proc.returncode == 0 else None
+
+
+def wait_ready(proc: subprocess.Popen, socket_path: str, log_path: Path,
+               timeout: float = 20.0) -> dict:
+    """Until the daemon's first reconcile has completed; fails loudly with its log."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"linkpassd exited with {proc.returncode}:\n"
+                               f"{Path(log_path).read_text(errors='replace')}")
+        st = ctl_status(socket_path)
+        if st and int(st.get("reconciles", 0)) >= 1:
+            return st
+        time.sleep(0.1)
+    raise TimeoutError(f"linkpassd not ready after {timeout}s:\n"
+                       f"{Path(log_path).read_text(errors='replace')}")
+
+
 class DaemonProcess:
     def __init__(self, netns: str, config_path: Path, socket_path: str, log_path: Path):
         self.netns = netns
@@ -68,22 +92,11 @@ class DaemonProcess:
         return self
 
     def status(self) -> dict | None:
-        ctl = [sys.executable, "-m", "linkpassd.ctl.main", "--socket", self.socket_path,
-               "--timeout", "2", "status", "-o", "json"]
-        proc = subprocess.run(ctl, capture_output=True, text=True, timeout=10)
-        return json.loads(proc.stdout) if proc.returncode == 0 else None
+        return ctl_status(self.socket_path)
 
     def wait_ready(self, timeout: float = 20.0) -> dict:
-        """Until the first reconcile has completed; fails loudly with the log."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc and self.proc.poll() is not None:
-                raise RuntimeError(f"linkpassd exited with {self.proc.returncode}:\n{self.log()}")
-            st = self.status()
-            if st and int(st.get("reconciles", 0)) >= 1:
-                return st
-            time.sleep(0.1)
-        raise TimeoutError(f"linkpassd not ready after {timeout}s:\n{self.log()}")
+        assert self.proc is not None, "start() first"
+        return wait_ready(self.proc, self.socket_path, self.log_path, timeout)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

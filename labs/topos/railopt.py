@@ -16,12 +16,12 @@ leaf's session with every host port to come Up.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
 
 from labs.topos.lab import CARRIER_EVENTS, Lab
+from labs.daemonproc import wait_ready
 from labs.topos.plan import MECHANISMS, FabricPlan
 
 DAEMON_READY_S = 20.0
@@ -36,46 +36,15 @@ def railopt(hosts: int = 4, rails: int = 2, spines: int = 2, mechanism: str = "n
 
 
 def start_linkpassd(lab: Lab, host: str) -> subprocess.Popen:
-    """Minimal: one daemon in ``host`` on the generated config, stopped by the
-    lab on teardown; returns once it has reconciled (or raises with its log)."""
+    """One daemon in ``host`` on the generated config, stopped by the lab on
+    teardown; returns once it has reconciled (or raises with its log)."""
     log_path = lab.host_dir(host) / "linkpassd.log"
     with open(log_path, "ab") as log:
         proc = lab.popen(host, [sys.executable, "-m", "linkpassd.daemon",
                                 "--config", str(lab.config_path(host))],
                          stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + DAEMON_READY_S
-    ctl = [sys.executable, "-m", "linkpassd.ctl.main", "--socket", lab.control_socket(host),
-           "--timeout", "2", "status", "-o", "json"]
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"linkpassd in {host} exited {proc.returncode}:\n"
-                               f"{log_path.read_text(errors='replace')}")
-        st = subprocess.run(ctl, capture_output=True, text=True, timeout=10)
-        if st.returncode == 0 and int(json.loads(st.stdout).get("reconciles", 0)) >= 1:
-            return proc
-        time.sleep(0.1)
-    raise TimeoutError(f"linkpassd in {host} not ready after {DAEMON_READY_S}s:\n"
-                       f"{log_path.read_text(errors='replace')}")
-
-
-def wait_bfd_up(lab: Lab, timeout: float = BFD_UP_S) -> list[dict]:
-    """Every leaf's peers, once all are up or ``timeout`` has passed (the
-    caller judges): one row per session, as FRR sees it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = [{"leaf": leaf, **peer} for leaf in lab.leaves for peer in lab.bfd_peers(leaf)]
-        if all(row["status"] == "up" for row in rows) or time.monotonic() > deadline:
-            return rows
-        time.sleep(0.1)
-
-
-def format_bfd(rows: list[dict]) -> str:
-    lines = [f"{'leaf':<6}{'interface':<12}{'local':<15}{'peer':<15}{'status':<8}tx/rx ms x mult"]
-    for row in rows:
-        lines.append(f"{row['leaf']:<6}{row['interface']:<12}{row['local']:<15}{row['peer']:<15}"
-                     f"{row['status']:<8}{row['transmit-interval']}/{row['receive-interval']} "
-                     f"x {row['detect-multiplier']}")
-    return "\n".join(lines)
+    wait_ready(proc, lab.control_socket(host), log_path, DAEMON_READY_S)
+    return proc
 
 
 def format_reachability(rows: list[dict]) -> str:
