@@ -122,7 +122,8 @@ class Daemon:
         self.ipr = ipr
         self.monitor = LinkMonitor(self.ports(), self.queue.put)
         sensor = make_sensor(self.config)
-        self.bfd = make_bfd_agent(self.config, self.queue.put_nowait)
+        self.bfd = BfdAgent(self.queue.put_nowait)
+        sync_bfd(self.bfd, self.config)
         control = ControlServer(self.config.control_socket, self.status,
                                 explain_provider=self.explain)
         await control.start()
@@ -134,8 +135,7 @@ class Daemon:
                 tasks.create_task(self._ticker(), name="ticker")
                 tasks.create_task(self._poll(sensor, "counters"), name="counters")
                 tasks.create_task(self._poll(sensor, "optics"), name="optics")
-                if self.bfd is not None:
-                    tasks.create_task(self.bfd.run(), name="bfd")
+                tasks.create_task(self.bfd.run(), name="bfd")
                 tasks.create_task(self._reconcile_loop(), name="reconcile")
         except* ShutdownRequested:
             pass
@@ -143,10 +143,9 @@ class Daemon:
             sdnotify.notify("STOPPING=1")
             await control.stop(0.5)
             sensor.close()
-            if self.bfd is not None:
-                # AdminDown tells the switch "shut down on purpose", not a path
-                # failure (RFC 5882): our routes stay as they are (fail-static).
-                self.bfd.close(admin_down=True)
+            # AdminDown tells the switch "shut down on purpose", not a path
+            # failure (RFC 5882): our routes stay as they are (fail-static).
+            self.bfd.close(admin_down=True)
             ipr.close()
             log.info("stopped", note="routes left as they are (fail-static)")
 
@@ -360,11 +359,14 @@ class Daemon:
             log.error("reload_rejected", error=str(exc), failures=self.reload_failures)
             return
         self.config = new
-        assert self.monitor is not None
+        assert self.monitor is not None and self.bfd is not None
         self.monitor.watch(self.ports())
+        sync_bfd(self.bfd, new)
         snap = await self.monitor.snapshot(self.ipr, "reload")
         self.links = {p: s for p, s in self.links.items() if p in self.ports()}
-        self.health = {p: h for p, h in self.health.items() if p in self.ports()}
+        self.health = {p: replace(h, signals=replace(h.signals, probes=tuple(
+            (name, a) for name, a in h.signals.probes if name in bfd_specs(new))))
+            for p, h in self.health.items() if p in self.ports()}
         for sample in snap.samples.values():
             self._observe(sample, now)
         self.needs_resync = True
@@ -414,20 +416,26 @@ class Daemon:
         )
 
 
-def make_bfd_agent(config: Config, emit) -> BfdAgent | None:
+def bfd_specs(config: Config) -> dict[str, PeerSpec]:
     """One BFD session per rail that asks for it, with the rail's gateway."""
-    rails = [r for r in config.rails if r.bfd]
-    if not rails:
-        return None
-    agent = BfdAgent(emit)
     interval_us = config.bfd.interval_ms * 1000
-    for rail in rails:
-        agent.add(PeerSpec(ifname=rail.port, local=rail.address, peer=rail.gateway,
-                           config=bfd.SessionConfig(desired_min_tx_us=interval_us,
-                                                    required_min_rx_us=interval_us,
-                                                    detect_mult=config.bfd.detect_mult),
-                           name=f"bfd:{rail.gateway}"))
-    return agent
+    timers = bfd.SessionConfig(desired_min_tx_us=interval_us, required_min_rx_us=interval_us,
+                               detect_mult=config.bfd.detect_mult)
+    specs = (PeerSpec(ifname=r.port, local=r.address, peer=r.gateway, config=timers,
+                      name=f"bfd:{r.gateway}") for r in config.rails if r.bfd)
+    return {spec.key: spec for spec in specs}
+
+
+def sync_bfd(agent: BfdAgent, config: Config) -> None:
+    """Make the agent's sessions the config's: at start and on every reload.
+    A session whose port, address or timers changed is started anew."""
+    wanted = bfd_specs(config)
+    for name, run in list(agent.runs.items()):
+        if wanted.get(name) != run.spec:
+            agent.remove(name)
+    for name, spec in wanted.items():
+        if name not in agent.runs:
+            agent.add(spec)
 
 
 def make_sensor(config: Config) -> Sensor:

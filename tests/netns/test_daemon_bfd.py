@@ -78,3 +78,32 @@ table inet {table} {{
         healed = time.monotonic()
         wait_for_sync(lambda: route_nhid(lab, 10100) == NH0, 10.0, "fail-back to rail0")
         assert time.monotonic() - healed >= 1.0  # not before the hold-down
+
+
+def test_reload_starts_and_stops_bfd_sessions(lab, tmp_path):
+    """BFD sessions follow the config on SIGHUP, like everything else."""
+    rail0 = lab.rails[0]
+    peers = [BfdPeer(peer=rail0.address, local=rail0.gateway, ifname=rail0.peer,
+                     transmit_ms=INTERVAL_MS, receive_ms=INTERVAL_MS, detect_mult=MULT)]
+    cfg = tmp_path / "linkpassd.toml"
+    sock = str(tmp_path / "ctl.sock")
+    plain = rail_config_toml(sock, str(tmp_path), lab.rails, extra=BFD)
+    cfg.write_text(plain)
+    bfd0 = f"bfd:{rail0.gateway}"
+    with FrrBfd(lab.leaf.name, peers) as frr, \
+            DaemonProcess(lab.host.name, cfg, sock, tmp_path / "linkpassd.log") as daemon:
+        daemon.wait_ready()
+        assert signal(daemon.status(), rail0.port, bfd0) is None
+        cfg.write_text(rail_config_toml(sock, str(tmp_path), lab.rails, extra=BFD, bfd=True))
+        daemon.proc.send_signal(1)  # SIGHUP
+        wait_for_sync(lambda: (signal(daemon.status() or {}, rail0.port, bfd0) or {}).get("status")
+                      == "up", 10.0, "BFD up after reload")
+        assert (frr.bfd_peer(rail0.address) or {}).get("status") == "up"
+        cfg.write_text(plain)
+        daemon.proc.send_signal(1)
+        wait_for_sync(lambda: signal(daemon.status() or {}, rail0.port, bfd0) is None, 5.0,
+                      "BFD signal gone after reload")
+        # we closed it with AdminDown: FRR must not see a path failure
+        wait_for_sync(lambda: (frr.bfd_peer(rail0.address) or {}).get("status") != "up", 5.0,
+                      "FRR to see the session end")
+        assert daemon.status()["last_error"] == ""
