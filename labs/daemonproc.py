@@ -14,15 +14,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 
 def rail_config_toml(socket_path: str, run_dir: str, rails: Iterable, *, rise: int = 2,
                      hold_down_s: float = 1.0, tick_interval_s: float = 0.1,
                      multipath: str | None = "198.18.128.0/17", buckets: int = 8,
-                     log_level: str = "info", extra: str = "", bfd: bool = False) -> str:
+                     log_level: str = "info", extra: str = "", bfd: bool = False,
+                     probe_peers: Sequence[Sequence[str]] = ()) -> str:
     """A linkpassd config for rails with .port/.address/.gateway/.prefixlen;
-    every rail backs up the others, in order. `extra` is more TOML (sections)."""
+    every rail backs up the others, in order. `extra` is more TOML (sections);
+    `probe_peers[i]` are rail i's echo peers (`[probes]` goes in `extra`)."""
     rails = list(rails)
     names = [f"rail{i}" for i in range(len(rails))]
     out = [
@@ -35,11 +37,14 @@ def rail_config_toml(socket_path: str, run_dir: str, rails: Iterable, *, rise: i
         f"hold_down_s = {hold_down_s}",
         f"tick_interval_s = {tick_interval_s}",
     ]
-    for name, rail in zip(names, rails):
+    for i, (name, rail) in enumerate(zip(names, rails)):
         backups = ", ".join(f'"{n}"' for n in names if n != name)
         out += ["[[rail]]", f'name = "{name}"', f'port = "{rail.port}"',
                 f'address = "{rail.address}/{rail.prefixlen}"', f'gateway = "{rail.gateway}"',
                 f"backups = [{backups}]"] + (["bfd = true"] if bfd else [])
+        peers = probe_peers[i] if i < len(probe_peers) else ()
+        if peers:
+            out.append("probe_peers = [" + ", ".join(f'"{p}"' for p in peers) + "]")
     if extra:
         out.append(extra.strip())
     if multipath:

@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 from pathlib import PurePosixPath
 
 from linkpassd.core.model import (BfdSettings, Config, HealthPolicy, MultipathConfig, Ownership,
-                                  RailConfig, SensorConfig, Timers)
+                                  ProbeSettings, RailConfig, SensorConfig, Timers)
 
 __all__ = [
     "DEFAULT_PATH",
@@ -263,6 +263,14 @@ def _greater_than(lo: float) -> _Check:
             raise _Invalid(f"{_show(value)} must be greater than {lo}")
 
     return _Check(f"> {lo}", run)
+
+
+def _between(lo: float, hi: float) -> _Check:
+    def run(value: float) -> None:
+        if not lo <= value <= hi:
+            raise _Invalid(f"{_show(value)} is outside {lo:g}..{hi:g}")
+
+    return _Check(f"{lo:g}..{hi:g}", run)
 
 
 def _one_of(*choices: str) -> _Check:
@@ -657,6 +665,64 @@ BFD = Section(
     ),
 )
 
+PROBES = Section(
+    "probes",
+    array=False,
+    help="UDP echo probes between linkpassd peers, end to end across the fabric: they see what "
+         "carrier and single-hop BFD cannot (a blackholing spine, one-way loss upstream). A "
+         "missed probe only raises suspicion and starts a burst of confirmation probes; only a "
+         "lost burst takes the path DOWN, so detection costs about one interval plus the burst, "
+         "where BFD costs `detect_mult` intervals. Sustained random loss above `max_loss_ratio` "
+         "makes the path DEGRADED. A rail is DOWN only when every peer that ever answered "
+         "through it is unreachable (a dead peer host fails nothing), DEGRADED when most are "
+         "bad. Misses our own stalled event loop could explain, and peers that never answered, "
+         "count for nothing. With `enabled`, every daemon also answers its peers' probes, and "
+         "each rail gets a probe table (`rail.probe_table`) and two rules that keep probes and "
+         "replies on the rail's own path even while its traffic has failed over, so recovery "
+         "is seen.",
+    options=(
+        Option("enabled", BOOL, False,
+               "Answer peers' probes, pin probe traffic to each rail's own path, and probe the "
+               "rails' `probe_peers`."),
+        Option("port", INT, 4793,
+               "UDP port of the echo responder, the same on every host (4793 sits next to the "
+               "RoCEv2 ports and clear of BFD, VXLAN and the ephemeral range).",
+               (_int_range(1, 65535),)),
+        Option("interval_ms", FLOAT, 50.0, "Milliseconds between steady probes on each path.",
+               (_between(1, 60000),)),
+        Option("timeout_ms", FLOAT, 8.0,
+               "A reply later than this is a miss and starts the confirmation burst. Round trips "
+               "in one fabric are well under a millisecond; our own stalls are accounted for "
+               "separately.", (_greater_than(0),)),
+        Option("burst_count", INT, 8,
+               "Confirmation probes after a miss on a clean path (a path that already loses "
+               "probes gets more, up to 32, so its loss cannot fake a DOWN).",
+               (_int_range(1, 32),)),
+        Option("burst_interval_ms", FLOAT, 1.0, "Milliseconds between confirmation probes.",
+               (_between(0, 1000),)),
+        Option("rise", INT, 3,
+               "On-time replies in a row before a path that was down (or never up) counts as up.",
+               (_int_range(1, 1000),)),
+        Option("loss_window", INT, 200, "Steady probes the loss ratio is measured over.",
+               (_int_range(10, 100000),)),
+        Option("max_loss_ratio", FLOAT, 0.20,
+               "Share of steady probes lost above which a path is DEGRADED.", (_between(0.001, 1),)),
+        Option("clear_loss_ratio", FLOAT, 0.10,
+               "Share at or below which a DEGRADED path is healthy again.", (_between(0, 1),)),
+        Option("tos", INT, 0,
+               "IP TOS byte of probes, e.g. the RoCE traffic class's DSCP << 2 so that probes "
+               "share its queue.", (_int_range(0, 255),)),
+        Option("lag_heartbeat_ms", FLOAT, 25.0,
+               "How often the event loop checks its own scheduling lag, so a stall of ours is "
+               "not read as a dead path; 0 relies on the probes' own timers only.",
+               (_between(0, 1000),)),
+    ),
+    rules=(
+        "`timeout_ms` < `interval_ms`; `clear_loss_ratio` < `max_loss_ratio`",
+        "`rail.probe_peers` requires `enabled = true`",
+    ),
+)
+
 ROUTING = Section(
     "routing",
     array=False,
@@ -700,11 +766,22 @@ RAIL = Section(
         Option("bfd", BOOL, False,
                "Run a single-hop BFD session with `gateway` (the leaf switch) on this port; a "
                "session that was up and goes down takes the port DOWN (timers in `[bfd]`)."),
+        Option("probe_peers", STR_LIST, (),
+               "Addresses of peer linkpassd hosts (their address on the same rail) to echo-probe "
+               "from this rail's address and port (`[probes]`). Each must lie in one of the "
+               "rail's `destinations` and outside the rail subnet.",
+               (_each(IPV4_ADDRESS), UNIQUE)),
+        Option("probe_table", INT, None,
+               "Routing table that keeps the rail's own path for probes and replies, used when "
+               "`[probes] enabled`: inside the owned table range and not used twice.",
+               (_U32,),
+               default_doc="lowest free table after the rails' and groups' tables"),
     ),
     rules=(
         "`name`, `port` and the host part of `address` are unique across rails",
         "`gateway` is inside the subnet of `address` and is not the address itself",
         "`backups` name other configured rails, not the rail itself",
+        "`probe_peers` lie in `destinations`, outside the rail subnet, and are no rail's address",
     ),
 )
 
@@ -747,8 +824,8 @@ MULTIPATH = Section(
     ),
 )
 
-SCHEMA: tuple[Section, ...] = (DAEMON, OWNERSHIP, TIMERS, HEALTH, SENSORS, BFD, ROUTING, RAIL,
-                               MULTIPATH)
+SCHEMA: tuple[Section, ...] = (DAEMON, OWNERSHIP, TIMERS, HEALTH, SENSORS, BFD, PROBES, ROUTING,
+                               RAIL, MULTIPATH)
 
 
 # --------------------------------------------------------------------------
@@ -898,14 +975,19 @@ class _Builder:
         health = self.section(doc, HEALTH)
         sensors = self.section(doc, SENSORS)
         bfd = self.section(doc, BFD)
+        probes = self.section(doc, PROBES)
         routing = self.section(doc, ROUTING)
         self.check_ownership(own)
         self.check_timers(timers)
         self.check_health(health)
+        self.check_probes(probes)
         rails = self.rails(self.entries(doc, RAIL))
+        self.check_probe_peers(rails, probes["enabled"])
         groups = self.groups(self.entries(doc, MULTIPATH), rails)
-        self.check_capacity(own, len(rails), len(groups), routing["roce_rules"])
-        rail_tables, group_tables = self.allocate_tables(own, rails, groups)
+        self.check_capacity(own, len(rails), len(groups), routing["roce_rules"],
+                            probes["enabled"])
+        rail_tables, group_tables, probe_tables = self.allocate_tables(
+            own, rails, groups, probes["enabled"])
 
         return Config(
             rails=tuple(
@@ -919,8 +1001,10 @@ class _Builder:
                     backups=r["backups"],
                     destinations=r["destinations"],
                     bfd=r["bfd"],
+                    probe_peers=r["probe_peers"],
+                    probe_table=probe_table,
                 )
-                for r, table in zip(rails, rail_tables)
+                for r, table, probe_table in zip(rails, rail_tables, probe_tables)
             ),
             multipath=tuple(
                 MultipathConfig(
@@ -942,6 +1026,7 @@ class _Builder:
             sensors=SensorConfig(**{**sensors, "sim_dir": sensors["sim_dir"]
                                     or str(PurePosixPath(daemon["run_dir"]) / "sim")}),
             bfd=BfdSettings(**bfd),
+            probes=ProbeSettings(**probes),
             roce_rules=routing["roce_rules"],
             control_socket=daemon["control_socket"],
             run_dir=daemon["run_dir"],
@@ -957,6 +1042,38 @@ class _Builder:
         if health["flap_suppress"] > health["flap_max_penalty"]:
             self.fail("health.flap_suppress", f"{health['flap_suppress']:g} is above "
                       f"flap_max_penalty ({health['flap_max_penalty']:g}): it could never be reached")
+
+    def check_probes(self, probes: dict[str, Any]) -> None:
+        if not probes["timeout_ms"] < probes["interval_ms"]:
+            self.fail("probes.timeout_ms", f"{probes['timeout_ms']:g} must be below interval_ms "
+                      f"({probes['interval_ms']:g}): a probe must be judged before the next leaves")
+        if not probes["clear_loss_ratio"] < probes["max_loss_ratio"]:
+            self.fail("probes.clear_loss_ratio", f"{probes['clear_loss_ratio']:g} must be below "
+                      f"max_loss_ratio ({probes['max_loss_ratio']:g}), or a degraded path "
+                      "oscillates")
+
+    def check_probe_peers(self, rails: list[dict[str, Any]], enabled: bool) -> None:
+        addresses = {r["_iface"].ip: r["name"] for r in rails}
+        for i, rail in enumerate(rails):
+            if not enabled:
+                for key in ("probe_peers", "probe_table"):
+                    if rail[key]:
+                        self.fail(f"rail[{i}].{key}",
+                                  "set, but [probes] enabled is false; enable probing or remove it")
+                continue
+            destinations = [ipaddress.IPv4Network(d) for d in rail["destinations"]]
+            for j, text in enumerate(rail["probe_peers"]):
+                where, peer = f"rail[{i}].probe_peers[{j}]", ipaddress.IPv4Address(text)
+                if peer in addresses:
+                    self.fail(where, f"{_show(text)} is the address of rail "
+                              f"{_show(addresses[peer])} on this host")
+                if peer in rail["_iface"].network:
+                    self.fail(where, f"{_show(text)} is inside the rail subnet "
+                              f"{rail['_iface'].network}; probe peers are hosts across the "
+                              "fabric (use bfd for the gateway)")
+                if not any(peer in d for d in destinations):
+                    self.fail(where, f"{_show(text)} is not inside the rail's destinations "
+                              f"({', '.join(rail['destinations'])}), so no rail route reaches it")
 
     def check_ownership(self, own: dict[str, Any]) -> None:
         for kind in ("table", "rule_priority", "nexthop_id"):
@@ -1054,12 +1171,18 @@ class _Builder:
             groups.append(group)
         return groups
 
-    def check_capacity(self, own: dict[str, Any], n_rails: int, n_groups: int, roce_rules: bool) -> None:
-        rules_per_rail = 2 if roce_rules else 1
+    def check_capacity(self, own: dict[str, Any], n_rails: int, n_groups: int, roce_rules: bool,
+                       probes: bool = False) -> None:
+        rules_per_rail = 1 + roce_rules + 2 * probes
+        tables_per_rail = 1 + probes
+        features = [name for name, on in (("roce_rules", roce_rules), ("probes", probes)) if on]
+        rule_why = f"{rules_per_rail} per rail" + (f" with {' and '.join(features)}"
+                                                    if features else "")
         needs = (
-            ("table", "tables", n_rails + n_groups, "1 per rail, 1 per multipath group"),
+            ("table", "tables", n_rails * tables_per_rail + n_groups,
+             ("2 per rail with probes" if probes else "1 per rail") + ", 1 per multipath group"),
             ("rule_priority", "rule priorities", n_rails * rules_per_rail + n_groups,
-             ("2 per rail with roce_rules" if roce_rules else "1 per rail") + ", 1 per multipath group"),
+             rule_why + ", 1 per multipath group"),
             ("nexthop_id", "nexthop ids", n_rails + n_groups, "1 per rail, 1 per multipath group"),
         )
         for kind, plural, need, why in needs:
@@ -1072,35 +1195,41 @@ class _Builder:
                 )
 
     def allocate_tables(
-        self, own: dict[str, Any], rails: list[dict[str, Any]], groups: list[dict[str, Any]]
-    ) -> tuple[list[int], list[int]]:
-        """Explicit tables first; then the lowest free ones, rails in order, then groups.
-        check_capacity guarantees enough free tables."""
+        self, own: dict[str, Any], rails: list[dict[str, Any]], groups: list[dict[str, Any]],
+        probes: bool = False,
+    ) -> tuple[list[int], list[int], list[int | None]]:
+        """Explicit tables first; then the lowest free ones: rails in order, then
+        groups, then (with probes) the rails' probe tables. check_capacity
+        guarantees enough free tables."""
         lo, hi = own["table_min"], own["table_max"]
+        wanted = [(f"rail[{i}].table", r, "table") for i, r in enumerate(rails)]
+        wanted += [(f"multipath[{i}].table", g, "table") for i, g in enumerate(groups)]
+        if probes:
+            wanted += [(f"rail[{i}].probe_table", r, "probe_table") for i, r in enumerate(rails)]
         used: dict[int, str] = {}
-        for path, entry in [(f"rail[{i}]", r) for i, r in enumerate(rails)] + [
-            (f"multipath[{i}]", g) for i, g in enumerate(groups)
-        ]:
-            table = entry["table"]
+        for path, entry, key in wanted:
+            table = entry[key]
             if table is None:
                 continue
             if not lo <= table <= hi:
-                self.fail(f"{path}.table", f"{table} is outside the owned table range {lo}..{hi}")
+                self.fail(path, f"{table} is outside the owned table range {lo}..{hi}")
             if table in used:
-                self.fail(f"{path}.table", f"table {table} is already used by {used[table]}")
-            used[table] = path
+                self.fail(path, f"table {table} is already used by {used[table]}")
+            used[table] = path.removesuffix(".table")
 
         cursor = lo
         allocated: list[int] = []
-        for entry in [*rails, *groups]:
-            if entry["table"] is not None:
-                allocated.append(entry["table"])
+        for _path, entry, key in wanted:
+            if entry[key] is not None:
+                allocated.append(entry[key])
                 continue
             while cursor in used:
                 cursor += 1
             used[cursor] = "allocation"
             allocated.append(cursor)
-        return allocated[: len(rails)], allocated[len(rails):]
+        n, m = len(rails), len(groups)
+        probe_tables = allocated[n + m:] if probes else [None] * n
+        return allocated[:n], allocated[n:n + m], probe_tables
 
 
 # --------------------------------------------------------------------------

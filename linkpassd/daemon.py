@@ -37,12 +37,14 @@ from linkpassd import logs
 from linkpassd.adapters import sdnotify
 from linkpassd.adapters.bfd import BfdAgent, BfdEvent, PeerSpec
 from linkpassd.adapters.control_server import ControlServer
+from linkpassd.adapters.echo import EchoService, ProbePath
 from linkpassd.adapters.ethtool import EthtoolSensor
 from linkpassd.adapters.kernel import KernelAdapter, KernelOpError
 from linkpassd.adapters.links import LinkEvent, LinkMonitor, LinkSnapshot
 from linkpassd.adapters.sensor import Sensor
 from linkpassd.adapters.simsensor import SimulatedSensor
 from linkpassd.core import bfd, explain, health, plan, policy
+from linkpassd.core.probe import ProbeConfig, rail_assessment
 from linkpassd.core.signals import bfd_assessment
 from linkpassd.core.model import (Config, CounterSample, DaemonStatus, KernelState, LinkSample,
                                   OpticsReading, PortSensors, PortState, Unreadable)
@@ -67,6 +69,16 @@ class CounterReading:
 class OpticsRead:
     port: str
     reading: OpticsReading | Unreadable
+
+
+@dataclass(frozen=True)
+class EchoChange:
+    """An echo path of this port changed its verdict."""
+
+    port: str
+
+
+ECHO_SIGNAL = "echo"  # the health signal that combines a rail's echo paths
 
 
 @dataclass(frozen=True)
@@ -109,6 +121,8 @@ class Daemon:
         self.kernel: KernelAdapter | None = None
         self.monitor: LinkMonitor | None = None
         self.bfd: BfdAgent | None = None
+        self.echo: EchoService | None = None
+        self.echo_spec: EchoSpec | None = None
 
     # ------------------------------------------------------------------ tasks
 
@@ -124,6 +138,7 @@ class Daemon:
         sensor = make_sensor(self.config)
         self.bfd = BfdAgent(self.queue.put_nowait)
         sync_bfd(self.bfd, self.config)
+        self._sync_echo()
         control = ControlServer(self.config.control_socket, self.status,
                                 explain_provider=self.explain)
         await control.start()
@@ -146,6 +161,8 @@ class Daemon:
             # AdminDown tells the switch "shut down on purpose", not a path
             # failure (RFC 5882): our routes stay as they are (fail-static).
             self.bfd.close(admin_down=True)
+            if self.echo is not None:
+                self.echo.close()
             ipr.close()
             log.info("stopped", note="routes left as they are (fail-static)")
 
@@ -208,6 +225,8 @@ class Daemon:
                 self._observe_sensor(event, now)
             elif isinstance(event, BfdEvent):
                 self._observe_bfd(event, now)
+            elif isinstance(event, EchoChange):
+                self._observe_echo(event.port, now)
         if not all(p in self.links for p in self.ports()):
             return  # no full picture of the ports yet
         decision = policy.decide(self.config, self.port_states(now))
@@ -237,9 +256,12 @@ class Daemon:
             # The kernel has already deleted the nexthops on this port.
             self.kernel_view = plan.carrier_lost(self.kernel_view, sample.port)
         before = self.health.get(sample.port)
-        after = (health.initial(sample, now) if before is None
-                 else health.observe(before, sample, now, self.config.timers, self.config.health))
-        self._set_health(before, after)
+        if before is None:
+            self._set_health(None, health.initial(sample, now))
+            self._observe_echo(sample.port, now)  # what the probes said before the port was known
+        else:
+            self._set_health(before, health.observe(before, sample, now, self.config.timers,
+                                                    self.config.health))
 
     def _observe_sensor(self, event: CounterReading | OpticsRead, now: float) -> None:
         before = self.health.get(event.port)
@@ -271,6 +293,46 @@ class Daemon:
                     judged=judged.status, lag_ms=round(event.max_lag_s * 1e3, 1))
         self._set_health(before, health.observe_probe(before, event.name, judged, now,
                                                       self.config.timers, self.config.health))
+
+    def _observe_echo(self, port: str, now: float) -> None:
+        before = self.health.get(port)
+        if before is None or self.echo is None or port not in self.ports():
+            return
+        paths = self.echo.assessments(port)
+        if not paths:
+            return
+        judged = rail_assessment(paths, ECHO_SIGNAL)
+        self._later("echo_paths", port=port, rail=self._rail_of(port), judged=judged.status,
+                    detail=judged.detail,
+                    paths={a.signal: a.detail for a in paths})
+        self._set_health(before, health.observe_probe(before, ECHO_SIGNAL, judged, now,
+                                                      self.config.timers, self.config.health))
+
+    def _sync_echo(self) -> None:
+        """Run the echo service the config asks for: at start and on reload. A
+        change of peers or timers starts it anew (paths begin as never up)."""
+        spec = echo_spec(self.config)
+        if spec == self.echo_spec:
+            return
+        if self.echo is not None:
+            self.echo.close()
+            self.echo = None
+            self.health = {p: replace(h, signals=replace(h.signals, probes=tuple(
+                (n, a) for n, a in h.signals.probes if n != ECHO_SIGNAL)))
+                for p, h in self.health.items()}
+        self.echo_spec = spec
+        if spec is None:
+            return
+        self.echo = EchoService(
+            spec.paths, spec.probe, echo_port=spec.port, tos=spec.tos,
+            lag_period_s=spec.heartbeat_s,
+            on_change=lambda path, _a: self.queue.put_nowait(EchoChange(path.port)))
+        self.echo.start()
+        if self.echo.responder_error:
+            log.error("echo_responder_failed", error=self.echo.responder_error,
+                      note="probing goes on; binding is retried every second")
+        log.info("echo_probing", paths=len(spec.paths), port=spec.port,
+                 interval_ms=self.config.probes.interval_ms)
 
     def _set_health(self, before: health.PortHealth | None, after: health.PortHealth) -> None:
         self.health[after.port] = after
@@ -362,10 +424,12 @@ class Daemon:
         assert self.monitor is not None and self.bfd is not None
         self.monitor.watch(self.ports())
         sync_bfd(self.bfd, new)
+        self._sync_echo()
         snap = await self.monitor.snapshot(self.ipr, "reload")
         self.links = {p: s for p, s in self.links.items() if p in self.ports()}
         self.health = {p: replace(h, signals=replace(h.signals, probes=tuple(
-            (name, a) for name, a in h.signals.probes if name in bfd_specs(new))))
+            (name, a) for name, a in h.signals.probes
+            if name in bfd_specs(new) or name == ECHO_SIGNAL)))
             for p, h in self.health.items() if p in self.ports()}
         for sample in snap.samples.values():
             self._observe(sample, now)
@@ -436,6 +500,33 @@ def sync_bfd(agent: BfdAgent, config: Config) -> None:
     for name, spec in wanted.items():
         if name not in agent.runs:
             agent.add(spec)
+
+
+@dataclass(frozen=True)
+class EchoSpec:
+    """What the echo service is made of; a change means a new service."""
+
+    paths: tuple[ProbePath, ...]
+    probe: ProbeConfig
+    port: int
+    tos: int
+    heartbeat_s: float | None
+
+
+def echo_spec(config: Config) -> EchoSpec | None:
+    """None when probing is off. On, the responder runs even without peers:
+    other hosts may probe us."""
+    p = config.probes
+    if not p.enabled:
+        return None
+    paths = tuple(ProbePath(port=r.port, source=r.address, peer=peer)
+                  for r in config.rails for peer in r.probe_peers)
+    probe = ProbeConfig(interval_s=p.interval_ms / 1e3, timeout_s=p.timeout_ms / 1e3,
+                        burst_count=p.burst_count, burst_interval_s=p.burst_interval_ms / 1e3,
+                        rise=p.rise, loss_window=p.loss_window, max_loss_ratio=p.max_loss_ratio,
+                        clear_loss_ratio=p.clear_loss_ratio)
+    return EchoSpec(paths, probe, p.port, p.tos,
+                    p.lag_heartbeat_ms / 1e3 if p.lag_heartbeat_ms > 0 else None)
 
 
 def make_sensor(config: Config) -> Sensor:

@@ -243,13 +243,14 @@ class KernelAdapter:
     def _rule_from_msg(msg) -> Rule:
         src = msg.get("FRA_SRC")
         dst = msg.get("FRA_DST")
-        dport = None
-        port_range = msg.get("FRA_DPORT_RANGE")  # "start:end"
-        if port_range is not None:
-            start, end = (int(x) for x in port_range.split(":"))
-            # A real range is not representable; None makes it differ from
-            # any desired single-port rule instead of passing for one.
-            dport = start if start == end else None
+        ports = {}
+        for key in ("dport", "sport"):
+            port_range = msg.get(f"FRA_{key.upper()}_RANGE")  # "start:end"
+            if port_range is not None:
+                start, end = (int(x) for x in port_range.split(":"))
+                # A real range is not representable; None makes it differ from
+                # any desired single-port rule instead of passing for one.
+                ports[key] = start if start == end else None
         return Rule(
             priority=msg.get("FRA_PRIORITY") or 0,
             table=msg.get("FRA_TABLE") or msg["table"],
@@ -257,7 +258,8 @@ class KernelAdapter:
             src=f"{src}/{msg['src_len']}" if src is not None else None,
             dst=f"{dst}/{msg['dst_len']}" if dst is not None else None,
             ipproto=msg.get("FRA_IP_PROTO"),
-            dport=dport,
+            dport=ports.get("dport"),
+            sport=ports.get("sport"),
         )
 
     async def _dump(self, msg, msg_type: int, family: int) -> list:
@@ -449,6 +451,8 @@ class KernelAdapter:
             attrs.append(("FRA_IP_PROTO", obj.ipproto))
         if obj.dport is not None:
             attrs.append(("FRA_DPORT_RANGE", f"{obj.dport}:{obj.dport}"))
+        if obj.sport is not None:
+            attrs.append(("FRA_SPORT_RANGE", f"{obj.sport}:{obj.sport}"))
         msg["attrs"] = attrs
         if op.kind is OpKind.DELETE:
             await self._write(op, msg, RTM_DELRULE, _F_DEL)

@@ -92,12 +92,32 @@ class RailConfig:
     backups: tuple[str, ...] = ()  # rail names, in order of preference
     destinations: tuple[str, ...] = ("0.0.0.0/0",)
     bfd: bool = False  # single-hop BFD session with `gateway`
+    probe_peers: tuple[str, ...] = ()  # peer daemons' addresses, echo-probed from this rail
+    probe_table: int | None = None  # keeps the rail's own path for probes (probing enabled)
 
 
 @dataclass(frozen=True)
 class BfdSettings:
     interval_ms: int = 300
     detect_mult: int = 3
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """UDP echo probing between linkpassd peers (core.probe has the semantics)."""
+
+    enabled: bool = False
+    port: int = 4793
+    interval_ms: float = 50.0
+    timeout_ms: float = 8.0
+    burst_count: int = 8
+    burst_interval_ms: float = 1.0
+    rise: int = 3
+    loss_window: int = 200
+    max_loss_ratio: float = 0.20
+    clear_loss_ratio: float = 0.10
+    tos: int = 0
+    lag_heartbeat_ms: float = 25.0
 
 
 @dataclass(frozen=True)
@@ -123,6 +143,7 @@ class Config:
     health: HealthPolicy = field(default_factory=HealthPolicy)
     sensors: SensorConfig = field(default_factory=SensorConfig)
     bfd: BfdSettings = field(default_factory=BfdSettings)
+    probes: ProbeSettings = field(default_factory=ProbeSettings)
     roce_rules: bool = True
     control_socket: str = "/run/linkpass/linkpassd.sock"
     run_dir: str = "/run/linkpass"
@@ -328,6 +349,7 @@ class Rule:
     dst: str | None = None  # CIDR
     ipproto: int | None = None  # e.g. 17 for UDP
     dport: int | None = None
+    sport: int | None = None
 
 
 KernelObject = Nexthop | NexthopGroup | Route | Rule

@@ -6,6 +6,13 @@ while the rail is UP, and at the first healthy backup rail otherwise.
 Multipath destinations get a resilient nexthop group over the healthy rails,
 so that losing a path remaps only that path's flows.
 
+With echo probing enabled, every rail also gets a probe table that always
+routes through the rail's own nexthop (while it has carrier), and two rules
+ahead of all others send our probes (UDP to the echo port) and our
+responder's replies (UDP from it) from the rail address there. Without them a
+rail that failed over would probe through its backup, and never see its own
+path recover.
+
 Invariants (tested):
   * a path is chosen from UP rails first, then DEGRADED ones, then rails that
     merely have carrier (recovering); a table or group is left without a path
@@ -84,8 +91,14 @@ def group_members(config: Config, rails: list[RailConfig], min_paths: int,
     return best[:min_paths]
 
 
+def probe_rails(config: Config) -> list[RailConfig]:
+    """Rails whose own path is kept for echo probes (all, when probing is on)."""
+    return [r for r in config.rails if config.probes.enabled and r.probe_table is not None]
+
+
 def rules(config: Config) -> list[Rule]:
-    """RoCEv2 from a rail address first, then anything from a rail address (a
+    """Echo probes and replies from a rail address first (when probing is on),
+    then RoCEv2 from a rail address, then anything from a rail address (a
     socket bound to a NIC's address means that NIC, as NCCL's socket transport
     binds), then multipath destinations for traffic bound to no rail.
 
@@ -93,6 +106,12 @@ def rules(config: Config) -> list[Rule]:
     fall through to the next rule, so the host never loses its main table."""
     proto = config.ownership.route_protocol
     selectors: list[dict] = []
+    echo = config.probes.port
+    for r in probe_rails(config):
+        selectors += [dict(table=r.probe_table, src=f"{r.address}/32", ipproto=IPPROTO_UDP,
+                           dport=echo),
+                      dict(table=r.probe_table, src=f"{r.address}/32", ipproto=IPPROTO_UDP,
+                           sport=echo)]
     if config.roce_rules:
         selectors += [dict(table=r.table, src=f"{r.address}/32", ipproto=IPPROTO_UDP,
                            dport=ROCEV2_UDP_PORT) for r in config.rails]
@@ -122,6 +141,11 @@ def decide(config: Config, ports: Mapping[str, PortState]) -> Decision:
             continue
         for dst in rail.destinations:
             routes.add(Route(table=rail.table, dst=dst, nhid=nh_of[via.name], protocol=proto))
+    for rail in probe_rails(config):
+        if _usable(ports.get(rail.port)):
+            for dst in rail.destinations:
+                routes.add(Route(table=rail.probe_table, dst=dst, nhid=nh_of[rail.name],
+                                 protocol=proto))
 
     groups: set[NexthopGroup] = set()
     group_status: list[GroupStatus] = []

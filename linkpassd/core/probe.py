@@ -518,7 +518,7 @@ class Prober:
 # --------------------------------------------------------------------------
 
 
-def rail_assessment(paths: Iterable[Assessment]) -> Assessment:
+def rail_assessment(paths: Iterable[Assessment], name: str = "probe") -> Assessment:
     """Combine one rail's per-peer path assessments into one "probe" signal.
 
     A dead or restarting peer host must not fail our rail over: the rail is
@@ -528,19 +528,23 @@ def rail_assessment(paths: Iterable[Assessment]) -> Assessment:
     paths = list(paths)
     judged = [a for a in paths if a.effective is not None]
     if not judged:
-        return Assessment("probe", None, "never up" if paths else "unsupported",
+        suspect = sorted(a.signal.removeprefix("probe:") for a in paths if a.status == "suspect")
+        if suspect:
+            return Assessment(name, None, "suspect",
+                              "confirming a missed probe towards " + ", ".join(suspect))
+        return Assessment(name, None, "never up" if paths else "unsupported",
                           f"no peer has answered yet ({len(paths)} probed)")
     down = sorted(a.signal.removeprefix("probe:") for a in judged if a.effective is Verdict.DOWN)
     bad = sorted(a.signal.removeprefix("probe:") for a in judged
                  if a.effective in (Verdict.DOWN, Verdict.DEGRADED))
     if len(down) == len(judged):
-        return Assessment("probe", Verdict.DOWN, "down",
+        return Assessment(name, Verdict.DOWN, "down",
                           f"all {len(judged)} peers unreachable: " + ", ".join(down))
     if 2 * len(bad) > len(judged):
-        return Assessment("probe", Verdict.DEGRADED, "degraded",
+        return Assessment(name, Verdict.DEGRADED, "degraded",
                           f"{len(bad)} of {len(judged)} peers degraded or down: " + ", ".join(bad))
     if bad:
-        return Assessment("probe", Verdict.UP, "ok",
+        return Assessment(name, Verdict.UP, "ok",
                           f"{len(judged) - len(bad)} of {len(judged)} peers fine; "
                           f"trouble only towards {', '.join(bad)} (their side)")
-    return Assessment("probe", Verdict.UP, "ok", f"all {len(judged)} peers answer")
+    return Assessment(name, Verdict.UP, "ok", f"all {len(judged)} peers answer")

@@ -233,7 +233,9 @@ def test_rules_create_delete(lab: HostLab):
             by_dst = Rule(priority=10102, table=10102, protocol=PROTO, dst="198.19.0.0/16")
             rail_roce = Rule(priority=10103, table=10100, protocol=PROTO, src="198.18.0.2/32",
                              ipproto=17, dport=4791)
-            rules = (by_src, roce, by_dst, rail_roce)
+            echo_reply = Rule(priority=10104, table=10101, protocol=PROTO, src="198.18.0.2/32",
+                              ipproto=17, sport=4793)
+            rules = (by_src, roce, by_dst, rail_roce, echo_reply)
             for rule in rules:
                 await kernel.apply(create(rule))
             assert (await kernel.observe(OWN)).rules == set(rules)
@@ -250,6 +252,9 @@ def test_rules_create_delete(lab: HostLab):
             assert (r["src"], r["ipproto"], r["dport"], r["table"]) == (
                 "198.18.0.2", "udp", 4791, "10100",
             )
+            r = seen[10104]
+            assert (r["ipproto"], r["sport"], r["table"]) == ("udp", 4793, "10101")
+            assert "dport" not in r
 
             # the same rule twice is refused (NLM_F_EXCL), not duplicated
             with pytest.raises(KernelOpError) as info:
@@ -267,11 +272,11 @@ def test_rules_create_delete(lab: HostLab):
 
             # delete matches on every field: deleting roce leaves rail_roce
             await kernel.apply(delete(roce))
-            assert (await kernel.observe(OWN)).rules == {by_src, by_dst, rail_roce}
-            for rule in (by_src, by_dst, rail_roce):
+            assert (await kernel.observe(OWN)).rules == {by_src, by_dst, rail_roce, echo_reply}
+            for rule in (by_src, by_dst, rail_roce, echo_reply):
                 await kernel.apply(delete(rule))
             assert (await kernel.observe(OWN)).rules == frozenset()
-            assert not {10100, 10101, 10102, 10103} & set(ip_rules(lab))
+            assert not {10100, 10101, 10102, 10103, 10104} & set(ip_rules(lab))
 
     run(scenario())
 

@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from linkpassd import config as cfgmod
 from linkpassd.config import (SCHEMA, ConfigError, build_config, check_config_main, load_config,
                               parse_config, render_reference_markdown)
-from linkpassd.core.model import (Config, MultipathConfig, Ownership, RailConfig, Timers)
+from linkpassd.core.model import (BfdSettings, Config, MultipathConfig, Ownership, ProbeSettings,
+                                  RailConfig, Timers)
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "linkpassd.toml"
@@ -45,6 +46,10 @@ resync_interval_s = 30.0
 
 [routing]
 roce_rules = true
+
+[probes]
+enabled = false
+interval_ms = 50.0
 
 [[rail]]
 name = "rail0"
@@ -154,6 +159,42 @@ MALFORMED = [
     ("destinations-repeated", edit('destinations = ["0.0.0.0/0"]',
                                    'destinations = ["0.0.0.0/0", "0.0.0.0/0"]'),
      "rail[0].destinations[1]", "listed twice"),
+    ("probe-peers-without-probing", rail1('backups = ["rail0"]',
+                                          'backups = ["rail0"]\nprobe_peers = ["198.18.3.1"]'),
+     "rail[1].probe_peers", "[probes] enabled is false"),
+    ("probe-peer-in-rail-subnet", edit("enabled = false", "enabled = true",
+                                       'destinations = ["0.0.0.0/0"]',
+                                       'destinations = ["0.0.0.0/0"]\nprobe_peers = ["198.18.0.7"]'),
+     "rail[0].probe_peers[0]", "inside the rail subnet 198.18.0.0/24"),
+    ("probe-peer-is-own-rail", edit("enabled = false", "enabled = true",
+                                    'destinations = ["0.0.0.0/0"]',
+                                    'destinations = ["0.0.0.0/0"]\nprobe_peers = ["198.18.1.1"]'),
+     "rail[0].probe_peers[0]", "the address of rail 'rail1' on this host"),
+    ("probe-peer-outside-destinations",
+     edit("enabled = false", "enabled = true", 'destinations = ["0.0.0.0/0"]',
+          'destinations = ["198.19.0.0/16"]\nprobe_peers = ["198.20.0.1"]'),
+     "rail[0].probe_peers[0]", "not inside the rail's destinations (198.19.0.0/16)"),
+    ("probe-peer-not-an-address", edit('destinations = ["0.0.0.0/0"]',
+                                       'destinations = ["0.0.0.0/0"]\nprobe_peers = ["lph7"]'),
+     "rail[0].probe_peers[0]", "'lph7' is not an IPv4 address"),
+    ("probe-peers-repeated", edit("enabled = false", "enabled = true",
+                                  'destinations = ["0.0.0.0/0"]',
+                                  'destinations = ["0.0.0.0/0"]\n'
+                                  'probe_peers = ["198.18.3.1", "198.18.3.1"]'),
+     "rail[0].probe_peers[1]", "listed twice"),
+    ("probe-timeout-not-below-interval", edit("interval_ms = 50.0", "interval_ms = 50.0\ntimeout_ms = 50"),
+     "probes.timeout_ms", "must be below interval_ms (50)"),
+    ("probe-clear-above-max", edit("interval_ms = 50.0", "interval_ms = 50.0\nclear_loss_ratio = 0.3"),
+     "probes.clear_loss_ratio", "must be below max_loss_ratio (0.2)"),
+    ("probe-port-out-of-range", edit("interval_ms = 50.0", "interval_ms = 50.0\nport = 70000"),
+     "probes.port", "outside 1..65535"),
+    ("probe-table-taken", edit("enabled = false", "enabled = true", 'port = "eth0"',
+                               'port = "eth0"\nprobe_table = 10150', 'port = "eth1"',
+                               'port = "eth1"\ntable = 10150'),
+     "rail[0].probe_table", "table 10150 is already used by rail[1]"),
+    ("probe-tables-do-not-fit", edit("enabled = false", "enabled = true",
+                                     "table_max = 10199", "table_max = 10103"),
+     "ownership.table_max", "need 5 tables: 2 per rail with probes"),
     ("table-min-over-max", edit("table_min = 10100", "table_min = 10200"), "ownership.table_min",
      "greater than table_max"),
     ("nexthop-min-over-max", edit("nexthop_id_max = 1000199", "nexthop_id_max = 1000000"),
@@ -302,6 +343,7 @@ def _model_default(cls, name):
 @pytest.mark.parametrize("section,cls", [
     ("daemon", Config), ("ownership", Ownership), ("timers", Timers),
     ("routing", Config), ("rail", RailConfig), ("multipath", MultipathConfig),
+    ("probes", ProbeSettings), ("bfd", BfdSettings),
 ])
 def test_schema_defaults_match_the_model(section, cls):
     """The model's defaults (used by tests that build Config directly) and the file's agree."""
@@ -344,6 +386,21 @@ def test_allocation_fills_an_exactly_sized_range():
                 'port = "eth0"', 'port = "eth0"\ntable = 10101')
     config = parse_config(text, "t.toml")
     assert sorted([r.table for r in config.rails] + [config.multipath[0].table]) == [10100, 10101, 10102]
+
+
+def test_probe_tables_come_after_groups_and_peers_are_kept():
+    text = edit("enabled = false", "enabled = true", 'destinations = ["0.0.0.0/0"]',
+                'destinations = ["0.0.0.0/0"]\nprobe_peers = ["198.18.3.1", "198.18.5.1"]')
+    config = parse_config(text, "t.toml")
+    assert [r.probe_table for r in config.rails] == [10103, 10104]
+    assert config.rails[0].probe_peers == ("198.18.3.1", "198.18.5.1")
+    assert config.rails[1].probe_peers == ()
+    assert config.probes.enabled and config.probes.port == 4793
+
+
+def test_probe_tables_are_not_allocated_while_probing_is_off():
+    config = parse_config(BASE, "t.toml")
+    assert [r.probe_table for r in config.rails] == [None, None]
 
 
 def test_priority_need_drops_without_roce_rules():

@@ -140,3 +140,56 @@ def test_decide_is_deterministic():
     cfg = rails_config(3)
     st_ = ports(cfg, eth1=port("eth1", Verdict.DOWN))
     assert policy.decide(cfg, st_) == policy.decide(cfg, dict(reversed(list(st_.items()))))
+
+
+def probing_config(n=2):
+    from dataclasses import replace as dc_replace
+    from linkpassd.core.model import ProbeSettings
+
+    cfg = rails_config(n)
+    rails = tuple(dc_replace(r, probe_table=10160 + i, probe_peers=(f"198.18.{i}.77",))
+                  for i, r in enumerate(cfg.rails))
+    return dc_replace(cfg, rails=rails, probes=ProbeSettings(enabled=True, port=4793))
+
+
+def probe_route_nh(decision, rail_index):
+    routes = [r for r in decision.desired.routes if r.table == 10160 + rail_index]
+    return [r.nhid for r in routes]
+
+
+def test_probe_rules_come_first_and_pin_requests_and_replies_to_the_probe_table():
+    cfg = probing_config(2)
+    rules = sorted(policy.rules(cfg), key=lambda r: r.priority)
+    first = rules[:4]
+    assert [(r.src, r.table, r.ipproto, r.dport, r.sport) for r in first] == [
+        ("198.18.0.1/32", 10160, 17, 4793, None), ("198.18.0.1/32", 10160, 17, None, 4793),
+        ("198.18.1.1/32", 10161, 17, 4793, None), ("198.18.1.1/32", 10161, 17, None, 4793)]
+    assert all(r.table not in (10160, 10161) for r in rules[4:])
+    assert [r.priority for r in rules] == list(range(10100, 10100 + len(rules)))
+
+
+def test_probe_table_keeps_the_rails_own_path_while_its_traffic_fails_over():
+    cfg = probing_config(2)
+    down_with_carrier = ports(cfg, eth0=port("eth0", Verdict.DOWN, carrier=True))
+    d = policy.decide(cfg, down_with_carrier)
+    assert route_nh(d, 10100) == policy.nexthop_id(cfg, 1)  # traffic moved
+    assert probe_route_nh(d, 0) == [policy.nexthop_id(cfg, 0)]  # probes did not
+    assert probe_route_nh(d, 1) == [policy.nexthop_id(cfg, 1)]
+
+
+def test_probe_table_is_empty_without_carrier_and_never_borrows_a_backup():
+    cfg = probing_config(2)
+    d = policy.decide(cfg, ports(cfg, eth0=port("eth0", Verdict.DOWN)))
+    assert probe_route_nh(d, 0) == []
+    assert route_nh(d, 10100) == policy.nexthop_id(cfg, 1)
+
+
+def test_no_probe_objects_while_probing_is_off():
+    from dataclasses import replace as dc_replace
+    from linkpassd.core.model import ProbeSettings
+
+    cfg = dc_replace(probing_config(2), probes=ProbeSettings(enabled=False))
+    d = policy.decide(cfg, ports(cfg))
+    assert not {r for r in d.desired.routes if r.table in (10160, 10161)}
+    assert not {r for r in d.desired.rules if r.table in (10160, 10161)}
+    assert policy.rules(cfg) == policy.rules(rails_config(2))

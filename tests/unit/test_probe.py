@@ -551,6 +551,19 @@ def test_one_dead_peer_does_not_fail_the_rail_but_all_dead_does():
     assert rail_assessment([]).effective is None
 
 
+def test_a_rail_whose_only_peer_is_being_confirmed_says_so_and_has_no_opinion():
+    """A suspect path (burst in flight) is not 'never up', nor yet down."""
+    sim = Sim(drop_req=[Window(1.0)]).run(1.0)
+    assert sim.p.state is PathState.UP
+    while sim.p.state is not PathState.SUSPECT:
+        sim.run(sim.t + 0.001)
+    judged = rail_assessment([sim.p.assessment()], "echo")
+    assert (judged.signal, judged.status, judged.effective) == ("echo", "suspect", None)
+    assert PEER in judged.detail
+    never = rail_assessment([Prober(PEER, ProbeConfig()).assessment()], "echo")
+    assert never.status == "never up"
+
+
 # --------------------------------------------------------------------------
 # The wire format and the adapter's receive paths (no sockets: fakes)
 # --------------------------------------------------------------------------

@@ -1,0 +1,101 @@
+"""An echo responder alone, as a process: the far end of linkpassd's echo probes
+where no linkpassd runs (a namespace standing in for a remote host).
+
+    ip netns exec <ns> python -m labs.echopeer --duration 60 [--port 4793]
+
+Prints one JSON line when listening and one with its counters when it stops
+(SIGTERM, or after --duration: every lab process is bounded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+from dataclasses import asdict
+
+from linkpassd.adapters.echo import ECHO_PORT, EchoResponder
+
+READY_TIMEOUT_S = 10.0
+
+
+async def _serve(port: int, duration: float) -> dict:
+    responder = EchoResponder(port=port)
+    responder.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    print(json.dumps({"event": "ready", "port": port}), flush=True)
+    try:
+        await asyncio.wait_for(stop.wait(), duration)
+    except TimeoutError:
+        pass
+    finally:
+        responder.close()
+    return asdict(responder.counters)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="labs.echopeer", description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=ECHO_PORT)
+    parser.add_argument("--duration", type=float, default=300.0, help="stop after this many s")
+    args = parser.parse_args(argv)
+    counters = asyncio.run(_serve(args.port, args.duration))
+    print(json.dumps({"event": "stopped", "counters": counters}), flush=True)
+    return 0
+
+
+class EchoPeerProcess:
+    """`python -m labs.echopeer` in a named namespace, stopped by PID."""
+
+    def __init__(self, netns: str, port: int = ECHO_PORT, duration: float = 300.0):
+        self.proc = subprocess.Popen(
+            ["ip", "netns", "exec", netns, sys.executable, "-m", "labs.echopeer",
+             "--port", str(port), "--duration", str(duration)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def __enter__(self) -> "EchoPeerProcess":
+        try:
+            line = _readline(self.proc, READY_TIMEOUT_S)
+            if '"ready"' not in line:
+                raise RuntimeError(f"echo peer did not start: {line!r} {self.proc.stderr.read()}")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> dict | None:
+        """Stop it; its final counters, when it said them."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        out = self.proc.stdout.read() if self.proc.stdout else ""
+        for line in out.splitlines():
+            if '"stopped"' in line:
+                return json.loads(line)["counters"]
+        return None
+
+
+def _readline(proc: subprocess.Popen, timeout: float) -> str:
+    """One stdout line, or give up after `timeout` (the process is then stopped by the caller)."""
+    import selectors
+
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            return ""
+    return proc.stdout.readline()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

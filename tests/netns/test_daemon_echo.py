@@ -1,0 +1,122 @@
+"""linkpassd probing a peer with UDP echo, end to end, against the real kernel.
+
+The leaf namespace stands in for the fabric and the peer host at once: it holds
+the peer address 198.19.9.1 on its loopback and runs an echo responder
+(labs.echopeer). Both rails probe it, each through its own gateway. Faults are
+nftables drops on the leaf side of rail 0 with carrier up all along: only the
+probes can see them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import time
+
+import pytest
+
+from labs.daemonproc import DaemonProcess, rail_config_toml
+from labs.echopeer import EchoPeerProcess
+from labs.netnslib import wait_for_sync
+
+pytestmark = pytest.mark.netns
+
+NH0, NH1 = 1_000_100, 1_000_101
+RAIL0_TABLE, PROBE0_TABLE = 10100, 10103  # rails 10100-1, the group 10102, then probe tables
+PEER = "198.19.9.1"
+PROBES = """[probes]
+enabled = true
+interval_ms = 50
+"""
+
+
+def route_nhid(lab, table: int):
+    return next((r.get("nhid") for r in lab.host.ipj("route", "show", "table", str(table))
+                 if r["dst"] == "default"), None)
+
+
+def echo_signal(status: dict | None, port: str) -> dict:
+    for ps in (status or {}).get("sensors", []):
+        if ps["port"] == port:
+            return next((a for a in ps["assessments"] if a["signal"] == "echo"), {})
+    return {}
+
+
+def nft(netns: str, script: str) -> None:
+    subprocess.run(["ip", "netns", "exec", netns, "nft", "-f", "-"], input=script, text=True,
+                   check=True, timeout=10)
+
+
+@pytest.fixture
+def run_daemon(lab, tmp_path):
+    """Starts linkpassd probing the peer address (on the leaf) from both rails."""
+    lab.leaf.ip("link", "set", "lo", "up")  # this kernel has no dummy links
+    lab.leaf.ip("addr", "add", f"{PEER}/32", "dev", "lo")
+    cfg = tmp_path / "linkpassd.toml"
+    sock = str(tmp_path / "ctl.sock")
+    cfg.write_text(rail_config_toml(sock, str(tmp_path), lab.rails, rise=2, hold_down_s=1.0,
+                                    extra=PROBES, probe_peers=[[PEER], [PEER]]))
+    with contextlib.ExitStack() as stack:
+        def start() -> DaemonProcess:
+            daemon = stack.enter_context(
+                DaemonProcess(lab.host.name, cfg, sock, tmp_path / "linkpassd.log"))
+            daemon.wait_ready()
+            return daemon
+        yield start
+
+
+def test_a_peer_that_never_answered_fails_nothing(lab, run_daemon):
+    """No responder yet: the paths are 'never up', not down, and nothing moves."""
+    probed = run_daemon()
+    port0 = lab.rails[0].port
+    wait_for_sync(lambda: echo_signal(probed.status(), port0).get("status") == "never up", 5.0,
+                  "echo reported as never up")
+    time.sleep(1.0)  # 20 probe intervals without an answer
+    assert route_nhid(lab, RAIL0_TABLE) == NH0
+    assert echo_signal(probed.status(), port0)["status"] == "never up"
+    with EchoPeerProcess(lab.leaf.name, duration=30):
+        wait_for_sync(lambda: echo_signal(probed.status(), port0).get("status") == "ok", 5.0,
+                      "echo up once the peer answers")
+
+
+@pytest.mark.parametrize("fault", ["blackhole", "replies-lost"])
+def test_gray_failure_moves_traffic_on_echo_and_it_returns(lab, run_daemon, fault):
+    rail0 = lab.rails[0]
+    table = f"lp_echohole{os.getpid()}"
+    drops = {
+        "blackhole": (f'chain in {{ type filter hook input priority 0; iifname "{rail0.peer}" '
+                      f'drop; }}\n  chain out {{ type filter hook output priority 0; oifname '
+                      f'"{rail0.peer}" drop; }}'),
+        # the peer hears us, we never hear it: one-way loss
+        "replies-lost": (f'chain out {{ type filter hook output priority 0; oifname '
+                         f'"{rail0.peer}" udp sport 4793 drop; }}'),
+    }[fault]
+    # The peer answers from the start: an ICMP port unreachable (peer daemon not
+    # up yet) would make misses unjudged for a grace period.
+    with EchoPeerProcess(lab.leaf.name, duration=60) as peer:
+        probed = run_daemon()
+        wait_for_sync(lambda: echo_signal(probed.status(), rail0.port).get("status") == "ok",
+                      5.0, "echo up on rail0")
+        assert route_nhid(lab, RAIL0_TABLE) == NH0 and route_nhid(lab, PROBE0_TABLE) == NH0
+        try:
+            nft(lab.leaf.name, f"table inet {table} {{\n  {drops}\n}}\n")
+            cut = time.monotonic()
+            wait_for_sync(lambda: route_nhid(lab, RAIL0_TABLE) == NH1, 3.0, "rail0 table on rail1")
+            moved = time.monotonic() - cut
+            assert lab.host.has_carrier(rail0.port), "carrier must stay up: a gray failure"
+            judged = echo_signal(probed.status(), rail0.port)
+            assert judged["status"] == "down" and PEER in judged["detail"], judged
+            # Probes keep their own path, so recovery can be seen.
+            assert route_nhid(lab, PROBE0_TABLE) == NH0
+            # The steady interval plus the burst is ~75 ms; nft's own start-up and the
+            # polling here add more. Generous, but well under BFD's 3 x 50 ms + slack.
+            assert moved < 1.0, moved
+        finally:
+            nft(lab.leaf.name, f"delete table inet {table}\n")
+        healed = time.monotonic()
+        wait_for_sync(lambda: route_nhid(lab, RAIL0_TABLE) == NH0, 10.0, "fail-back to rail0")
+        assert time.monotonic() - healed >= 1.0  # not before the hold-down
+        assert echo_signal(probed.status(), rail0.port)["status"] == "ok"
+        assert probed.status()["last_error"] == ""
+    assert peer.proc.returncode is not None
