@@ -33,6 +33,7 @@ demo: bootstrap
 bench: bootstrap
 	$(PY) -m labs.bench.carrier_failover
 	$(PY) -m labs.bench.failover
+	$(PY) -m labs.bench.probing
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info

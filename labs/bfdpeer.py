@@ -29,11 +29,12 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from labs.jsonlines import JsonLines
 
 if TYPE_CHECKING:
     from labs.topos.lab import Lab
@@ -122,10 +123,9 @@ class BfdPeerProcess:
         self.proc = proc
         self.host = host
         self.log_path = log_path
-        self.events: list[dict] = []
-        self._cond = threading.Condition()
-        self._reader = threading.Thread(target=self._read, name=f"bfdpeer-{host}", daemon=True)
-        self._reader.start()
+        assert proc.stdout is not None
+        self.lines = JsonLines(proc.stdout, f"bfdpeer in {host}", self.log)
+        self.events = self.lines.events
 
     @classmethod
     def start(cls, lab: Lab, host: str, *, rails: list[int] | None = None,
@@ -156,52 +156,23 @@ class BfdPeerProcess:
         peer.wait(lambda e: e["event"] == "ready", READY_TIMEOUT_S, "ready")
         return peer
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            try:
-                event = json.loads(raw)
-            except ValueError:
-                event = {"event": "garbage", "line": raw.rstrip("\n"), "at": time.monotonic()}
-            with self._cond:
-                self.events.append(event)
-                self._cond.notify_all()
-        with self._cond:
-            self.events.append({"event": "eof", "at": time.monotonic()})
-            self._cond.notify_all()
-
     def mark(self) -> int:
         """An index into ``events``: wait(after=mark) sees only later lines."""
-        with self._cond:
-            return len(self.events)
+        return self.lines.mark()
 
     def wait(self, pred: Callable[[dict], bool], timeout: float, what: str,
              after: int = 0) -> dict:
         """The first line from ``after`` on that satisfies ``pred``, waiting at
         most ``timeout`` s; an error line or the end of output fails at once."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while True:
-                for event in self.events[after:]:
-                    if pred(event):
-                        return event
-                    if event["event"] in ("error", "eof", "garbage"):
-                        raise AssertionError(f"bfdpeer in {self.host} {event['event']} while "
-                                             f"waiting for {what}: {event}\n{self.log()}")
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise AssertionError(f"bfdpeer in {self.host}: no {what} within {timeout}s; "
-                                         f"lines: {self.events[after:]}")
-                self._cond.wait(remaining)
+        return self.lines.wait(pred, timeout, what, after)
 
     def wait_state(self, name: str, state: str, timeout: float, after: int = 0) -> dict:
         return self.wait(lambda e: e["event"] == "state" and e["name"] == name
                          and e["new"] == state, timeout, f"{name} {state}", after)
 
     def changes(self, after: int = 0, name: str | None = None) -> list[dict]:
-        with self._cond:
-            return [e for e in self.events[after:]
-                    if e["event"] == "state" and (name is None or e["name"] == name)]
+        return self.lines.select(lambda e: e["event"] == "state"
+                                 and (name is None or e["name"] == name), after)
 
     def state(self, name: str) -> str | None:
         """The session's state after its last reported change (None: none yet)."""
@@ -222,7 +193,7 @@ class BfdPeerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             self.proc.wait(timeout)
-        self._reader.join(timeout)
+        self.lines.join(timeout)
         return next((e for e in reversed(self.events) if e["event"] == "stopped"), None)
 
 

@@ -51,9 +51,11 @@ def main(argv: list[str] | None = None) -> int:
 class EchoPeerProcess:
     """`python -m labs.echopeer` in a named namespace, stopped by PID."""
 
-    def __init__(self, netns: str, port: int = ECHO_PORT, duration: float = 300.0):
+    def __init__(self, netns: str, port: int = ECHO_PORT, duration: float = 300.0,
+                 nice: int | None = None):
+        niced = ["nice", "-n", str(nice)] if nice is not None else []
         self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", netns, sys.executable, "-m", "labs.echopeer",
+            ["ip", "netns", "exec", netns, *niced, sys.executable, "-m", "labs.echopeer",
              "--port", str(port), "--duration", str(duration)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

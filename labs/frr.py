@@ -1,4 +1,5 @@
-"""FRR (zebra + bfdd) inside one lab namespace: the real BFD peer a switch would be.
+"""FRR (zebra + bfdd, optionally bgpd) inside one lab namespace: the real BFD
+peer a switch would be, and the eBGP-plus-BFD path tracking a fabric would run.
 
 LAB.md's rules apply: the daemons run in the foreground, each started through
 a *runner* prefix that enters the namespace and execs (so the PID we hold is
@@ -16,6 +17,13 @@ bfdd needs zebra in the same namespace (interfaces come from zebra). 8.4 has no
 ``bfd`` on static routes, so sessions are configured as bfdd peers and read
 back with ``show bfd peers json``.  Inline peer timers are limited; a profile
 accepts intervals down to 10 ms, so peers always go through a profile.
+
+bgpd (``bgp=BgpSpeaker(...)``) is how 8.4 tracks a path with BFD: one eBGP
+session per path with ``bfd profile``, so bfdd's sessions are then created by
+bgpd (through zebra) rather than configured as peers, and a session going
+Down withdraws the routes learnt over it. bgpd listens on TCP 179 inside the
+namespace and installs its best paths through zebra into the kernel (no
+``--no_kernel``: that is the point).
 """
 
 from __future__ import annotations
@@ -54,6 +62,28 @@ def mnexec_attach(pid: int) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class BfdProfile:
+    """A named set of BFD timers; named after them, so equal timers share one."""
+
+    transmit_ms: int = 300
+    receive_ms: int = 300
+    detect_mult: int = 3
+    passive: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"lp-{self.transmit_ms}-{self.receive_ms}-{self.detect_mult}" + \
+            ("-passive" if self.passive else "")
+
+    def lines(self) -> list[str]:
+        out = [f" profile {self.name}", f"  transmit-interval {self.transmit_ms}",
+               f"  receive-interval {self.receive_ms}", f"  detect-multiplier {self.detect_mult}"]
+        if self.passive:
+            out.append("  passive-mode")
+        return out + [" !"]
+
+
+@dataclass(frozen=True)
 class BfdPeer:
     """One single-hop bfdd peer toward `peer`, from `local` on `ifname`."""
 
@@ -66,21 +96,21 @@ class BfdPeer:
     passive: bool = False
 
     @property
+    def timers(self) -> BfdProfile:
+        return BfdProfile(self.transmit_ms, self.receive_ms, self.detect_mult, self.passive)
+
+    @property
     def profile(self) -> str:
-        return f"lp-{self.transmit_ms}-{self.receive_ms}-{self.detect_mult}" + \
-            ("-passive" if self.passive else "")
+        return self.timers.name
 
 
-def bfdd_config(peers: Iterable[BfdPeer]) -> str:
+def bfdd_config(peers: Iterable[BfdPeer], profiles: Iterable[BfdProfile] = ()) -> str:
+    """bfdd's config: the peers' profiles and ``profiles`` (for sessions
+    another daemon creates, e.g. bgpd's ``bfd profile``), then the peers."""
     peers = list(peers)
     lines = ["bfd"]
-    for profile in dict.fromkeys(p.profile for p in peers):
-        p = next(x for x in peers if x.profile == profile)
-        lines += [f" profile {profile}", f"  transmit-interval {p.transmit_ms}",
-                  f"  receive-interval {p.receive_ms}", f"  detect-multiplier {p.detect_mult}"]
-        if p.passive:
-            lines.append("  passive-mode")
-        lines.append(" !")
+    for profile in dict.fromkeys([*(p.timers for p in peers), *profiles]):
+        lines += profile.lines()
     for p in peers:
         lines += [f" peer {p.peer} local-address {p.local} interface {p.ifname}",
                   f"  profile {p.profile}", " !"]
@@ -88,17 +118,103 @@ def bfdd_config(peers: Iterable[BfdPeer]) -> str:
     return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True)
+class BgpNeighbor:
+    """One single-hop eBGP session toward `address`, sourced from `local`
+    (update-source, which also makes it the BFD session's local address).
+    Routes accepted from it get `local_pref` (None: BGP's default, 100);
+    `bfd`: track it with a BFD session with these timers."""
+
+    address: str
+    remote_as: int
+    local: str
+    local_pref: int | None = None
+    bfd: BfdProfile | None = None
+
+
+@dataclass(frozen=True)
+class BgpSpeaker:
+    """One bgpd: its AS, router id, neighbours and policy. It announces
+    exactly `originate` (``network`` statements, import check off, so the
+    prefix needs no covering route in the RIB) and accepts exactly the
+    `accept` prefixes; everything else is denied both ways, so a speaker
+    never passes on what it learnt. `connect_retry_s`: how soon a session
+    that went down (or never came up) tries TCP again."""
+
+    asn: int
+    router_id: str
+    neighbors: tuple[BgpNeighbor, ...]
+    originate: tuple[str, ...] = ()
+    accept: tuple[str, ...] = ()
+    connect_retry_s: int = 1
+
+    @property
+    def profiles(self) -> list[BfdProfile]:
+        return list(dict.fromkeys(n.bfd for n in self.neighbors if n.bfd is not None))
+
+
+def _prefix_list(name: str, prefixes: Sequence[str]) -> list[str]:
+    return [f"ip prefix-list {name} seq {5 * (k + 1)} permit {p}" for k, p in enumerate(prefixes)]
+
+
+def _import_map(speaker: BgpSpeaker, n: BgpNeighbor) -> str:
+    if not speaker.accept:
+        return "lp-deny"
+    return "lp-accept" if n.local_pref is None else f"lp-accept-pref{n.local_pref}"
+
+
+def bgpd_config(speaker: BgpSpeaker, hostname: str = "lp-bgpd") -> str:
+    """bgpd's config for `speaker`. Policy is explicit on every neighbour in
+    both directions, which also satisfies eBGP's requires-policy default."""
+    out = ["frr defaults traditional", f"hostname {hostname}", "!"]
+    out += _prefix_list("lp-accept", speaker.accept)
+    out += _prefix_list("lp-originate", speaker.originate)
+    out += ["!", "route-map lp-deny deny 10", "!"]
+    imports = dict.fromkeys((_import_map(speaker, n), n.local_pref) for n in speaker.neighbors)
+    for name, pref in imports:
+        if name == "lp-deny":
+            continue
+        out += [f"route-map {name} permit 10", " match ip address prefix-list lp-accept"]
+        out += [f" set local-preference {pref}"] if pref is not None else []
+        out.append("!")
+    export = "lp-export" if speaker.originate else "lp-deny"
+    if speaker.originate:
+        out += ["route-map lp-export permit 10", " match ip address prefix-list lp-originate", "!"]
+    out += [f"router bgp {speaker.asn}", f" bgp router-id {speaker.router_id}"]
+    if speaker.originate:
+        out.append(" no bgp network import-check")
+    for n in speaker.neighbors:
+        out += [f" neighbor {n.address} remote-as {n.remote_as}",
+                f" neighbor {n.address} update-source {n.local}",
+                f" neighbor {n.address} timers connect {speaker.connect_retry_s}",
+                f" neighbor {n.address} advertisement-interval 0"]
+        if n.bfd is not None:
+            out.append(f" neighbor {n.address} bfd profile {n.bfd.name}")
+    out += [" !", " address-family ipv4 unicast"]
+    out += [f"  network {p}" for p in speaker.originate]
+    for n in speaker.neighbors:
+        out += [f"  neighbor {n.address} activate",
+                f"  neighbor {n.address} route-map {_import_map(speaker, n)} in",
+                f"  neighbor {n.address} route-map {export} out"]
+    out += [" exit-address-family", "!"]
+    return "\n".join(out) + "\n"
+
+
 class FrrBfd:
     """zebra and bfdd in the named namespace `netns`, or wherever the argv
-    prefix `runner` puts them (exactly one of the two), configured with `peers`."""
+    prefix `runner` puts them (exactly one of the two), configured with `peers`
+    (and `profiles`, for sessions bgpd creates); with `bgp`, bgpd too."""
 
     def __init__(self, netns: str | None, peers: Sequence[BfdPeer],
-                 log_level: str = "informational", *, runner: Sequence[str] | None = None):
+                 log_level: str = "informational", *, runner: Sequence[str] | None = None,
+                 profiles: Sequence[BfdProfile] = (), bgp: BgpSpeaker | None = None):
         if (netns is None) == (runner is None):
             raise ValueError("give exactly one of netns and runner")
         self.netns = netns
         self.runner: tuple[str, ...] = tuple(runner) if runner is not None else netns_exec(netns)
         self.peers_conf = tuple(peers)
+        self.profiles = (*profiles, *(bgp.profiles if bgp else ()))
+        self.bgp = bgp
         self.log_level = log_level
         self.dir: Path | None = None
         self.procs: dict[str, subprocess.Popen] = {}
@@ -118,7 +234,9 @@ class FrrBfd:
         for sub in ("etc", "run", "log"):
             self._path(sub).mkdir()
         self._path("etc", "zebra.conf").write_text("hostname lp-zebra\n")
-        self._path("etc", "bfdd.conf").write_text(bfdd_config(self.peers_conf))
+        self._path("etc", "bfdd.conf").write_text(bfdd_config(self.peers_conf, self.profiles))
+        if self.bgp is not None:
+            self._path("etc", "bgpd.conf").write_text(bgpd_config(self.bgp))
         self._path("etc", "vtysh.conf").write_text("")
         for root, dirs, files in os.walk(self.dir):
             shutil.chown(root, FRR_USER, FRR_USER)
@@ -148,18 +266,25 @@ class FrrBfd:
     # ---- lifecycle ---------------------------------------------------------
 
     def start(self, timeout: float = START_TIMEOUT_S) -> FrrBfd:
-        """Start zebra, then bfdd once zebra's socket exists; return when bfdd
-        answers on its vty with every configured peer. On failure, stop what
-        was started and raise with the logs."""
+        """Start zebra, then bfdd (and bgpd) once zebra's socket exists; return
+        when bfdd answers on its vty with every configured peer (and bgpd
+        answers on its own). Sessions may still be coming up. On failure,
+        stop what was started and raise with the logs."""
         deadline = time.monotonic() + timeout
         self._prepare()
         try:
             self._spawn("zebra")
             self._wait(lambda: self._path("run", "zserv.api").exists(), deadline, "zebra socket")
             self._spawn("bfdd", ["--bfdctl", str(self._path("run", "bfdd.sock"))])
+            if self.bgp is not None:
+                self._spawn("bgpd")
             wanted = {p.peer for p in self.peers_conf}
             self._wait(lambda: wanted <= {p.get("peer") for p in self._try_peers()}, deadline,
                        "bfdd peers")
+            if self.bgp is not None:
+                neighbors = {n.address for n in self.bgp.neighbors}
+                self._wait(lambda: neighbors <= set(self.try_read(self.bgp_neighbors) or {}),
+                           deadline, "bgpd neighbours")
         except BaseException:
             self.stop()
             raise
@@ -175,8 +300,9 @@ class FrrBfd:
             time.sleep(0.05)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM each daemon by PID (bfdd first), SIGKILL after `timeout`."""
-        for name in ("bfdd", "zebra"):
+        """SIGTERM each daemon by PID (bgpd, bfdd, then zebra), SIGKILL after
+        `timeout`."""
+        for name in ("bgpd", "bfdd", "zebra"):
             proc = self.procs.get(name)
             if proc is None or proc.poll() is not None:
                 continue
@@ -213,11 +339,16 @@ class FrrBfd:
             raise FrrError(f"vtysh {commands}: rc={proc.returncode} {proc.stderr.strip()}")
         return proc.stdout
 
-    def _try_peers(self) -> list[dict]:
+    @staticmethod
+    def try_read(read):
+        """A vtysh reading, or None while the daemon cannot answer yet."""
         try:
-            return self.bfd_peers()
+            return read()
         except (FrrError, ValueError, subprocess.TimeoutExpired):
-            return []
+            return None
+
+    def _try_peers(self) -> list[dict]:
+        return self.try_read(self.bfd_peers) or []
 
     def bfd_peers(self) -> list[dict]:
         out = self.vtysh("show bfd peers json")
@@ -225,6 +356,20 @@ class FrrBfd:
 
     def bfd_peer(self, peer: str) -> dict | None:
         return next((p for p in self.bfd_peers() if p.get("peer") == peer), None)
+
+    def bgp_neighbors(self) -> dict[str, dict]:
+        """``show bgp neighbors json``: neighbour address -> its state
+        (``bgpState``, ``bfdInfo``...)."""
+        if self.bgp is None:
+            raise FrrError("this FRR runs no bgpd")
+        out = json.loads(self.vtysh("show bgp neighbors json"))
+        if not isinstance(out, dict):
+            raise ValueError(f"unexpected show bgp neighbors json: {out!r}")
+        return out
+
+    def bgp_states(self) -> dict[str, str]:
+        """Neighbour address -> BGP FSM state (``Established``, ``Active``...)."""
+        return {addr: info.get("bgpState", "?") for addr, info in self.bgp_neighbors().items()}
 
     def logs(self) -> str:
         if self.dir is None or not self._path("log").exists():

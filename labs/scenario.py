@@ -68,6 +68,9 @@ HANDLED_BY_LINKPASSD = ("cable-pull", "flap", "optic-degradation", "silent-black
 # With linkpassd the leaves run FRR bfdd and each host rail a BFD session with
 # its leaf: 100 ms x 3, so 300 ms to detect.
 LAB_BFD = {"interval_ms": 100, "detect_mult": 3}
+# And each host rail echo-probes the other host's same rail, end to end,
+# at the production default interval (a miss plus its burst: ~75 ms).
+LAB_PROBES = {"interval_ms": 50}
 
 LINKWATCH_QUIET_S = 1.2
 READY_LINE = re.compile(r"sending t0=([0-9.]+)")
@@ -113,7 +116,8 @@ class ScenarioLab:
         self.mechanism = mechanism
         self.rate = rate
         self.lab = dualrail(mechanism, linkpassd_timers=LAB_TIMERS,
-                            bfd=LAB_BFD if mechanism == "linkpassd" else None)
+                            bfd=LAB_BFD if mechanism == "linkpassd" else None,
+                            probes=LAB_PROBES if mechanism == "linkpassd" else None)
         self.trials = 0
 
     def __enter__(self) -> "ScenarioLab":

@@ -1069,8 +1069,9 @@ class _Builder:
                               f"{_show(addresses[peer])} on this host")
                 if peer in rail["_iface"].network:
                     self.fail(where, f"{_show(text)} is inside the rail subnet "
-                              f"{rail['_iface'].network}; probe peers are hosts across the "
-                              "fabric (use bfd for the gateway)")
+                              f"{rail['_iface'].network}: on-link peers are reached without "
+                              "the gateway, which probe tables do not cover yet; list hosts "
+                              "across the fabric (and use bfd for the gateway)")
                 if not any(peer in d for d in destinations):
                     self.fail(where, f"{_show(text)} is not inside the rail's destinations "
                               f"({', '.join(rail['destinations'])}), so no rail route reaches it")

@@ -162,6 +162,7 @@ class Daemon:
             # failure (RFC 5882): our routes stay as they are (fail-static).
             self.bfd.close(admin_down=True)
             if self.echo is not None:
+                self._log_echo_counters("stopped")
                 self.echo.close()
             ipr.close()
             log.info("stopped", note="routes left as they are (fail-static)")
@@ -308,6 +309,15 @@ class Daemon:
         self._set_health(before, health.observe_probe(before, ECHO_SIGNAL, judged, now,
                                                       self.config.timers, self.config.health))
 
+    def _log_echo_counters(self, why: str) -> None:
+        assert self.echo is not None
+        for path, prober in self.echo.probers.items():
+            log.info("echo_counters", why=why, path=str(path), **vars(prober.counters))
+        log.info("echo_loop_lag", stalls=self.echo.lag.stalls,
+                 max_lag_ms=round(self.echo.lag.max_lag_s * 1e3, 1),
+                 **({"responder_" + k: v for k, v in vars(self.echo.responder.counters).items()}
+                    if self.echo.responder is not None else {}))
+
     def _sync_echo(self) -> None:
         """Run the echo service the config asks for: at start and on reload. A
         change of peers or timers starts it anew (paths begin as never up)."""
@@ -315,6 +325,7 @@ class Daemon:
         if spec == self.echo_spec:
             return
         if self.echo is not None:
+            self._log_echo_counters("reloaded")
             self.echo.close()
             self.echo = None
             self.health = {p: replace(h, signals=replace(h.signals, probes=tuple(
@@ -550,6 +561,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"linkpassd: {exc}", file=sys.stderr)
         return 2
     logs.configure(config.log_format, config.log_level)
+    # The echo responder answers on its own thread and needs the GIL for
+    # microseconds per reply; hand it over within 1 ms rather than 5, so a
+    # busy loop does not make our replies look like loss to our peers.
+    sys.setswitchinterval(0.001)
     try:
         asyncio.run(Daemon(config, args.config).run())
     except KeyboardInterrupt:

@@ -37,8 +37,10 @@ from mininet.node import Host, Node
 from mininet.topo import Topo
 
 from labs.frr import BfdPeer, FrrBfd, mnexec_attach
+from labs.topos import frrbgp
 from labs.topos.nl import LinkSetter, arp_who_has
 from labs.topos.plan import (
+    HOST_SPACE,
     LAB_NAME_RE,
     MECHANISMS,
     FabricPlan,
@@ -53,6 +55,9 @@ CMD_TIMEOUT_S = 10.0
 PROC_STOP_S = 5.0
 LEAK_WAIT_S = 3.0
 CARRIER_WAIT_S = 5.0
+# frr-bgp: sessions connect within ~1-3 s of FRR starting, BFD adds its 1 s
+# slow start, zebra then installs; 30 s leaves room on a loaded 2-core VM.
+FRR_BGP_READY_S = 30.0
 CARRIER_EVENTS = ("physical", "urgent")
 _TOOLS = ("mnexec", "ip", "nft", "ping", "sysctl")
 _PING_SUMMARY = re.compile(r"(\d+) packets transmitted, (\d+) received")
@@ -144,6 +149,17 @@ class Lab:
     host's linkpassd talks to. Generated linkpassd configs then ask for BFD on
     every rail. FRR is up (configured, answering on its vty) when the lab is;
     sessions come Up once something in the host answers (see labs.bfdpeer).
+
+    ``probes`` (default None: off), e.g. ``{"interval_ms": 50}``: with the
+    ``linkpassd`` mechanism, echo probing on, rail r of each host probing
+    every other host's rail-r address (``[probes]`` options as given).
+
+    ``frr-bgp`` (needs ``bfd``): every host runs FRR too (zebra + bfdd +
+    bgpd), with an eBGP session per rail to the leaf, tracked by BFD with the
+    ``bfd`` timers; leaves run bgpd beside bfdd and announce 198.18.0.0/16,
+    and their BFD sessions are the ones bgpd asks for (no static peers). See
+    labs/topos/frrbgp.py. The lab is built once every session is Established,
+    every BFD session Up and every host routes 198.18.0.0/16 via rail 0.
     """
 
     def __init__(self, plan: FabricPlan, mechanism: str = "none", *,
@@ -151,17 +167,21 @@ class Lab:
                  carrier_events: str = "physical",
                  linkpassd_timers: dict[str, float | int] | None = None,
                  linkpassd_log_level: str = "info",
-                 bfd: dict | None = None):
+                 bfd: dict | None = None, probes: dict | None = None):
         if mechanism not in MECHANISMS:
             raise LabError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
         if carrier_events not in CARRIER_EVENTS:
             raise LabError(f"carrier_events must be one of {', '.join(CARRIER_EVENTS)}")
+        if mechanism == frrbgp.MECHANISM and bfd is None:
+            raise LabError("frr-bgp tracks each rail with BFD: give bfd={'interval_ms': ..., "
+                           "'detect_mult': ...}")
         self.plan = plan
         self.mechanism = mechanism
         self.carrier_events = carrier_events
         self.linkpassd_timers = dict(linkpassd_timers or {})
         self.linkpassd_log_level = linkpassd_log_level
         self.bfd = bfd_options(bfd)
+        self.probes = None if probes is None else dict(probes)
         self._own_workdir = workdir is None
         self._workdir_arg = workdir
         self.workdir: Path | None = None
@@ -172,7 +192,7 @@ class Lab:
         self._procs: list[tuple[str, subprocess.Popen]] = []
         self._faults: list[Any] = []
         self._setters: dict[str, LinkSetter] = {}
-        self._frr: dict[str, FrrBfd] = {}  # leaf -> its FRR
+        self._frr: dict[str, FrrBfd] = {}  # node -> its FRR (leaves; hosts too in frr-bgp)
         self._frr_dirs: list[Path] = []
         self._lock = threading.Lock()
         self._started = False
@@ -238,19 +258,30 @@ class Lab:
                     time.sleep(0.02)
         if self.bfd:
             self._start_frr()
+        if self.mechanism == frrbgp.MECHANISM:
+            self.wait_frr_bgp()
 
     def _start_frr(self) -> None:
-        """One FRR per leaf, all started at once (each can take seconds). Their
-        processes join the lab's, so teardown's leak check covers them even
-        if a start failed half-way."""
+        """One FRR per leaf (and per host in frr-bgp), all started at once
+        (each can take seconds). Their processes join the lab's, so
+        teardown's leak check covers them even if a start failed half-way."""
         bfd = self.bfd
         assert bfd is not None
         for r, leaf in enumerate(self.leaves):
+            runner = mnexec_attach(self.pid(leaf))
+            if self.mechanism == frrbgp.MECHANISM:
+                self._frr[leaf] = FrrBfd(None, [], runner=runner,
+                                         bgp=frrbgp.leaf_speaker(self.plan, r, bfd))
+                continue
             peers = [BfdPeer(peer=h.rail(r).address, local=h.rail(r).gateway,
                              ifname=h.rail(r).leaf_port, transmit_ms=bfd["interval_ms"],
                              receive_ms=bfd["interval_ms"], detect_mult=bfd["detect_mult"],
                              passive=bfd["passive"]) for h in self.hosts]
-            self._frr[leaf] = FrrBfd(None, peers, runner=mnexec_attach(self.pid(leaf)))
+            self._frr[leaf] = FrrBfd(None, peers, runner=runner)
+        if self.mechanism == frrbgp.MECHANISM:
+            for host in self.hosts:
+                self._frr[host.name] = FrrBfd(None, [], runner=mnexec_attach(self.pid(host.name)),
+                                              bgp=frrbgp.host_speaker(host, bfd))
         try:
             with ThreadPoolExecutor(max_workers=len(self._frr)) as pool:
                 for started in [pool.submit(frr.start) for frr in self._frr.values()]:
@@ -310,14 +341,14 @@ class Lab:
             raise LabLeakError("lab teardown left problems:\n  " + "\n  ".join(problems))
 
     def _stop_frr(self) -> list[str]:
-        """bfdd before zebra in each leaf (FrrBfd.stop), by PID; anything that
-        survives is still in _procs for _stop_processes and the leak check."""
+        """bgpd, bfdd, then zebra in each node (FrrBfd.stop), by PID; anything
+        that survives is still in _procs for _stop_processes and the leak check."""
         problems = []
-        for leaf, frr in self._frr.items():
+        for node, frr in self._frr.items():
             try:
                 frr.stop(timeout=PROC_STOP_S)
-            except Exception as exc:  # the next leaf's FRR must still stop
-                problems.append(f"{leaf}: stopping FRR: {exc}")
+            except Exception as exc:  # the next node's FRR must still stop
+                problems.append(f"{node}: stopping FRR: {exc}")
         return problems
 
     def _stop_processes(self) -> list[str]:
@@ -512,18 +543,67 @@ class Lab:
             if name.startswith("lp_"):
                 self.nft(node, f"delete table {family} {name}\n")
 
-    # ---- BFD on the leaves (FRR) ------------------------------------------------
+    # ---- FRR: BFD on the leaves; eBGP + BFD everywhere in frr-bgp ---------------
 
-    def frr(self, leaf: str | int) -> FrrBfd:
-        """The FRR of a leaf (by name or rail number), for vtysh and logs."""
-        name = self.plan.leaf_of(leaf) if isinstance(leaf, int) else leaf
+    def frr(self, node: str | int | HostPlan) -> FrrBfd:
+        """The FRR of a leaf (by name or rail number), or in frr-bgp of a
+        host, for vtysh and logs."""
+        if isinstance(node, HostPlan):
+            node = node.name
+        name = self.plan.leaf_of(node) if isinstance(node, int) else node
         if not self.bfd:
             raise LabError("this lab runs no BFD (Lab(..., bfd={...}))")
         try:
             return self._frr[name]
         except KeyError:
-            raise LabError(f"no leaf {name!r} in this lab "
-                           f"(leaves: {', '.join(self.leaves)})") from None
+            raise LabError(f"no FRR in {name!r} in this lab "
+                           f"(FRR runs in: {', '.join(self._frr)})") from None
+
+    def fabric_routes(self, host: str | HostPlan) -> list[dict]:
+        """The host's main-table routes for exactly 198.18.0.0/16 (``ip -j``)."""
+        out = self.run(host, ["ip", "-j", "route", "show", "table", "main", "exact",
+                              HOST_SPACE]).stdout
+        return json.loads(out or "[]")
+
+    def wait_frr_bgp(self, timeout: float = FRR_BGP_READY_S) -> float:
+        """frr-bgp settled: every BGP session Established and every BFD
+        session Up, seen from both ends, and every host routing
+        198.18.0.0/16 via its rail-0 gateway. The state a fault is measured
+        from; the build waits for it, and a test can after clearing a fault.
+        Returns the seconds it took; LabError names what is missing."""
+        if self.mechanism != frrbgp.MECHANISM:
+            raise LabError(f"mechanism {self.mechanism} runs no BGP")
+        started = time.monotonic()
+        while True:
+            missing = self._frr_bgp_missing()
+            if not missing:
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                raise LabError(f"frr-bgp not ready after {timeout:g}s:\n  " + "\n  ".join(missing))
+            time.sleep(0.1)
+
+    def _frr_bgp_missing(self) -> list[str]:
+        missing = []
+        for node, frr in self._frr.items():
+            states = frr.try_read(frr.bgp_states) or {}
+            bfd = {p.get("peer"): p.get("status") for p in frr.try_read(frr.bfd_peers) or []}
+            for n in frr.bgp.neighbors if frr.bgp else ():
+                if states.get(n.address) != "Established":
+                    missing.append(f"{node}: BGP with {n.address} is "
+                                   f"{states.get(n.address, 'not listed')}, not Established")
+                if bfd.get(n.address) != "up":
+                    missing.append(f"{node}: BFD with {n.address} is "
+                                   f"{bfd.get(n.address, 'not listed')}, not up")
+        for host in self.hosts:
+            rail = host.rails[0]
+            routes = self.fabric_routes(host)
+            if not any(r.get("gateway") == rail.gateway and r.get("dev") == rail.port
+                       for r in routes):
+                have = "; ".join(f"via {r.get('gateway')} dev {r.get('dev')} "
+                                 f"proto {r.get('protocol')}" for r in routes) or "nothing"
+                missing.append(f"{host.name}: no {HOST_SPACE} via {rail.gateway} dev {rail.port} "
+                               f"in main (main has: {have})")
+        return missing
 
     def bfd_peers(self, leaf: str | int) -> list[dict]:
         """``show bfd peers json`` of a leaf, parsed."""
@@ -567,9 +647,17 @@ class Lab:
         plan = self.host(host)
         text = linkpassd_toml(plan, control_socket=self.control_socket(plan),
                               run_dir=str(self.run_dir(plan)), timers=self.linkpassd_timers,
-                              log_level=self.linkpassd_log_level, bfd=self.bfd)
+                              log_level=self.linkpassd_log_level, bfd=self.bfd,
+                              probes=self.probes, peers=self.echo_peers(plan))
         parse_config(text, source=f"<lab {plan.name}>")
         return text
+
+    def echo_peers(self, host: str | HostPlan) -> dict[int, list[str]]:
+        """Rail r of a host probes every other host's rail-r address."""
+        plan = self.host(host)
+        return {rail.index: [self.rail(other, rail.index).address for other in self.hosts
+                             if other.name != plan.name]
+                for rail in plan.rails}
 
     def _write_host_files(self, host: HostPlan) -> None:
         from labs.faults.optics import SimSensor

@@ -24,7 +24,8 @@ import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
-MECHANISMS = ("none", "kernel", "linkpassd")
+# frr-bgp: FRR's eBGP + BFD per rail (labs/topos/frrbgp.py), the baseline.
+MECHANISMS = ("none", "kernel", "linkpassd", "frr-bgp")
 
 HOST, LEAF, SPINE = "lph", "lpl", "lps"
 #: Every interface and node this lab creates matches this; teardown checks it.
@@ -295,8 +296,8 @@ class FabricPlan:
         b = setup.ip_batch
         for rail in host.rails:
             b.append(f"address add {rail.interface} dev {rail.port}")
-        if mechanism == "linkpassd":
-            return setup  # connected routes only; linkpassd owns the rest
+        if mechanism in ("linkpassd", "frr-bgp"):
+            return setup  # connected routes only; the daemon (linkpassd, FRR) owns the rest
         for rail in host.rails:
             table = RAIL_TABLE_BASE + rail.index
             b.append(f"rule add pref {RAIL_RULE_PREF + rail.index} from {rail.address} lookup {table}")
@@ -403,7 +404,8 @@ def _toml(value: object) -> str:
 def linkpassd_toml(host: HostPlan, *, control_socket: str, run_dir: str,
                    timers: dict[str, float | int] | None = None,
                    log_level: str = "info", multipath: bool = True,
-                   bfd: dict | None = None) -> str:
+                   bfd: dict | None = None, probes: dict | None = None,
+                   peers: dict[int, list[str]] | None = None) -> str:
     """A linkpassd config for one lab host: one rail per port, every rail
     backed up by the others in rail order, and one resilient group `fabric`.
 
@@ -415,13 +417,20 @@ def linkpassd_toml(host: HostPlan, *, control_socket: str, run_dir: str,
     gateway is hashed onto the group like any peer's and may reach that leaf
     through another rail and the spine.
 
+    What follows from that: a probe of a rail's gateway must bind to the
+    port (SO_BINDTODEVICE), or a dead rail can answer through a live one.
+    Nexthop creation is not affected: the kernel validates a nexthop's
+    gateway with a link-scope lookup, which only connected routes satisfy
+    (checked on kernel 6.18).
+
     Sensors: the `sim` backend, reading the files labs/faults/optics.py
     writes under run_dir/sim (veth has no module and few counters), read
-    five times a second so lab trials stay short. It still arrives; what it means:
-    a probe of a rail's gateway must bind to the port (SO_BINDTODEVICE), or
-    a dead rail can answer through a live one. Nexthop creation is not
-    affected: the kernel validates a nexthop's gateway with a link-scope
-    lookup, which only connected routes satisfy (checked on kernel 6.18).
+    five times a second so lab trials stay short.
+
+    ``probes`` (the lab's probes option, e.g. ``{"interval_ms": 50}``): a
+    ``[probes]`` section with probing enabled and those settings, and on
+    each rail r ``probe_peers = peers[r]`` (the other hosts' rail-r
+    addresses: the same leaf, end to end through the peer's daemon).
 
     ``bfd`` (the lab's bfd option, see bfd_options): a ``[bfd]`` section with
     its timers and ``bfd = true`` on every rail, a session with the rail's
@@ -443,6 +452,9 @@ def linkpassd_toml(host: HostPlan, *, control_socket: str, run_dir: str,
     if bfd:
         out += ["[bfd]", f"interval_ms = {_toml(bfd['interval_ms'])}",
                 f"detect_mult = {_toml(bfd['detect_mult'])}"]
+    if probes is not None:
+        out += ["[probes]", "enabled = true"]
+        out += [f"{key} = {_toml(value)}" for key, value in probes.items()]
     names = [rail.name for rail in host.rails]
     for rail in host.rails:
         out += ["[[rail]]",
@@ -454,6 +466,8 @@ def linkpassd_toml(host: HostPlan, *, control_socket: str, run_dir: str,
                 f"destinations = {_toml([HOST_SPACE])}"]
         if bfd:
             out.append("bfd = true")
+        if probes is not None and (peers or {}).get(rail.index):
+            out.append(f"probe_peers = {_toml(peers[rail.index])}")
     if multipath:
         out += ["[[multipath]]",
                 'name = "fabric"',

@@ -9,8 +9,9 @@ was answered and teardown left nothing behind.
 
 ``--bfd-interval-ms 100 [--bfd-detect-mult 3]`` also runs FRR bfdd on every
 leaf; the host side is linkpassd (mechanism ``linkpassd``, whose generated
-configs then ask for BFD) or else labs.bfdpeer, and --check also requires every
-leaf's session with every host port to come Up.
+configs then ask for BFD), FRR itself (``frr-bgp``, which needs these options:
+they time its eBGP sessions' BFD) or else labs.bfdpeer, and --check also
+requires every leaf's session with every host port to come Up.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 
 from labs.topos.lab import CARRIER_EVENTS, Lab
 from labs.daemonproc import wait_ready
-from labs.topos.plan import MECHANISMS, FabricPlan
+from labs.topos.plan import HOST_SPACE, MECHANISMS, FabricPlan
 
 DAEMON_READY_S = 20.0
 BFD_UP_S = 15.0
@@ -45,6 +46,39 @@ def start_linkpassd(lab: Lab, host: str) -> subprocess.Popen:
                          stdout=log, stderr=subprocess.STDOUT)
     wait_ready(proc, lab.control_socket(host), log_path, DAEMON_READY_S)
     return proc
+
+
+def wait_bfd_up(lab: Lab, timeout: float = BFD_UP_S) -> list[dict]:
+    """Every leaf's peers, once all are up or ``timeout`` has passed (the
+    caller judges): one row per session, as FRR sees it."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = [{"leaf": leaf, **peer} for leaf in lab.leaves for peer in lab.bfd_peers(leaf)]
+        if all(row["status"] == "up" for row in rows) or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.1)
+
+
+def format_bfd(rows: list[dict]) -> str:
+    lines = [f"{'leaf':<6}{'interface':<12}{'local':<15}{'peer':<15}{'status':<8}tx/rx ms x mult"]
+    for row in rows:
+        lines.append(f"{row['leaf']:<6}{row['interface']:<12}{row['local']:<15}{row['peer']:<15}"
+                     f"{row['status']:<8}{row['transmit-interval']}/{row['receive-interval']} "
+                     f"x {row['detect-multiplier']}")
+    return "\n".join(lines)
+
+
+def format_bgp(lab: Lab) -> str:
+    """frr-bgp: each host's sessions as its bgpd sees them, and its kernel route."""
+    lines = [f"{'host':<7}{'rail':<6}{'neighbor':<15}{'state':<13}kernel {HOST_SPACE}"]
+    for host in lab.hosts:
+        states = lab.frr(host).bgp_states()
+        routes = ", ".join(f"via {r.get('gateway')} dev {r.get('dev')}"
+                           for r in lab.fabric_routes(host)) or "none"
+        for rail in host.rails:
+            lines.append(f"{host.name:<7}{rail.index:<6}{rail.gateway:<15}"
+                         f"{states.get(rail.gateway, '-'):<13}{routes if rail.index == 0 else ''}")
+    return "\n".join(lines)
 
 
 def format_reachability(rows: list[dict]) -> str:
@@ -81,6 +115,8 @@ def main(argv: list[str] | None = None, *, defaults: tuple[int, int, int] = (4, 
         return 0
     bfd = ({"interval_ms": args.bfd_interval_ms, "detect_mult": args.bfd_detect_mult}
            if args.bfd_interval_ms is not None else None)
+    if args.mechanism == "frr-bgp" and bfd is None:
+        parser.error("--mechanism frr-bgp tracks each rail with BFD: give --bfd-interval-ms")
     bfd_rows: list[dict] = []
     started = time.monotonic()
     with Lab(plan, args.mechanism, carrier_events=args.carrier_events, bfd=bfd) as lab:
@@ -91,8 +127,11 @@ def main(argv: list[str] | None = None, *, defaults: tuple[int, int, int] = (4, 
             for host in lab.hosts:
                 start_linkpassd(lab, host.name)
             print(f"linkpassd running in {len(lab.hosts)} hosts")
+        if args.mechanism == "frr-bgp":
+            print()
+            print(format_bgp(lab))
         if bfd:
-            if args.mechanism != "linkpassd":
+            if args.mechanism not in ("linkpassd", "frr-bgp"):  # frr-bgp: the hosts' own bfdd
                 from labs.bfdpeer import BfdPeerProcess
 
                 for host in lab.hosts:

@@ -45,12 +45,13 @@ import ipaddress
 import secrets
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from linkpassd.core.model import Assessment
-from linkpassd.core.probe import Prober, ProbeConfig, Send
+from linkpassd.core.probe import PathState, Prober, ProbeConfig, Send
 
 ECHO_PORT = 4793
 MAGIC = b"LPEC"
@@ -69,6 +70,7 @@ _ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size) + socket.CMSG_SPACE(_PKTINFO.size
 _RECV_BYTES = 512  # more than a valid packet; longer ones are truncated and flagged
 _BATCH = 64  # datagrams handled per wake-up, so a flood cannot starve the loop
 _MAX_KERNEL_DELAY_S = 1.0  # beyond this a receive timestamp is a clock step, not a delay
+_RESPONDER_WAKE_S = 0.2  # the responder thread checks for close() this often
 _RETRY_S = 1.0  # reopen a prober socket this long after it failed (port or address missing)
 _SOCKET_GONE = (errno.ENODEV, errno.EADDRNOTAVAIL)
 
@@ -210,7 +212,15 @@ class ResponderCounters:
 
 class EchoResponder:
     """Answers every well-formed request from the address it was sent to, out
-    of the interface it came in on. One socket for all rails."""
+    of the interface it came in on. One socket for all rails.
+
+    It answers on its own thread, not on the event loop: a reply held up by
+    our loop's work (a reconcile, a status request, a log burst) reads as
+    path loss at the peer, and a peer whose rail has one live path left has
+    no other path to vouch for us. The thread needs the GIL only to build a
+    reply; the daemon lowers the interpreter's switch interval so it gets it
+    within a millisecond. What the peer is told (`on_request`) is handed to
+    the loop."""
 
     def __init__(self, port: int = ECHO_PORT, address: str = "0.0.0.0", netns: str | None = None,
                  on_request: Callable[[str, str], None] | None = None):
@@ -222,6 +232,8 @@ class EchoResponder:
         self.counters = ResponderCounters()
         self.sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -230,29 +242,49 @@ class EchoResponder:
             sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
             sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
             sock.bind((self.address, self.port))
-            sock.setblocking(False)
+            sock.settimeout(_RESPONDER_WAKE_S)  # so close() is seen without a datagram
         except BaseException:
             sock.close()
             raise
         self.sock = sock
-        self._loop.add_reader(sock.fileno(), self._readable)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._serve, args=(sock,),
+                                        name=f"echo-responder-{self.port}", daemon=True)
+        self._thread.start()
 
     def close(self) -> None:
-        if self.sock is not None:
-            self._loop.remove_reader(self.sock.fileno())
-            self.sock.close()
-            self.sock = None
+        if self.sock is None:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2 * _RESPONDER_WAKE_S + 1.0)
+            self._thread = None
+        self.sock.close()
+        self.sock = None
 
-    def _readable(self) -> None:
-        for _ in range(_BATCH):
+    def _serve(self, sock: socket.socket) -> None:
+        while not self._stop.is_set():
             try:
-                data, ancdata, flags, src = self.sock.recvmsg(_RECV_BYTES, _ANCILLARY)
-            except (BlockingIOError, InterruptedError):
-                return
+                data, ancdata, flags, src = sock.recvmsg(_RECV_BYTES, _ANCILLARY)
+            except (TimeoutError, InterruptedError):
+                continue
             except OSError:
+                if self._stop.is_set():
+                    return
                 self.counters.recv_errors += 1
                 continue
-            self._answer(data, ancdata, flags, src)
+            try:
+                self._answer(data, ancdata, flags, src)
+            except Exception:  # noqa: BLE001 - nothing from outside may end the responder
+                self.counters.malformed += 1
+
+    def _tell(self, local: str, peer: str) -> None:
+        if self.on_request is None:
+            return
+        if self._thread is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(self.on_request, local, peer)
+        else:
+            self.on_request(local, peer)
 
     def _answer(self, data: bytes, ancdata, flags: int, src) -> None:
         pkt, _why = parse(data, truncated=bool(flags & socket.MSG_TRUNC))
@@ -277,8 +309,8 @@ class EchoResponder:
             self.counters.replies += 1
         except OSError:
             self.counters.send_errors += 1
-        if self.on_request is not None and info is not None:
-            self.on_request(socket.inet_ntoa(info[1]), src[0])
+        if info is not None:
+            self._tell(socket.inet_ntoa(info[1]), src[0])
 
 
 # --------------------------------------------------------------------------
@@ -313,7 +345,8 @@ class EchoProber:
     def __init__(self, path: ProbePath, config: ProbeConfig | None = None, *,
                  echo_port: int = ECHO_PORT, tos: int = 0, netns: str | None = None,
                  lag: LagMonitor | None = None, on_change: ChangeCallback | None = None,
-                 prober_id: int | None = None):
+                 prober_id: int | None = None,
+                 on_reply_heard: Callable[["EchoProber", float], None] | None = None):
         self.path = path
         self.state = Prober(path.peer, config or ProbeConfig())
         self.echo_port = echo_port
@@ -321,6 +354,7 @@ class EchoProber:
         self.netns = netns
         self.lag = lag
         self.on_change = on_change
+        self.on_reply_heard = on_reply_heard  # (prober, kernel receive time): any reply of ours
         self.prober_id = prober_id or _random_id()
         self.socket_error = ""  # why the socket could not be opened, while it cannot
         self.icmp_errors = 0  # ICMP errors other than port unreachable (e.g. no ARP answer)
@@ -451,6 +485,15 @@ class EchoProber:
         self.state = self.state.on_reply(pkt.seq, now - waited, now, max(lag, waited),
                                          echoed_sent_at=pkt.sent_ns * 1e-9,
                                          peer_delay_s=pkt.held_us * 1e-6)
+        if self.on_reply_heard is not None:
+            self.on_reply_heard(self, now - waited)
+
+    def poke(self) -> None:
+        """Send a witness probe now (see Prober.poke)."""
+        now = self._loop.time()
+        self.state, send = self.state.poke(now)
+        self._send(send, now)
+        self._schedule()
 
     def _send(self, send: Send, now: float) -> None:
         if self.sock is None:
@@ -519,7 +562,7 @@ class EchoService:
         self.probers = {
             path: EchoProber(path, self.config, echo_port=self.echo_port, tos=self.tos,
                              netns=self.netns, lag=self.lag, prober_id=prober_id,
-                             on_change=self._changed)
+                             on_change=self._changed, on_reply_heard=self._reply_heard)
             for path in self.paths}
         self._by_addresses = {(p.source, p.peer): pr for p, pr in self.probers.items()}
         self.responder = (EchoResponder(self.echo_port, self.listen, self.netns,
@@ -569,8 +612,26 @@ class EchoService:
                      if port is None or p.port == port)
 
     def _changed(self, prober: EchoProber, assessment: Assessment) -> None:
+        """Each path's other paths are its witnesses: keep them told who is
+        live, and when one starts confirming a loss, have every live witness
+        probe at once, so its confirmation can tell a dead path from a
+        silent host (core.probe: Prober.witnessed)."""
+        live = [p for p in self.probers.values()
+                if p.state.state in (PathState.UP, PathState.SUSPECT)]
+        for other in self.probers.values():
+            other.state = other.state.witnessed(any(p is not other for p in live))
+        if prober.state.state is PathState.SUSPECT:
+            for other in live:
+                if other is not prober and other.state.state is PathState.UP \
+                        and other.sock is not None:
+                    other.poke()
         if self.on_change is not None:
             self.on_change(prober.path, assessment)
+
+    def _reply_heard(self, prober: EchoProber, received_at: float) -> None:
+        for other in self.probers.values():
+            if other is not prober:
+                other.state = other.state.witnessed(other.state.others_live, received_at)
 
     def _heard(self, local: str, peer: str) -> None:
         prober = self._by_addresses.get((local, peer))

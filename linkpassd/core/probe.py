@@ -170,7 +170,7 @@ class InFlight:
     seq: int
     sent_at: float
     deadline: float
-    burst: bool
+    burst: bool  # a confirmation (or witness) probe: never counted in the loss window
 
 
 @dataclass(frozen=True)
@@ -187,6 +187,7 @@ class ProbeCounters:
     send_errors: int = 0
     refused: int = 0  # ICMP port unreachable: the peer host answers, its daemon does not
     bursts: int = 0  # suspicions raised
+    host_silences: int = 0  # lost bursts not counted: every other path was silent too
     downs: int = 0  # transitions to DOWN
     degradations: int = 0  # transitions to DEGRADED
 
@@ -229,6 +230,11 @@ class Prober:
     refused_at: float | None = None
     heard_at: float | None = None  # last time the peer's own probes reached us on this path
     rtt_s: float | None = None
+    # Witnesses: the daemon's other paths. `others_live`: one of them is UP or
+    # SUSPECT (so it could answer during our burst); `others_heard_at`: the
+    # last reply any of them received. Set by the adapter (see `witnessed`).
+    others_live: bool = False
+    others_heard_at: float | None = None
     counters: ProbeCounters = field(default_factory=ProbeCounters)
 
     # ---------------------------------------------------------------- views
@@ -373,6 +379,19 @@ class Prober:
         the next `refused_grace_s` are not the path's fault."""
         return _with(self._count(refused=1), refused_at=now)
 
+    def witnessed(self, others_live: bool, heard_at: float | None = None) -> "Prober":
+        """What the daemon's other paths show: whether any is live, and (when
+        given) that one of them just received a reply at `heard_at`."""
+        heard = self.others_heard_at if heard_at is None else max(heard_at,
+                                                                  self.others_heard_at or heard_at)
+        return _with(self, others_live=others_live, others_heard_at=heard)
+
+    def poke(self, now: float) -> tuple["Prober", Send]:
+        """Send a witness probe now: another path is confirming a loss, and a
+        reply here within its burst shows our host's stack is not what is
+        silent. Never counted in the loss window; its loss raises no suspicion."""
+        return self._send(now, burst=True)
+
     def peer_heard(self, now: float) -> "Prober":
         """The peer's own probes reached our responder over this path: the
         peer-to-us direction delivers. Used to say which way a one-way fault runs."""
@@ -502,6 +521,14 @@ class Prober:
             return self._end_suspicion(
                 now, f"confirmation inconclusive ({lost} of {self.burst_scheduled} lost, "
                      "the rest unjudged)")
+        if self.others_live and (self.others_heard_at is None
+                                 or self.others_heard_at < self.burst_from):
+            # Every other live path went silent over the same burst (their
+            # witness probes unanswered too): a stall of this host's network
+            # stack or of the peer, not a fault of this path.
+            return self._count(host_silences=1)._end_suspicion(
+                now, "every other path was silent during the confirmation too: a stall of "
+                     "this host, not a path fault")
         reason = (f"no reply to a probe nor to {lost} confirmation probes "
                   "(blackhole or one-way loss)")
         p = _with(self, state=PathState.DOWN, degraded=False, since=now, reason=reason,

@@ -244,6 +244,45 @@ def test_a_silent_blackhole_is_down_within_interval_timeout_and_burst():
     assert max(since_reply for _, since_reply in times) <= bound + 1e-9
 
 
+def test_a_lost_burst_while_every_other_path_was_silent_too_is_not_down():
+    """Witnesses: another live path whose probes went unanswered over the same
+    burst means our host (or the shared peer) stalled, not this path."""
+    sim = Sim(drop_req=[Window(1.0, 1.2)]).up()
+    sim.p = sim.p.witnessed(True)  # a live witness that hears nothing meanwhile
+    sim.run(1.5)
+    assert sim.count("DOWN") == 0
+    assert sim.p.counters.host_silences >= 1 and sim.p.state is PathState.UP
+    assert "silent" in sim.p.reason
+
+
+def test_a_lost_burst_is_down_when_a_witness_answered_during_it():
+    sim = Sim(drop_req=[Window(1.0)]).up()
+    sim.p = sim.p.witnessed(True)
+    while sim.p.state is not PathState.SUSPECT:
+        sim.run(sim.t + 0.0005)
+    sim.p = sim.p.witnessed(True, sim.p.burst_from + 0.0004)  # the witness probe's reply
+    sim.run(sim.t + 0.1)
+    assert sim.p.state is PathState.DOWN and sim.p.counters.host_silences == 0
+
+
+def test_a_reply_heard_before_the_burst_does_not_vouch_for_the_host():
+    sim = Sim(drop_req=[Window(1.0)]).up()
+    sim.p = sim.p.witnessed(True, 0.99)  # stale: before the burst began
+    sim.run(1.03)
+    assert sim.p.state is not PathState.DOWN
+    sim.p = sim.p.witnessed(False)  # no live witness left: the burst alone decides
+    sim.run(1.5)
+    assert sim.p.state is PathState.DOWN
+
+
+def test_a_witness_probe_never_counts_as_loss_nor_raises_suspicion():
+    sim = Sim(drop_req=[Window(1.0)]).up()
+    p, send = sim.p.poke(1.0001)
+    assert send.burst
+    p, _ = p.poll(1.0001 + p.config.timeout_s + 1e-4)
+    assert p.state is PathState.UP and p.window == sim.p.window
+
+
 @pytest.mark.parametrize("direction", ["drop_req", "drop_rep"])
 def test_one_way_loss_either_way_is_down_and_says_which_way_when_it_can(direction):
     c = ProbeConfig()
