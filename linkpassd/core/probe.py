@@ -40,6 +40,11 @@ probe's miss is judged `timeout_s` after it. So
 
     detection = interval + timeout + (burst_count - 1) * burst_interval + timeout
 
+when another live path of the host answered during the burst (its witness
+probe: see `witnessed`). A path with no live witness waits `peer_grace_s`
+(25 ms) more for a late reply before DOWN: its only peer may just be slow to
+answer, and nothing else can say the host and the peer are fine.
+
 With the defaults, 50 + 8 + 7 * 1 + 8 = 73 ms, against BFD's detect-mult x
 interval = 3 x 50 = 150 ms at the same steady interval (0.49 of it); at a 300 ms
 interval, 323 ms against 900 ms (0.36). On average (fault at a random phase)
@@ -106,6 +111,7 @@ class ProbeConfig:
     max_stall_ratio: float = 1.0  # a miss is unknown if our stalls covered this share of the timeout
     lag_tolerance_s: float = 0.001  # loop lag below this is ordinary jitter, not a stall
     refused_grace_s: float = 2.0  # misses are unknown this long after an ICMP port unreachable
+    peer_grace_s: float = 0.025  # a lost burst with no live witness waits this long for a late reply
 
     def __post_init__(self) -> None:
         problems = []
@@ -127,8 +133,8 @@ class ProbeConfig:
             problems.append("need 0 <= clear_loss_ratio < max_loss_ratio <= 1")
         if not 0 < self.max_stall_ratio <= 1:
             problems.append("max_stall_ratio must be in (0, 1]")
-        if self.lag_tolerance_s < 0 or self.refused_grace_s < 0:
-            problems.append("lag_tolerance_s and refused_grace_s must be >= 0")
+        if self.lag_tolerance_s < 0 or self.refused_grace_s < 0 or self.peer_grace_s < 0:
+            problems.append("lag_tolerance_s, refused_grace_s and peer_grace_s must be >= 0")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -138,11 +144,16 @@ class ProbeConfig:
         return self.timeout_s * self.max_stall_ratio
 
 
-def detection_bound_s(config: ProbeConfig, burst: int | None = None) -> float:
+def detection_bound_s(config: ProbeConfig, burst: int | None = None,
+                      witnessed: bool = False) -> float:
     """Worst-case time from the last good reply to DOWN on a blackhole, with a
-    burst of `burst` probes (default: `burst_count`, what a clean path uses)."""
+    burst of `burst` probes (default: `burst_count`, what a clean path uses).
+    `witnessed`: another live path of the host answered during the burst;
+    without one, DOWN waits `peer_grace_s` more for a stalled peer's reply."""
     k = config.burst_count if burst is None else burst
-    return config.interval_s + config.timeout_s + (k - 1) * config.burst_interval_s + config.timeout_s
+    grace = 0.0 if witnessed else config.peer_grace_s
+    return (config.interval_s + config.timeout_s + (k - 1) * config.burst_interval_s
+            + config.timeout_s + grace)
 
 
 def burst_size(config: ProbeConfig, loss_ratio: float) -> int:
@@ -235,6 +246,7 @@ class Prober:
     # last reply any of them received. Set by the adapter (see `witnessed`).
     others_live: bool = False
     others_heard_at: float | None = None
+    grace_until: float | None = None  # a lost burst, alone: DOWN at this time unless a reply comes
     counters: ProbeCounters = field(default_factory=ProbeCounters)
 
     # ---------------------------------------------------------------- views
@@ -260,6 +272,8 @@ class Prober:
         times.append(float("-inf") if self.next_send is None else self.next_send)
         if self.burst_due:
             times.append(self.burst_due[0])
+        if self.grace_until is not None:
+            times.append(self.grace_until)
         return min(times)
 
     def assessment(self) -> Assessment:
@@ -323,6 +337,8 @@ class Prober:
     def poll(self, now: float, lag: float = 0.0) -> tuple["Prober", tuple[Send, ...]]:
         """Judge the probes whose deadline passed, then say which probes to send now."""
         p = self.note_lag(now, lag)._expire(now)
+        if p.state is PathState.SUSPECT and p.grace_until is not None and now >= p.grace_until:
+            p = p._go_down(now)
         sends: list[Send] = []
         if p.next_send is None or now >= p.next_send:
             p, send = p._send(now, burst=False)
@@ -507,15 +523,17 @@ class Prober:
         k = burst_size(cfg, sum(self.window) / n if n >= _MIN_LOSS_SAMPLE else 0.0)
         due = tuple(now + i * cfg.burst_interval_s for i in range(k))
         p = _with(self, state=PathState.SUSPECT, burst_from=now, burst_due=due,
-                  burst_size=k, burst_scheduled=k, burst_outcomes=())
+                  burst_size=k, burst_scheduled=k, burst_outcomes=(), grace_until=None)
         return p._count(bursts=1)
 
     def _end_suspicion(self, now: float, why: str) -> "Prober":
         # `since` is untouched: the reported verdict (UP or DEGRADED) never changed.
         return _with(self, state=PathState.UP, burst_due=(), burst_outcomes=(),
-                     reason=f"suspicion cleared: {why}")
+                     grace_until=None, reason=f"suspicion cleared: {why}")
 
     def _conclude_burst(self, now: float) -> "Prober":
+        if self.grace_until is not None:
+            return self  # already concluded; waiting out the grace
         lost = self.burst_outcomes.count(Outcome.LOST)
         if lost < self.burst_size:
             return self._end_suspicion(
@@ -529,10 +547,18 @@ class Prober:
             return self._count(host_silences=1)._end_suspicion(
                 now, "every other path was silent during the confirmation too: a stall of "
                      "this host, not a path fault")
+        if not self.others_live and self.config.peer_grace_s > 0:
+            # No other path can vouch for the host or the peer: give a stalled
+            # peer (its reply would carry how long it held our probe) a moment.
+            return _with(self, burst_due=(), grace_until=now + self.config.peer_grace_s)
+        return self._go_down(now)
+
+    def _go_down(self, now: float) -> "Prober":
+        lost = self.burst_outcomes.count(Outcome.LOST)
         reason = (f"no reply to a probe nor to {lost} confirmation probes "
                   "(blackhole or one-way loss)")
         p = _with(self, state=PathState.DOWN, degraded=False, since=now, reason=reason,
-                  burst_due=(), burst_outcomes=(), window=(), streak=0)
+                  burst_due=(), burst_outcomes=(), window=(), streak=0, grace_until=None)
         return p._count(downs=1)
 
     def _become_up(self, now: float, why: str) -> "Prober":

@@ -25,10 +25,8 @@ pytestmark = pytest.mark.netns
 NH0, NH1 = 1_000_100, 1_000_101
 RAIL0_TABLE, PROBE0_TABLE = 10100, 10103  # rails 10100-1, the group 10102, then probe tables
 PEER = "198.19.9.1"
-PROBES = """[probes]
-enabled = true
-interval_ms = 50
-"""
+def probes(interval_ms: int = 50) -> str:
+    return f"[probes]\nenabled = true\ninterval_ms = {interval_ms}\n"
 
 
 def route_nhid(lab, table: int):
@@ -55,10 +53,11 @@ def run_daemon(lab, tmp_path):
     lab.leaf.ip("addr", "add", f"{PEER}/32", "dev", "lo")
     cfg = tmp_path / "linkpassd.toml"
     sock = str(tmp_path / "ctl.sock")
-    cfg.write_text(rail_config_toml(sock, str(tmp_path), lab.rails, rise=2, hold_down_s=1.0,
-                                    extra=PROBES, probe_peers=[[PEER], [PEER]]))
     with contextlib.ExitStack() as stack:
-        def start() -> DaemonProcess:
+        def start(interval_ms: int = 50) -> DaemonProcess:
+            cfg.write_text(rail_config_toml(sock, str(tmp_path), lab.rails, rise=2,
+                                            hold_down_s=1.0, extra=probes(interval_ms),
+                                            probe_peers=[[PEER], [PEER]]))
             daemon = stack.enter_context(
                 DaemonProcess(lab.host.name, cfg, sock, tmp_path / "linkpassd.log"))
             daemon.wait_ready()
@@ -120,3 +119,33 @@ def test_gray_failure_moves_traffic_on_echo_and_it_returns(lab, run_daemon, faul
         assert echo_signal(probed.status(), rail0.port)["status"] == "ok"
         assert probed.status()["last_error"] == ""
     assert peer.proc.returncode is not None
+
+
+def test_sustained_random_loss_is_degraded_and_drained_then_given_back(lab, run_daemon):
+    """25 % loss each way on rail 0 (an exchange fails 44 % of the time): the
+    path is DEGRADED once a window of probes says so, and rail 0's traffic is
+    drained to the healthy rail 1; once the loss stops it comes back after
+    the loss clears from the window and the hold-down."""
+    rail0 = lab.rails[0]
+    table = f"lp_echoloss{os.getpid()}"
+    with EchoPeerProcess(lab.leaf.name, duration=60):
+        probed = run_daemon(interval_ms=10)  # a 200-probe loss window fills in 2 s
+        wait_for_sync(lambda: echo_signal(probed.status(), rail0.port).get("status") == "ok",
+                      5.0, "echo up on rail0")
+        try:
+            nft(lab.leaf.name, f"""
+table inet {table} {{
+  chain in {{ type filter hook input priority 0; iifname "{rail0.peer}" numgen random mod 100 < 25 drop; }}
+  chain out {{ type filter hook output priority 0; oifname "{rail0.peer}" numgen random mod 100 < 25 drop; }}
+}}""")
+            wait_for_sync(lambda: route_nhid(lab, RAIL0_TABLE) == NH1, 15.0, "rail0 drained")
+            wait_for_sync(lambda: echo_signal(probed.status(), rail0.port).get("status")
+                          == "degraded", 5.0, "echo degraded")
+            port = next(p for p in probed.status()["ports"] if p["port"] == rail0.port)
+            assert port["verdict"] == "VERDICT_DEGRADED"
+            assert lab.host.has_carrier(rail0.port)
+            assert route_nhid(lab, PROBE0_TABLE) == NH0  # still measured on its own path
+        finally:
+            nft(lab.leaf.name, f"delete table inet {table}\n")
+        wait_for_sync(lambda: route_nhid(lab, RAIL0_TABLE) == NH0, 15.0, "rail0 given back")
+        assert echo_signal(probed.status(), rail0.port)["status"] == "ok"

@@ -60,6 +60,7 @@ class Sim:
     lag_aware: bool = True  # the adapter reports loop lag (False: a control)
     heartbeat_s: float | None = 0.025  # the adapter's lag heartbeat period (LagMonitor)
     peer_probes: bool = False  # the peer probes us too (feeds peer_heard)
+    witness: bool = False  # another live path of the host, hearing replies all along
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -121,6 +122,8 @@ class Sim:
                 if sends and self.stall_after_send and self.stall_after_send[0][0] <= h_wake:
                     _, length = self.stall_after_send.pop(0)
                     self.stalls.append(Window(h_wake + 0.0002, h_wake + 0.0002 + length))
+            if self.witness:  # its witness probe answered a moment after ours went out
+                self.p = self.p.witnessed(True, self.t + self.rtt)
             self._record()
         self.t = max(self.t, until)
         return self
@@ -186,8 +189,11 @@ def test_bad_config_is_rejected_with_the_reason(bad):
 
 def test_the_documented_detection_arithmetic():
     c = ProbeConfig()
-    assert detection_bound_s(c) == pytest.approx(0.050 + 0.008 + 7 * 0.001 + 0.008)
-    assert detection_bound_s(c) <= 0.5 * BFD_DETECT_MULT * c.interval_s
+    assert detection_bound_s(c, witnessed=True) == pytest.approx(0.050 + 0.008 + 7 * 0.001 + 0.008)
+    assert detection_bound_s(c, witnessed=True) <= 0.5 * BFD_DETECT_MULT * c.interval_s
+    # A path with no live witness also waits out the peer grace.
+    assert detection_bound_s(c) == pytest.approx(detection_bound_s(c, witnessed=True) + 0.025)
+    assert detection_bound_s(c) < BFD_DETECT_MULT * c.interval_s
 
 
 def test_the_burst_grows_with_the_loss_already_measured():
@@ -217,14 +223,15 @@ def test_a_healthy_path_comes_up_after_rise_replies_and_stays_up():
     assert "rtt 0.20 ms" in a.detail
 
 
-def detection_times(config: ProbeConfig, phases: int = 20, **faults) -> list[tuple[float, float]]:
+def detection_times(config: ProbeConfig, phases: int = 20, witness: bool = False,
+                    **faults) -> list[tuple[float, float]]:
     """Blackhole the path at `phases` points of one probe interval; for each,
     (time from the fault to DOWN, time from the last reply to DOWN)."""
     out = []
     for i in range(phases):
         fault = 1.0 + config.interval_s * i / phases
         windows = {k: [Window(fault)] for k in faults.get("directions", ("drop_req", "drop_rep"))}
-        sim = Sim(config, **windows).up(fault)
+        sim = Sim(config, witness=witness, **windows).up(fault)
         last_reply = sim.t
         sim.run(fault + 2.0)
         down = sim.first("DOWN")
@@ -275,6 +282,23 @@ def test_a_reply_heard_before_the_burst_does_not_vouch_for_the_host():
     assert sim.p.state is PathState.DOWN
 
 
+def test_alone_a_lost_burst_waits_the_peer_grace_and_a_late_reply_in_it_clears():
+    """No live witness: a peer that stalled for longer than the burst but
+    answers within the grace fails nothing; silence through the grace is DOWN."""
+    c = ProbeConfig()
+    stalled = Sim(c, peer_stalls=[Window(1.0, 1.0 + c.timeout_s * 2 + 7 * c.burst_interval_s + 0.015)])
+    stalled.up().run(1.5)
+    assert stalled.count("DOWN") == 0 and stalled.p.counters.bursts >= 1
+    dead = Sim(c, drop_req=[Window(1.0)]).up()
+    while dead.p.state is not PathState.SUSPECT:
+        dead.run(dead.t + 0.0005)
+    burst_from = dead.p.burst_from
+    dead.run(burst_from + 0.2)
+    down = dead.first("DOWN")
+    lost_burst = burst_from + 7 * c.burst_interval_s + c.timeout_s
+    assert down == pytest.approx(lost_burst + c.peer_grace_s, abs=0.002)
+
+
 def test_a_witness_probe_never_counts_as_loss_nor_raises_suspicion():
     sim = Sim(drop_req=[Window(1.0)]).up()
     p, send = sim.p.poke(1.0001)
@@ -318,12 +342,17 @@ def test_detection_costs_at_most_half_of_bfd_at_the_same_interval(interval_s):
     without a packet; FRR's default detect-mult is 3."""
     c = ProbeConfig(interval_s=interval_s)
     bfd = BFD_DETECT_MULT * interval_s
-    times = detection_times(c)
+    times = detection_times(c, witness=True)  # a host with another live path
     worst_from_fault = max(t for t, _ in times)
     worst_from_reply = max(t for _, t in times)
     assert worst_from_fault <= 0.5 * bfd
     assert worst_from_reply <= 0.5 * bfd
-    assert worst_from_fault == pytest.approx(detection_bound_s(c), abs=interval_s / 20 + 0.001)
+    assert worst_from_fault == pytest.approx(detection_bound_s(c, witnessed=True),
+                                             abs=interval_s / 20 + 0.001)
+    # Alone, the peer grace is added, and it still beats BFD.
+    alone = max(t for t, _ in detection_times(c))
+    assert alone == pytest.approx(detection_bound_s(c), abs=interval_s / 20 + 0.001)
+    assert alone < bfd
 
 
 def test_recovery_needs_rise_replies_in_a_row():
