@@ -46,8 +46,8 @@ from linkpassd.adapters.simsensor import SimulatedSensor
 from linkpassd.core import bfd, explain, health, plan, policy
 from linkpassd.core.probe import ProbeConfig, rail_assessment
 from linkpassd.core.signals import bfd_assessment
-from linkpassd.core.model import (Config, CounterSample, DaemonStatus, KernelState, LinkSample,
-                                  OpticsReading, PortSensors, PortState, Unreadable)
+from linkpassd.core.model import (Assessment, Config, CounterSample, DaemonStatus, KernelState,
+                                  LinkSample, OpticsReading, PortSensors, PortState, Unreadable)
 
 log = structlog.get_logger("linkpassd")
 
@@ -123,6 +123,7 @@ class Daemon:
         self.bfd: BfdAgent | None = None
         self.echo: EchoService | None = None
         self.echo_spec: EchoSpec | None = None
+        self.early_probes: dict[str, dict[str, Assessment]] = {}  # before a port's first sample
 
     # ------------------------------------------------------------------ tasks
 
@@ -258,8 +259,13 @@ class Daemon:
             self.kernel_view = plan.carrier_lost(self.kernel_view, sample.port)
         before = self.health.get(sample.port)
         if before is None:
-            self._set_health(None, health.initial(sample, now))
-            self._observe_echo(sample.port, now)  # what the probes said before the port was known
+            state = health.initial(sample, now)
+            # What the probes said before the port was known.
+            for name, judged in self.early_probes.pop(sample.port, {}).items():
+                state = health.observe_probe(state, name, judged, now, self.config.timers,
+                                             self.config.health)
+            self._set_health(None, state)
+            self._observe_echo(sample.port, now)
         else:
             self._set_health(before, health.observe(before, sample, now, self.config.timers,
                                                     self.config.health))
@@ -278,8 +284,7 @@ class Daemon:
 
     def _observe_bfd(self, event: BfdEvent, now: float) -> None:
         port = event.spec.ifname
-        before = self.health.get(port)
-        if before is None or port not in self.ports():
+        if port not in self.ports():
             return
         change = event.change
         try:
@@ -292,6 +297,12 @@ class Daemon:
         self._later("bfd_session", port=port, rail=self._rail_of(port), peer=event.spec.peer,
                     state=str(change.new), previous=str(change.old), diag=diag,
                     judged=judged.status, lag_ms=round(event.max_lag_s * 1e3, 1))
+        before = self.health.get(port)
+        if before is None:
+            # The session changed before the port's first link sample: keep
+            # its word for then (a session reports changes only, never again).
+            self.early_probes.setdefault(port, {})[event.name] = judged
+            return
         self._set_health(before, health.observe_probe(before, event.name, judged, now,
                                                       self.config.timers, self.config.health))
 
