@@ -100,8 +100,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(table(results, args.fault_seconds))
     print("\nA silent blackhole leaves the link up: carrier-based failover (the kernel's")
-    print("own) cannot see it. linkpassd runs BFD with each leaf (FRR bfdd in the lab,")
-    print("100 ms x 3) and moves the rail's traffic once the session goes down.")
+    print("own) cannot see it. linkpassd echo-probes the other host on every rail (50 ms,")
+    print("a miss confirmed by a burst) and runs BFD with each leaf (FRR bfdd, 100 ms x 3),")
+    print("and moves the rail's traffic as soon as either says the path is dead.")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "demo.json"
     out.write_text(json.dumps([t.as_dict() for t in results.values()], indent=2))
