@@ -45,13 +45,14 @@ from linkpassd.adapters.sensor import Sensor
 from linkpassd.adapters.simsensor import SimulatedSensor
 from linkpassd.core import bfd, explain, health, plan, policy
 from linkpassd.core.probe import ProbeConfig, rail_assessment
-from linkpassd.core.signals import bfd_assessment
+from linkpassd.core.signals import CounterHistory, OpticsHistory, bfd_assessment
 from linkpassd.core.model import (Assessment, Config, CounterSample, DaemonStatus, KernelState,
                                   LinkSample, OpticsReading, PortSensors, PortState, Unreadable)
 
 log = structlog.get_logger("linkpassd")
 
 DEFAULT_CONFIG = "/etc/linkpass/linkpassd.toml"
+SENSOR_RETIRE_S = 30.0  # a replaced sensor is closed this long after the reload
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class Daemon:
         self.kernel: KernelAdapter | None = None
         self.monitor: LinkMonitor | None = None
         self.bfd: BfdAgent | None = None
+        self.sensor: Sensor | None = None
         self.echo: EchoService | None = None
         self.echo_spec: EchoSpec | None = None
         self.early_probes: dict[str, dict[str, Assessment]] = {}  # before a port's first sample
@@ -136,7 +138,7 @@ class Daemon:
         self.kernel = KernelAdapter(ipr)
         self.ipr = ipr
         self.monitor = LinkMonitor(self.ports(), self.queue.put)
-        sensor = make_sensor(self.config)
+        self.sensor = make_sensor(self.config)
         self.bfd = BfdAgent(self.queue.put_nowait)
         sync_bfd(self.bfd, self.config)
         self._sync_echo()
@@ -149,8 +151,8 @@ class Daemon:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self.monitor.run(), name="links")
                 tasks.create_task(self._ticker(), name="ticker")
-                tasks.create_task(self._poll(sensor, "counters"), name="counters")
-                tasks.create_task(self._poll(sensor, "optics"), name="optics")
+                tasks.create_task(self._poll("counters"), name="counters")
+                tasks.create_task(self._poll("optics"), name="optics")
                 tasks.create_task(self.bfd.run(), name="bfd")
                 tasks.create_task(self._reconcile_loop(), name="reconcile")
         except* ShutdownRequested:
@@ -158,7 +160,7 @@ class Daemon:
         finally:
             sdnotify.notify("STOPPING=1")
             await control.stop(0.5)
-            sensor.close()
+            self.sensor.close()
             # AdminDown tells the switch "shut down on purpose", not a path
             # failure (RFC 5882): our routes stay as they are (fail-static).
             self.bfd.close(admin_down=True)
@@ -173,16 +175,18 @@ class Daemon:
             await asyncio.sleep(self.config.timers.tick_interval_s)
             await self.queue.put(Tick())
 
-    async def _poll(self, sensor: Sensor, what: str) -> None:
+    async def _poll(self, what: str) -> None:
         """Read one kind of sensor for every port, one port at a time, forever.
         A sensor answers bad input with None or Unreadable; anything it raises
-        anyway is logged and becomes Unreadable, never the daemon's end."""
+        anyway is logged and becomes Unreadable, never the daemon's end. The
+        sensor is looked up for each read, so a reload can replace it."""
         while True:
             interval = (self.config.sensors.counters_interval_s if what == "counters"
                         else self.config.sensors.optics_interval_s)
             await asyncio.sleep(interval)
             for port in self.ports():
                 try:
+                    sensor = self.sensor
                     if what == "counters":
                         await self.queue.put(CounterReading(port, await sensor.counters(port)))
                     else:
@@ -320,6 +324,18 @@ class Daemon:
         self._set_health(before, health.observe_probe(before, ECHO_SIGNAL, judged, now,
                                                       self.config.timers, self.config.health))
 
+    def _replace_sensor(self) -> None:
+        """A new backend (or directory, or pace) from a reload. Readings of
+        the old one are not comparable (counters would jump), so every port's
+        counter and optics history starts again. The old sensor is closed a
+        little later: a read may still be awaiting it."""
+        retired, self.sensor = self.sensor, make_sensor(self.config)
+        asyncio.get_running_loop().call_later(SENSOR_RETIRE_S, retired.close)
+        self.health = {p: replace(h, signals=replace(h.signals, counters=CounterHistory(),
+                                                     optics=OpticsHistory()))
+                       for p, h in self.health.items()}
+        log.info("sensor_replaced", backend=self.config.sensors.backend)
+
     def _log_echo_counters(self, why: str) -> None:
         assert self.echo is not None
         for path, prober in self.echo.probers.items():
@@ -442,7 +458,9 @@ class Daemon:
             self.last_error = f"reload rejected, running config kept: {exc}"
             log.error("reload_rejected", error=str(exc), failures=self.reload_failures)
             return
-        self.config = new
+        old, self.config = self.config, new
+        if new.sensors != old.sensors:
+            self._replace_sensor()
         assert self.monitor is not None and self.bfd is not None
         self.monitor.watch(self.ports())
         sync_bfd(self.bfd, new)

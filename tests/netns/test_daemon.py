@@ -204,3 +204,34 @@ def test_restart_repairs_exactly_what_changed_while_it_was_down(lab, daemon):
     assert int(st["netlink_writes"]) == 1
     assert [line for line in seen.splitlines() if line.strip()] == [
         "10102:\tfrom 198.18.0.2 lookup 10100 proto 201"]
+
+
+def test_reload_switches_the_sensor_backend(lab, daemon, tmp_path):
+    """ethtool (veth has no module: optics unreadable) -> sim files, by SIGHUP."""
+    from labs.faults.optics import SimSensor
+
+    proc = daemon()
+    proc.wait_ready()
+    port0 = lab.rails[0].port
+
+    def optics(status):
+        for ps in (status or {}).get("sensors", []):
+            if ps["port"] == port0:
+                return next((a for a in ps["assessments"] if a["signal"] == "optics"), {})
+        return {}
+
+    wait_for_sync(lambda: "not supported" in optics(proc.status()).get("detail", ""), 10.0,
+                  "ethtool's verdict on veth optics")
+    sim_dir = tmp_path / "simfiles"
+    for rail in lab.rails:
+        SimSensor(sim_dir / f"{rail.port}.json", rail.port).write_healthy()
+    cfg = tmp_path / "linkpassd.toml"
+    cfg.write_text(cfg.read_text() + f'[sensors]\nbackend = "sim"\nsim_dir = "{sim_dir}"\n'
+                   "optics_interval_s = 0.2\ncounters_interval_s = 0.2\n")
+    proc.proc.send_signal(signal.SIGHUP)
+    wait_for_sync(lambda: optics(proc.status()).get("status") == "ok", 10.0,
+                  "optics read from the simulated files")
+    st = proc.status()
+    assert st["last_error"] == ""
+    assert "sensor_replaced" in proc.log()
+    assert [r["active_rail"] for r in st["rails"]] == ["rail0", "rail1"]
