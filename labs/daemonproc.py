@@ -79,10 +79,8 @@ def wait_ready(proc: subprocess.Popen, socket_path: str, log_path: Path,
 
 
 class DaemonProcess:
-    def __init__(self, netns: str, config_path: Path, socket_path: str, log_path: Path,
-                 nice: int | None = None):
+    def __init__(self, netns: str, config_path: Path, socket_path: str, log_path: Path):
         self.netns = netns
-        self.nice = nice  # e.g. the systemd unit's Nice=, to run as deployed
         self.config_path = Path(config_path)
         self.socket_path = socket_path
         self.log_path = Path(log_path)
@@ -90,10 +88,9 @@ class DaemonProcess:
 
     def start(self) -> "DaemonProcess":
         log = open(self.log_path, "ab")
-        # `ip netns exec` and `nice` exec the command, so the PID we hold is the daemon's.
-        niced = ["nice", "-n", str(self.nice)] if self.nice is not None else []
+        # `ip netns exec` execs the command, so the PID we hold is the daemon's.
         self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.netns, *niced, sys.executable, "-m", "linkpassd.daemon",
+            ["ip", "netns", "exec", self.netns, sys.executable, "-m", "linkpassd.daemon",
              "--config", str(self.config_path)],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()

@@ -43,6 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=ECHO_PORT)
     parser.add_argument("--duration", type=float, default=300.0, help="stop after this many s")
     args = parser.parse_args(argv)
+    if not 1 <= args.port <= 65535:
+        parser.error(f"--port must be 1..65535, got {args.port}")
+    if not args.duration > 0:
+        parser.error(f"--duration must be positive, got {args.duration:g}")
     counters = asyncio.run(_serve(args.port, args.duration))
     print(json.dumps({"event": "stopped", "counters": counters}), flush=True)
     return 0
@@ -51,11 +55,9 @@ def main(argv: list[str] | None = None) -> int:
 class EchoPeerProcess:
     """`python -m labs.echopeer` in a named namespace, stopped by PID."""
 
-    def __init__(self, netns: str, port: int = ECHO_PORT, duration: float = 300.0,
-                 nice: int | None = None):
-        niced = ["nice", "-n", str(nice)] if nice is not None else []
+    def __init__(self, netns: str, port: int = ECHO_PORT, duration: float = 300.0):
         self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", netns, *niced, sys.executable, "-m", "labs.echopeer",
+            ["ip", "netns", "exec", netns, sys.executable, "-m", "labs.echopeer",
              "--port", str(port), "--duration", str(duration)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 

@@ -123,9 +123,8 @@ def test_cpu_hog_on_every_core_for_a_minute_fails_nothing_over(lab, tmp_path):
     path."""
     cfg, sock, log_path = start_daemon(lab, tmp_path, "[probes]\nenabled = true\n")
     hogs: list[subprocess.Popen] = []
-    nice = int(os.environ["LP_NICE"]) if "LP_NICE" in os.environ else None
-    with EchoPeerProcess(lab.leaf.name, duration=300, nice=nice) as peer, \
-            DaemonProcess(lab.host.name, cfg, sock, log_path, nice=nice) as daemon:
+    with EchoPeerProcess(lab.leaf.name, duration=300) as peer, \
+            DaemonProcess(lab.host.name, cfg, sock, log_path) as daemon:
         daemon.wait_ready()
         for rail in lab.rails:
             wait_for_sync(lambda r=rail: echo_up(daemon.status(), r.port), 5.0, "echo up")
