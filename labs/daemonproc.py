@@ -62,6 +62,14 @@ def ctl_status(socket_path: str) -> dict | None:
     return json.loads(proc.stdout) if proc.returncode == 0 else None
 
 
+def assessment(status: dict | None, port: str, signal: str) -> dict:
+    """One health signal's judgement of a port in a `status -o json` ({} if absent)."""
+    for ps in (status or {}).get("sensors", []):
+        if ps["port"] == port:
+            return next((a for a in ps["assessments"] if a["signal"] == signal), {})
+    return {}
+
+
 def wait_ready(proc: subprocess.Popen, socket_path: str, log_path: Path,
                timeout: float = 20.0) -> dict:
     """Until the daemon's first reconcile has completed; fails loudly with its log."""

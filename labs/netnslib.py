@@ -59,6 +59,18 @@ class Netns:
         out = self.ip("-j", *args)
         return json.loads(out) if out.strip() else []
 
+    def nft(self, script: str) -> None:
+        """Apply an nftables script in the namespace; raise with nft's stderr."""
+        proc = subprocess.run(["ip", "netns", "exec", self.name, "nft", "-f", "-"], input=script,
+                              text=True, capture_output=True, timeout=10)
+        if proc.returncode != 0:
+            raise RuntimeError(f"nft in {self.name}: {proc.stderr.strip()}\n{script}")
+
+    def route_nhid(self, table: int, dst: str = "default") -> int | None:
+        """The nexthop id of the route to `dst` in `table`, or None."""
+        return next((r.get("nhid") for r in self.ipj("route", "show", "table", str(table))
+                     if r["dst"] == dst), None)
+
     def iproute(self) -> AsyncIPRoute:
         """An AsyncIPRoute whose socket lives in this namespace.  flags=0:
         open the namespace, never create it (pyroute2 defaults to O_CREAT)."""

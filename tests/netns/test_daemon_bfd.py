@@ -6,12 +6,11 @@ the hold-down has passed."""
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 
 import pytest
 
-from labs.daemonproc import DaemonProcess, rail_config_toml
+from labs.daemonproc import DaemonProcess, assessment, rail_config_toml
 from labs.frr import BfdPeer, FrrBfd
 from labs.netnslib import wait_for_sync
 
@@ -22,21 +21,10 @@ INTERVAL_MS, MULT = 100, 3
 BFD = f"[bfd]\ninterval_ms = {INTERVAL_MS}\ndetect_mult = {MULT}\n"
 
 
-def route_nhid(lab, table: int):
-    return next((r.get("nhid") for r in lab.host.ipj("route", "show", "table", str(table))
-                 if r["dst"] == "default"), None)
 
 
-def signal(status: dict, port: str, name: str) -> dict | None:
-    for ps in status.get("sensors", []):
-        if ps["port"] == port:
-            return next((a for a in ps["assessments"] if a["signal"] == name), None)
-    return None
 
 
-def nft(netns: str, script: str) -> None:
-    subprocess.run(["ip", "netns", "exec", netns, "nft", "-f", "-"], input=script, text=True,
-                   check=True, timeout=10)
 
 
 def test_silent_blackhole_moves_traffic_on_bfd_and_it_returns(lab, tmp_path):
@@ -52,31 +40,31 @@ def test_silent_blackhole_moves_traffic_on_bfd_and_it_returns(lab, tmp_path):
     with FrrBfd(lab.leaf.name, peers) as frr, \
             DaemonProcess(lab.host.name, cfg, sock, tmp_path / "linkpassd.log") as daemon:
         daemon.wait_ready()
-        wait_for_sync(lambda: (signal(daemon.status() or {}, port0, bfd0) or {}).get("status") == "up",
+        wait_for_sync(lambda: assessment(daemon.status(), port0, bfd0).get("status") == "up",
                       10.0, "BFD up with FRR")
         assert (frr.bfd_peer(lab.rails[0].address) or {}).get("status") == "up"
-        assert route_nhid(lab, 10100) == NH0
+        assert lab.host.route_nhid(10100) == NH0
         try:
-            nft(lab.leaf.name, f"""
+            lab.leaf.nft(f"""
 table inet {table} {{
   chain in {{ type filter hook input priority 0; iifname "{lab.rails[0].peer}" drop; }}
   chain out {{ type filter hook output priority 0; oifname "{lab.rails[0].peer}" drop; }}
 }}""")
             cut = time.monotonic()
-            wait_for_sync(lambda: route_nhid(lab, 10100) == NH1, 3.0, "rail0 table on rail1")
+            wait_for_sync(lambda: lab.host.route_nhid(10100) == NH1, 3.0, "rail0 table on rail1")
             moved = time.monotonic() - cut
             assert lab.host.has_carrier(port0), "carrier must stay up: this is a gray failure"
             st = daemon.status()
-            judged = signal(st, port0, bfd0)
+            judged = assessment(st, port0, bfd0)
             assert judged["status"] == "down" and "control detection time expired" in judged["detail"]
             port = next(p for p in st["ports"] if p["port"] == port0)
             assert port["verdict"] == "VERDICT_DOWN"
             # detection 300 ms + scheduling + the route write; generous bound
             assert moved < 1.5, moved
         finally:
-            nft(lab.leaf.name, f"delete table inet {table}\n")
+            lab.leaf.nft(f"delete table inet {table}\n")
         healed = time.monotonic()
-        wait_for_sync(lambda: route_nhid(lab, 10100) == NH0, 10.0, "fail-back to rail0")
+        wait_for_sync(lambda: lab.host.route_nhid(10100) == NH0, 10.0, "fail-back to rail0")
         assert time.monotonic() - healed >= 1.0  # not before the hold-down
 
 
@@ -93,15 +81,15 @@ def test_reload_starts_and_stops_bfd_sessions(lab, tmp_path):
     with FrrBfd(lab.leaf.name, peers) as frr, \
             DaemonProcess(lab.host.name, cfg, sock, tmp_path / "linkpassd.log") as daemon:
         daemon.wait_ready()
-        assert signal(daemon.status(), rail0.port, bfd0) is None
+        assert assessment(daemon.status(), rail0.port, bfd0) == {}
         cfg.write_text(rail_config_toml(sock, str(tmp_path), lab.rails, extra=BFD, bfd=True))
         daemon.proc.send_signal(1)  # SIGHUP
-        wait_for_sync(lambda: (signal(daemon.status() or {}, rail0.port, bfd0) or {}).get("status")
+        wait_for_sync(lambda: assessment(daemon.status(), rail0.port, bfd0).get("status")
                       == "up", 10.0, "BFD up after reload")
         assert (frr.bfd_peer(rail0.address) or {}).get("status") == "up"
         cfg.write_text(plain)
         daemon.proc.send_signal(1)
-        wait_for_sync(lambda: signal(daemon.status() or {}, rail0.port, bfd0) is None, 5.0,
+        wait_for_sync(lambda: assessment(daemon.status(), rail0.port, bfd0) == {}, 5.0,
                       "BFD signal gone after reload")
         # we closed it with AdminDown: FRR must not see a path failure
         wait_for_sync(lambda: (frr.bfd_peer(rail0.address) or {}).get("status") != "up", 5.0,

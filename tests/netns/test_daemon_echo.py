@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import time
 
 import pytest
 
-from labs.daemonproc import DaemonProcess, rail_config_toml
+from labs.daemonproc import DaemonProcess, assessment, rail_config_toml
 from labs.echopeer import EchoPeerProcess
 from labs.netnslib import wait_for_sync
 
@@ -29,21 +28,10 @@ def probes(interval_ms: int = 50) -> str:
     return f"[probes]\nenabled = true\ninterval_ms = {interval_ms}\n"
 
 
-def route_nhid(lab, table: int):
-    return next((r.get("nhid") for r in lab.host.ipj("route", "show", "table", str(table))
-                 if r["dst"] == "default"), None)
 
 
-def echo_signal(status: dict | None, port: str) -> dict:
-    for ps in (status or {}).get("sensors", []):
-        if ps["port"] == port:
-            return next((a for a in ps["assessments"] if a["signal"] == "echo"), {})
-    return {}
 
 
-def nft(netns: str, script: str) -> None:
-    subprocess.run(["ip", "netns", "exec", netns, "nft", "-f", "-"], input=script, text=True,
-                   check=True, timeout=10)
 
 
 @pytest.fixture
@@ -69,13 +57,13 @@ def test_a_peer_that_never_answered_fails_nothing(lab, run_daemon):
     """No responder yet: the paths are 'never up', not down, and nothing moves."""
     probed = run_daemon()
     port0 = lab.rails[0].port
-    wait_for_sync(lambda: echo_signal(probed.status(), port0).get("status") == "never up", 5.0,
+    wait_for_sync(lambda: assessment(probed.status(), port0, "echo").get("status") == "never up", 5.0,
                   "echo reported as never up")
     time.sleep(1.0)  # 20 probe intervals without an answer
-    assert route_nhid(lab, RAIL0_TABLE) == NH0
-    assert echo_signal(probed.status(), port0)["status"] == "never up"
+    assert lab.host.route_nhid(RAIL0_TABLE) == NH0
+    assert assessment(probed.status(), port0, "echo")["status"] == "never up"
     with EchoPeerProcess(lab.leaf.name, duration=30):
-        wait_for_sync(lambda: echo_signal(probed.status(), port0).get("status") == "ok", 5.0,
+        wait_for_sync(lambda: assessment(probed.status(), port0, "echo").get("status") == "ok", 5.0,
                       "echo up once the peer answers")
 
 
@@ -95,28 +83,28 @@ def test_gray_failure_moves_traffic_on_echo_and_it_returns(lab, run_daemon, faul
     # up yet) would make misses unjudged for a grace period.
     with EchoPeerProcess(lab.leaf.name, duration=60) as peer:
         probed = run_daemon()
-        wait_for_sync(lambda: echo_signal(probed.status(), rail0.port).get("status") == "ok",
+        wait_for_sync(lambda: assessment(probed.status(), rail0.port, "echo").get("status") == "ok",
                       5.0, "echo up on rail0")
-        assert route_nhid(lab, RAIL0_TABLE) == NH0 and route_nhid(lab, PROBE0_TABLE) == NH0
+        assert lab.host.route_nhid(RAIL0_TABLE) == NH0 and lab.host.route_nhid(PROBE0_TABLE) == NH0
         try:
-            nft(lab.leaf.name, f"table inet {table} {{\n  {drops}\n}}\n")
+            lab.leaf.nft(f"table inet {table} {{\n  {drops}\n}}\n")
             cut = time.monotonic()
-            wait_for_sync(lambda: route_nhid(lab, RAIL0_TABLE) == NH1, 3.0, "rail0 table on rail1")
+            wait_for_sync(lambda: lab.host.route_nhid(RAIL0_TABLE) == NH1, 3.0, "rail0 table on rail1")
             moved = time.monotonic() - cut
             assert lab.host.has_carrier(rail0.port), "carrier must stay up: a gray failure"
-            judged = echo_signal(probed.status(), rail0.port)
+            judged = assessment(probed.status(), rail0.port, "echo")
             assert judged["status"] == "down" and PEER in judged["detail"], judged
             # Probes keep their own path, so recovery can be seen.
-            assert route_nhid(lab, PROBE0_TABLE) == NH0
+            assert lab.host.route_nhid(PROBE0_TABLE) == NH0
             # The steady interval plus the burst is ~75 ms; nft's own start-up and the
             # polling here add more. Generous, but well under BFD's 3 x 50 ms + slack.
             assert moved < 1.0, moved
         finally:
-            nft(lab.leaf.name, f"delete table inet {table}\n")
+            lab.leaf.nft(f"delete table inet {table}\n")
         healed = time.monotonic()
-        wait_for_sync(lambda: route_nhid(lab, RAIL0_TABLE) == NH0, 10.0, "fail-back to rail0")
+        wait_for_sync(lambda: lab.host.route_nhid(RAIL0_TABLE) == NH0, 10.0, "fail-back to rail0")
         assert time.monotonic() - healed >= 1.0  # not before the hold-down
-        assert echo_signal(probed.status(), rail0.port)["status"] == "ok"
+        assert assessment(probed.status(), rail0.port, "echo")["status"] == "ok"
         assert probed.status()["last_error"] == ""
     assert peer.proc.returncode is not None
 
@@ -130,22 +118,22 @@ def test_sustained_random_loss_is_degraded_and_drained_then_given_back(lab, run_
     table = f"lp_echoloss{os.getpid()}"
     with EchoPeerProcess(lab.leaf.name, duration=60):
         probed = run_daemon(interval_ms=10)  # a 200-probe loss window fills in 2 s
-        wait_for_sync(lambda: echo_signal(probed.status(), rail0.port).get("status") == "ok",
+        wait_for_sync(lambda: assessment(probed.status(), rail0.port, "echo").get("status") == "ok",
                       5.0, "echo up on rail0")
         try:
-            nft(lab.leaf.name, f"""
+            lab.leaf.nft(f"""
 table inet {table} {{
   chain in {{ type filter hook input priority 0; iifname "{rail0.peer}" numgen random mod 100 < 25 drop; }}
   chain out {{ type filter hook output priority 0; oifname "{rail0.peer}" numgen random mod 100 < 25 drop; }}
 }}""")
-            wait_for_sync(lambda: route_nhid(lab, RAIL0_TABLE) == NH1, 15.0, "rail0 drained")
-            wait_for_sync(lambda: echo_signal(probed.status(), rail0.port).get("status")
+            wait_for_sync(lambda: lab.host.route_nhid(RAIL0_TABLE) == NH1, 15.0, "rail0 drained")
+            wait_for_sync(lambda: assessment(probed.status(), rail0.port, "echo").get("status")
                           == "degraded", 5.0, "echo degraded")
             port = next(p for p in probed.status()["ports"] if p["port"] == rail0.port)
             assert port["verdict"] == "VERDICT_DEGRADED"
             assert lab.host.has_carrier(rail0.port)
-            assert route_nhid(lab, PROBE0_TABLE) == NH0  # still measured on its own path
+            assert lab.host.route_nhid(PROBE0_TABLE) == NH0  # still measured on its own path
         finally:
-            nft(lab.leaf.name, f"delete table inet {table}\n")
-        wait_for_sync(lambda: route_nhid(lab, RAIL0_TABLE) == NH0, 15.0, "rail0 given back")
-        assert echo_signal(probed.status(), rail0.port)["status"] == "ok"
+            lab.leaf.nft(f"delete table inet {table}\n")
+        wait_for_sync(lambda: lab.host.route_nhid(RAIL0_TABLE) == NH0, 15.0, "rail0 given back")
+        assert assessment(probed.status(), rail0.port, "echo")["status"] == "ok"

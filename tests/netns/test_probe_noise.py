@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from labs.daemonproc import DaemonProcess, rail_config_toml
+from labs.daemonproc import DaemonProcess, assessment, rail_config_toml
 from labs.echopeer import EchoPeerProcess
 from labs.netnslib import wait_for_sync
 
@@ -39,11 +39,6 @@ def start_daemon(lab, tmp_path: Path, probes: str) -> tuple[Path, str, Path]:
     return cfg, sock, tmp_path / "linkpassd.log"
 
 
-def echo_up(status: dict | None, port: str) -> bool:
-    for ps in (status or {}).get("sensors", []):
-        if ps["port"] == port:
-            return any(a["signal"] == "echo" and a["status"] == "ok" for a in ps["assessments"])
-    return False
 
 
 def failovers(log: str) -> list[str]:
@@ -60,18 +55,8 @@ def suspicions(log: str) -> int:
                if "event='echo_paths'" in line and "judged='suspect'" in line)
 
 
-def rail_tables(lab) -> dict[int, int | None]:
-    out = {}
-    for table in (10100, 10101):
-        out[table] = next((r.get("nhid") for r in lab.host.ipj("route", "show", "table", str(table))
-                           if r["dst"] == "default"), None)
-    return out
 
 
-def nft(netns: str, script: str) -> None:
-    proc = subprocess.run(["ip", "netns", "exec", netns, "nft", "-f", "-"], input=script,
-                          text=True, capture_output=True, timeout=10)
-    assert proc.returncode == 0, f"nft: {proc.stderr}\n{script}"
 
 
 INTERVALS = 10_000
@@ -90,17 +75,17 @@ def test_five_percent_random_loss_over_ten_thousand_intervals_fails_nothing_over
             DaemonProcess(lab.host.name, cfg, sock, log_path) as daemon:
         daemon.wait_ready()
         for rail in lab.rails:
-            wait_for_sync(lambda r=rail: echo_up(daemon.status(), r.port), 5.0, "echo up")
+            wait_for_sync(lambda r=rail: assessment(daemon.status(), r.port, "echo").get("status") == "ok", 5.0, "echo up")
         try:
-            nft(lab.leaf.name, f"""
+            lab.leaf.nft(f"""
 table inet {table} {{
   chain in {{ type filter hook input priority 0; iifname {{ {lossy} }} numgen random mod 100 < 5 drop; }}
   chain out {{ type filter hook output priority 0; oifname {{ {lossy} }} numgen random mod 100 < 5 drop; }}
 }}""")
             time.sleep(INTERVALS * LOSS_INTERVAL_MS / 1e3)
-            tables = rail_tables(lab)
+            tables = {t: lab.host.route_nhid(t) for t in (10100, 10101)}
         finally:
-            nft(lab.leaf.name, f"delete table inet {table}\n")
+            lab.leaf.nft(f"delete table inet {table}\n")
         daemon.stop()  # its last lines say what the probes saw
         log = daemon.log()
         counters = peer.stop()
@@ -127,7 +112,7 @@ def test_cpu_hog_on_every_core_for_a_minute_fails_nothing_over(lab, tmp_path):
             DaemonProcess(lab.host.name, cfg, sock, log_path) as daemon:
         daemon.wait_ready()
         for rail in lab.rails:
-            wait_for_sync(lambda r=rail: echo_up(daemon.status(), r.port), 5.0, "echo up")
+            wait_for_sync(lambda r=rail: assessment(daemon.status(), r.port, "echo").get("status") == "ok", 5.0, "echo up")
         try:
             for _ in range(os.cpu_count() or 2):
                 hogs.append(subprocess.Popen([sys.executable, "-c", HOG, str(HOG_S + 5)]))
@@ -135,7 +120,7 @@ def test_cpu_hog_on_every_core_for_a_minute_fails_nothing_over(lab, tmp_path):
             time.sleep(HOG_S)
             assert all(h.poll() is None for h in hogs), "a hog ended early: no load was applied"
             hogged = time.monotonic() - started
-            tables = rail_tables(lab)
+            tables = {t: lab.host.route_nhid(t) for t in (10100, 10101)}
         finally:
             for h in hogs:
                 h.kill()
