@@ -126,6 +126,7 @@ class Daemon:
         self.echo: EchoService | None = None
         self.echo_spec: EchoSpec | None = None
         self.early_probes: dict[str, dict[str, Assessment]] = {}  # before a port's first sample
+        self.echo_logged: dict[str, str] = {}  # each port's last logged echo status
 
     # ------------------------------------------------------------------ tasks
 
@@ -318,9 +319,13 @@ class Daemon:
         if not paths:
             return
         judged = rail_assessment(paths, ECHO_SIGNAL)
-        self._later("echo_paths", port=port, rail=self._rail_of(port), judged=judged.status,
-                    detail=judged.detail,
-                    paths={a.signal: a.detail for a in paths})
+        # A suspicion settled by its burst is routine on a lossy path (several
+        # a second at 5 % loss): logged only when the rail's status changes
+        # otherwise. Suspicions are counted per path (`echo_counters`).
+        if judged.status != "suspect" and judged.status != self.echo_logged.get(port):
+            self.echo_logged[port] = judged.status
+            self._later("echo_paths", port=port, rail=self._rail_of(port), judged=judged.status,
+                        detail=judged.detail, paths={a.signal: a.detail for a in paths})
         self._set_health(before, health.observe_probe(before, ECHO_SIGNAL, judged, now,
                                                       self.config.timers, self.config.health))
 
@@ -355,6 +360,7 @@ class Daemon:
             self._log_echo_counters("reloaded")
             self.echo.close()
             self.echo = None
+            self.echo_logged.clear()
             self.health = {p: replace(h, signals=replace(h.signals, probes=tuple(
                 (n, a) for n, a in h.signals.probes if n != ECHO_SIGNAL)))
                 for p, h in self.health.items()}
