@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from labs.bench.bars import median_bars
 from labs.scenario import FAULTS, MECHANISMS, MODES, ScenarioLab
 
 RESULTS = Path(__file__).parent / "results"
@@ -48,20 +49,12 @@ def plot(summary: dict, faults: list[str], mechanisms: list[str], path: Path) ->
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(MODES), figsize=(6 * len(MODES), 4.5), sharey=True)
-    width = 0.8 / len(mechanisms)
     for ax, mode in zip(axes, MODES):
-        for i, mech in enumerate(mechanisms):
-            cells = [summary.get(f"{mech}|{f}|{mode}") for f in faults]
-            med = [c["median_ms"] if c else 0 for c in cells]
-            low = [c["median_ms"] - c["min_ms"] if c else 0 for c in cells]
-            high = [c["max_ms"] - c["median_ms"] if c else 0 for c in cells]
-            xs = [j + (i - (len(mechanisms) - 1) / 2) * width for j in range(len(faults))]
-            ax.bar(xs, med, width, yerr=[low, high], capsize=3, label=mech)
-        ax.set_xticks(range(len(faults)), faults)
+        median_bars(ax, faults, [(mech, [summary.get(f"{mech}|{f}|{mode}") for f in faults])
+                                 for mech in mechanisms])
         ax.set_yscale("log")
         ax.set_title(f"{mode} flow")
         ax.set_ylabel("blackout, ms (median, min-max)")
-        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 

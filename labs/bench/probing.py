@@ -33,6 +33,7 @@ import sys
 import time
 from pathlib import Path
 
+from labs.bench.bars import median_bars
 from labs.daemonproc import ctl_status
 from labs.faults import OneWayLoss, SilentBlackhole
 from labs.routewatch import RouteWatch
@@ -154,20 +155,12 @@ def plot(summary: dict, faults: list[str], intervals: list[int], mechanisms: lis
 
     fig, axes = plt.subplots(1, len(intervals), figsize=(6 * len(intervals), 4.5))
     axes = [axes] if len(intervals) == 1 else list(axes)
-    width = 0.8 / len(mechanisms)
     for ax, interval in zip(axes, intervals):
-        for i, mech in enumerate(mechanisms):
-            cells = [summary.get(f"{f}|{interval}|{mech}") for f in faults]
-            med = [c["median_ms"] if c else 0 for c in cells]
-            low = [c["median_ms"] - c["min_ms"] if c else 0 for c in cells]
-            high = [c["max_ms"] - c["median_ms"] if c else 0 for c in cells]
-            xs = [j + (i - (len(mechanisms) - 1) / 2) * width for j in range(len(faults))]
-            label = "linkpassd echo" if mech == "linkpassd" else f"FRR eBGP + BFD x{DETECT_MULT}"
-            ax.bar(xs, med, width, yerr=[low, high], capsize=3, label=label)
-        ax.set_xticks(range(len(faults)), faults)
+        median_bars(ax, faults, [
+            ("linkpassd echo" if mech == "linkpassd" else f"FRR eBGP + BFD x{DETECT_MULT}",
+             [summary.get(f"{f}|{interval}|{mech}") for f in faults]) for mech in mechanisms])
         ax.set_title(f"probe interval {interval} ms")
         ax.set_ylabel("fault to reroute, ms (median, min-max)")
-        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
