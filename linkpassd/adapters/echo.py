@@ -569,6 +569,7 @@ class EchoService:
                                         on_request=self._heard) if self.respond else None)
         self.responder_error = ""
         self._retry: asyncio.TimerHandle | None = None
+        self._suspects: set[EchoProber] = set()  # paths confirming a loss right now
 
     def start(self) -> None:
         self.lag.start()
@@ -612,24 +613,27 @@ class EchoService:
                      if port is None or p.port == port)
 
     def _changed(self, prober: EchoProber, assessment: Assessment) -> None:
-        """Each path's other paths are its witnesses: keep them told who is
-        live, and when one starts confirming a loss, have every live witness
-        probe at once, so its confirmation can tell a dead path from a
-        silent host (core.probe: Prober.witnessed)."""
-        live = [p for p in self.probers.values()
-                if p.state.state in (PathState.UP, PathState.SUSPECT)]
-        for other in self.probers.values():
-            other.state = other.state.witnessed(any(p is not other for p in live))
+        """Each path's other paths are its witnesses. When one starts
+        confirming a loss, it is told whether any other path is live, and
+        every live witness probes at once, so its confirmation can tell a
+        dead path from a silent host (core.probe: Prober.witnessed). Only
+        suspects hear of replies elsewhere: nothing is done per reply for
+        the paths that are fine."""
         if prober.state.state is PathState.SUSPECT:
+            live = [p for p in self.probers.values() if p is not prober
+                    and p.state.state in (PathState.UP, PathState.SUSPECT)]
+            prober.state = prober.state.witnessed(bool(live))
+            self._suspects.add(prober)
             for other in live:
-                if other is not prober and other.state.state is PathState.UP \
-                        and other.sock is not None:
+                if other.state.state is PathState.UP and other.sock is not None:
                     other.poke()
+        else:
+            self._suspects.discard(prober)
         if self.on_change is not None:
             self.on_change(prober.path, assessment)
 
     def _reply_heard(self, prober: EchoProber, received_at: float) -> None:
-        for other in self.probers.values():
+        for other in self._suspects:
             if other is not prober:
                 other.state = other.state.witnessed(other.state.others_live, received_at)
 

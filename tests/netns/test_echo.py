@@ -19,8 +19,8 @@ import pytest
 
 from labs.netnslib import run, wait_for
 from linkpassd.adapters.echo import (ECHO_PORT, KIND_REPLY, KIND_REQUEST, MAGIC, PACKET,
-                                     EchoPacket, EchoProber, EchoResponder, LagMonitor,
-                                     ProbePath)
+                                     EchoPacket, EchoProber, EchoResponder, EchoService,
+                                     LagMonitor, ProbePath)
 from linkpassd.core.probe import PathState, ProbeConfig, detection_bound_s
 
 pytestmark = pytest.mark.netns
@@ -162,6 +162,43 @@ def test_the_probe_takes_the_rail_it_is_bound_to_not_the_route(lab):
             finally:
                 await set_group(ipr, index, 0)
                 await remove_rules(lab.leaf)
+
+    run(scenario(), timeout=30)
+
+
+def test_paths_vouch_for_each_other_one_dead_path_is_down_all_silent_is_not(lab):
+    """EchoService's witnesses, for real: with rail 0 blackholed, rail 1's
+    witness probes answer and rail 0 is DOWN; with every path silent at once
+    (the responder's requests all dropped), no path is DOWN."""
+    async def scenario():
+        responder = EchoResponder(netns=lab.leaf.name)
+        service = EchoService([rail_path(lab, 0), rail_path(lab, 1)], CONFIG, respond=False,
+                              netns=lab.host.name)
+        responder.start()
+        service.start()
+        on0, on1 = service.probers.values()
+        async with lab.leaf.iproute() as ipr:
+            (index,) = await ipr.link_lookup(ifname=lab.rails[0].peer)
+            try:
+                await nft(lab.leaf, drop_rules("requests"))
+                await phase(on0, "UP", 3.0)
+                await phase(on1, "UP", 3.0)
+                await set_group(ipr, index, GROUP)
+                await phase(on0, "DOWN", 3.0)
+                assert on0.counters.host_silences == 0 and on1.state.phase == "UP"
+                await set_group(ipr, index, 0)
+                await phase(on0, "UP", 3.0)
+                # Now everything: the responder hears nothing on any rail.
+                await nft(lab.leaf, f"add rule inet {TABLE} requests udp dport {ECHO_PORT} drop\n")
+                await asyncio.sleep(0.5)  # ten intervals of silence
+                for prober in (on0, on1):
+                    assert prober.counters.downs == (1 if prober is on0 else 0), prober.counters
+                    assert prober.counters.host_silences >= 1, prober.counters
+            finally:
+                await set_group(ipr, index, 0)
+                await remove_rules(lab.leaf)
+                service.close()
+                responder.close()
 
     run(scenario(), timeout=30)
 
