@@ -20,6 +20,8 @@ from dataclasses import asdict
 from linkpassd.adapters.echo import ECHO_PORT, EchoResponder
 
 READY_TIMEOUT_S = 10.0
+# Where netns tests put the far end of echo probes: the leaf namespace's loopback.
+NETNS_PEER = "198.19.9.1"
 
 
 async def _serve(port: int, duration: float) -> dict:

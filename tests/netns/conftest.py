@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
 
+from labs.daemonproc import DaemonProcess, rail_config_toml
+from labs.echopeer import NETNS_PEER as ECHO_PEER
 from labs.netnslib import HostLab, NetnsFactory
 
 
@@ -25,3 +28,25 @@ def netns_factory():
 def lab(netns_factory) -> HostLab:
     """A host namespace with two rails to a leaf namespace (see HostLab)."""
     return HostLab.build(netns_factory, n_rails=2)
+
+
+@pytest.fixture
+def echo_daemon(lab, tmp_path):
+    """Factory: linkpassd echo-probing ECHO_PEER (the leaf's loopback) from
+    both rails, `interval_ms` apart; the responder is the test's to start
+    (labs.echopeer). Stopped at teardown."""
+    lab.leaf.ip("link", "set", "lo", "up")  # this kernel has no dummy links
+    lab.leaf.ip("addr", "add", f"{ECHO_PEER}/32", "dev", "lo")
+    cfg = tmp_path / "linkpassd.toml"
+    sock = str(tmp_path / "ctl.sock")
+    with contextlib.ExitStack() as stack:
+        def start(interval_ms: int = 50) -> DaemonProcess:
+            probes = f"[probes]\nenabled = true\ninterval_ms = {interval_ms}\n"
+            cfg.write_text(rail_config_toml(sock, str(tmp_path), lab.rails, rise=2,
+                                            hold_down_s=1.0, extra=probes,
+                                            probe_peers=[[ECHO_PEER], [ECHO_PEER]]))
+            daemon = stack.enter_context(
+                DaemonProcess(lab.host.name, cfg, sock, tmp_path / "linkpassd.log"))
+            daemon.wait_ready()
+            return daemon
+        yield start

@@ -9,13 +9,13 @@ probes can see them.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 
 import pytest
 
-from labs.daemonproc import DaemonProcess, assessment, rail_config_toml
+from labs.daemonproc import assessment
+from labs.echopeer import NETNS_PEER as PEER
 from labs.echopeer import EchoPeerProcess
 from labs.netnslib import wait_for_sync
 
@@ -23,39 +23,11 @@ pytestmark = pytest.mark.netns
 
 NH0, NH1 = 1_000_100, 1_000_101
 RAIL0_TABLE, PROBE0_TABLE = 10100, 10103  # rails 10100-1, the group 10102, then probe tables
-PEER = "198.19.9.1"
-def probes(interval_ms: int = 50) -> str:
-    return f"[probes]\nenabled = true\ninterval_ms = {interval_ms}\n"
 
 
-
-
-
-
-
-
-@pytest.fixture
-def run_daemon(lab, tmp_path):
-    """Starts linkpassd probing the peer address (on the leaf) from both rails."""
-    lab.leaf.ip("link", "set", "lo", "up")  # this kernel has no dummy links
-    lab.leaf.ip("addr", "add", f"{PEER}/32", "dev", "lo")
-    cfg = tmp_path / "linkpassd.toml"
-    sock = str(tmp_path / "ctl.sock")
-    with contextlib.ExitStack() as stack:
-        def start(interval_ms: int = 50) -> DaemonProcess:
-            cfg.write_text(rail_config_toml(sock, str(tmp_path), lab.rails, rise=2,
-                                            hold_down_s=1.0, extra=probes(interval_ms),
-                                            probe_peers=[[PEER], [PEER]]))
-            daemon = stack.enter_context(
-                DaemonProcess(lab.host.name, cfg, sock, tmp_path / "linkpassd.log"))
-            daemon.wait_ready()
-            return daemon
-        yield start
-
-
-def test_a_peer_that_never_answered_fails_nothing(lab, run_daemon):
+def test_a_peer_that_never_answered_fails_nothing(lab, echo_daemon):
     """No responder yet: the paths are 'never up', not down, and nothing moves."""
-    probed = run_daemon()
+    probed = echo_daemon()
     port0 = lab.rails[0].port
     wait_for_sync(lambda: assessment(probed.status(), port0, "echo").get("status") == "never up", 5.0,
                   "echo reported as never up")
@@ -68,7 +40,7 @@ def test_a_peer_that_never_answered_fails_nothing(lab, run_daemon):
 
 
 @pytest.mark.parametrize("fault", ["blackhole", "replies-lost"])
-def test_gray_failure_moves_traffic_on_echo_and_it_returns(lab, run_daemon, fault):
+def test_gray_failure_moves_traffic_on_echo_and_it_returns(lab, echo_daemon, fault):
     rail0 = lab.rails[0]
     table = f"lp_echohole{os.getpid()}"
     drops = {
@@ -82,7 +54,7 @@ def test_gray_failure_moves_traffic_on_echo_and_it_returns(lab, run_daemon, faul
     # The peer answers from the start: an ICMP port unreachable (peer daemon not
     # up yet) would make misses unjudged for a grace period.
     with EchoPeerProcess(lab.leaf.name, duration=60) as peer:
-        probed = run_daemon()
+        probed = echo_daemon()
         wait_for_sync(lambda: assessment(probed.status(), rail0.port, "echo").get("status") == "ok",
                       5.0, "echo up on rail0")
         assert lab.host.route_nhid(RAIL0_TABLE) == NH0 and lab.host.route_nhid(PROBE0_TABLE) == NH0
@@ -109,7 +81,7 @@ def test_gray_failure_moves_traffic_on_echo_and_it_returns(lab, run_daemon, faul
     assert peer.proc.returncode is not None
 
 
-def test_sustained_random_loss_is_degraded_and_drained_then_given_back(lab, run_daemon):
+def test_sustained_random_loss_is_degraded_and_drained_then_given_back(lab, echo_daemon):
     """25 % loss each way on rail 0 (an exchange fails 44 % of the time): the
     path is DEGRADED once a window of probes says so, and rail 0's traffic is
     drained to the healthy rail 1; once the loss stops it comes back after
@@ -117,7 +89,7 @@ def test_sustained_random_loss_is_degraded_and_drained_then_given_back(lab, run_
     rail0 = lab.rails[0]
     table = f"lp_echoloss{os.getpid()}"
     with EchoPeerProcess(lab.leaf.name, duration=60):
-        probed = run_daemon(interval_ms=10)  # a 200-probe loss window fills in 2 s
+        probed = echo_daemon(interval_ms=10)  # a 200-probe loss window fills in 2 s
         wait_for_sync(lambda: assessment(probed.status(), rail0.port, "echo").get("status") == "ok",
                       5.0, "echo up on rail0")
         try:

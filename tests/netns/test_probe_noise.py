@@ -15,30 +15,16 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from labs.daemonproc import DaemonProcess, assessment, rail_config_toml
+from labs.daemonproc import assessment
 from labs.echopeer import EchoPeerProcess
 from labs.netnslib import wait_for_sync
 
 pytestmark = pytest.mark.netns
 
-PEER = "198.19.9.1"
 NH0, NH1 = 1_000_100, 1_000_101
-
-
-def start_daemon(lab, tmp_path: Path, probes: str) -> tuple[Path, str, Path]:
-    lab.leaf.ip("link", "set", "lo", "up")
-    lab.leaf.ip("addr", "add", f"{PEER}/32", "dev", "lo")
-    cfg = tmp_path / "linkpassd.toml"
-    sock = str(tmp_path / "ctl.sock")
-    cfg.write_text(rail_config_toml(sock, str(tmp_path), lab.rails, rise=2, hold_down_s=1.0,
-                                    extra=probes, probe_peers=[[PEER], [PEER]]))
-    return cfg, sock, tmp_path / "linkpassd.log"
-
-
 
 
 def failovers(log: str) -> list[str]:
@@ -57,23 +43,18 @@ def suspicions(log: str) -> list[int]:
 
 
 
-
-
 INTERVALS = 10_000
 LOSS_INTERVAL_MS = 10
 
 
-def test_five_percent_random_loss_over_ten_thousand_intervals_fails_nothing_over(lab, tmp_path):
+def test_five_percent_random_loss_over_ten_thousand_intervals_fails_nothing_over(lab, echo_daemon):
     """5 % loss each way on both rails (an exchange is lost ~9.75 % of the time):
     about a thousand suspicions per path, each settled by its burst, and never a
     failover. 10,000 intervals of 10 ms per path: 100 s."""
-    probes = f"[probes]\nenabled = true\ninterval_ms = {LOSS_INTERVAL_MS}\n"
-    cfg, sock, log_path = start_daemon(lab, tmp_path, probes)
     table = f"lp_loss{os.getpid()}"
     lossy = ", ".join(f'"{r.peer}"' for r in lab.rails)
-    with EchoPeerProcess(lab.leaf.name, duration=300) as peer, \
-            DaemonProcess(lab.host.name, cfg, sock, log_path) as daemon:
-        daemon.wait_ready()
+    with EchoPeerProcess(lab.leaf.name, duration=300) as peer:
+        daemon = echo_daemon(LOSS_INTERVAL_MS)
         for rail in lab.rails:
             wait_for_sync(lambda r=rail: assessment(daemon.status(), r.port, "echo").get("status") == "ok", 5.0, "echo up")
         try:
@@ -102,15 +83,13 @@ HOG_S = 60
 HOG = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end: pass"
 
 
-def test_cpu_hog_on_every_core_for_a_minute_fails_nothing_over(lab, tmp_path):
+def test_cpu_hog_on_every_core_for_a_minute_fails_nothing_over(lab, echo_daemon):
     """Busy loops on every CPU (same priority as the daemon) for 60 s, at the
     default probe interval: our stalls are measured and never read as a dead
     path."""
-    cfg, sock, log_path = start_daemon(lab, tmp_path, "[probes]\nenabled = true\n")
     hogs: list[subprocess.Popen] = []
-    with EchoPeerProcess(lab.leaf.name, duration=300) as peer, \
-            DaemonProcess(lab.host.name, cfg, sock, log_path) as daemon:
-        daemon.wait_ready()
+    with EchoPeerProcess(lab.leaf.name, duration=300) as peer:
+        daemon = echo_daemon()  # the default 50 ms
         for rail in lab.rails:
             wait_for_sync(lambda r=rail: assessment(daemon.status(), r.port, "echo").get("status") == "ok", 5.0, "echo up")
         try:
