@@ -1,0 +1,391 @@
+"""The schema: every option of linkpassd's config, declared once with its
+type, default, help text and checks. Validation (config.build) and the
+reference documentation (config.reference) are both driven by it, so they
+cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from linkpassd.config.checks import (BOOL, FLOAT, IFNAME, INT, IPV4_ADDRESS, IPV4_CIDR,
+                                     IPV4_INTERFACE, NAME, NH_TIMER_MAX_S, NON_EMPTY,
+                                     ROUTE_PROTOCOL, STR, STR_LIST, SUN_PATH_MAX, U32_MAX, UNIQUE,
+                                     _abs_path, _at_least, _between, _Check, _each, _greater_than,
+                                     _int_range, _one_of, _Type)
+
+# --------------------------------------------------------------------------
+# The schema: every option, once
+# --------------------------------------------------------------------------
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
+@dataclass(frozen=True)
+class Option:
+    key: str
+    type: _Type
+    default: Any  # REQUIRED, None (computed later, see default_doc), or the value
+    help: str
+    checks: tuple[_Check, ...] = ()
+    default_doc: str | None = None  # how the reference shows a computed default
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    array: bool  # [[name]] (array of tables) rather than [name]
+    help: str
+    options: tuple[Option, ...]
+    rules: tuple[str, ...] = ()  # checks across options, for the reference
+
+    def option(self, key: str) -> Option | None:
+        return next((o for o in self.options if o.key == key), None)
+
+    @property
+    def header(self) -> str:
+        return f"[[{self.name}]]" if self.array else f"[{self.name}]"
+
+
+_U32 = _int_range(1, U32_MAX)
+
+DAEMON = Section(
+    "daemon",
+    array=False,
+    help="The daemon process itself.",
+    options=(
+        Option("control_socket", STR, "/run/linkpass/linkpassd.sock",
+               "Unix socket of the local control API, used by `linkpassctl` (created mode 0660).",
+               (_abs_path(SUN_PATH_MAX),)),
+        Option("run_dir", STR, "/run/linkpass",
+               "Directory for runtime state, such as the per-NIC `health.json` that launchers read "
+               "to exclude bad NICs.",
+               (_abs_path(),)),
+        Option("log_format", STR, "kv",
+               "Log line format: `kv` (key=value) or `json`; one event per line either way.",
+               (_one_of("kv", "json"),)),
+        Option("log_level", STR, "info", "Lowest level that is logged.",
+               (_one_of("debug", "info", "warning", "error"),)),
+    ),
+)
+
+OWNERSHIP = Section(
+    "ownership",
+    array=False,
+    help="The kernel objects linkpassd owns. It creates, changes and deletes only routes, rules "
+         "and nexthops tagged with `route_protocol` and inside these ranges, and leaves "
+         "everything else alone, so keep them apart from other routing software on the host. "
+         "Rule priorities and nexthop ids are allocated from their ranges by linkpassd.",
+    options=(
+        Option("route_protocol", INT, 201,
+               "`rtm_protocol` tag on every route, rule and nexthop linkpassd installs. On start it "
+               "adopts, and may delete, everything carrying this tag, so no other software may "
+               "use it; the kernel's own values and those registered for routing daemons are "
+               "refused.",
+               (ROUTE_PROTOCOL,)),
+        Option("table_min", INT, 10100, "First routing table id linkpassd may use.", (_U32,)),
+        Option("table_max", INT, 10199,
+               "Last routing table id linkpassd may use. The range needs one table per rail and "
+               "one per multipath group.",
+               (_U32,)),
+        Option("rule_priority_min", INT, 10100, "First policy rule priority linkpassd may use.", (_U32,)),
+        Option("rule_priority_max", INT, 10199,
+               "Last policy rule priority linkpassd may use. The range needs one rule per rail "
+               "(two with `routing.roce_rules`) and one per multipath group.",
+               (_U32,)),
+        Option("nexthop_id_min", INT, 1_000_100, "First nexthop object id linkpassd may use.", (_U32,)),
+        Option("nexthop_id_max", INT, 1_000_199,
+               "Last nexthop object id linkpassd may use. The range needs one id per rail and one "
+               "per multipath group.",
+               (_U32,)),
+    ),
+    rules=(
+        "each `*_min` ≤ its `*_max`",
+        "the table range must not include 253 (default), 254 (main) or 255 (local)",
+        "the rule priority range must not include 32766 or 32767 (the main and default rules)",
+        "each range must hold what the configured rails and multipath groups need",
+    ),
+)
+
+TIMERS = Section(
+    "timers",
+    array=False,
+    help="How fast a port is declared down and how cautiously it is trusted again. A false "
+         "failover costs as much as a missed one, so recovery is deliberately slower than failure.",
+    options=(
+        Option("rise", INT, 3, "Consecutive good samples before a recovered port is trusted.",
+               (_at_least(1),)),
+        Option("fall", INT, 1, "Consecutive bad samples before a port is declared down.",
+               (_at_least(1),)),
+        Option("hold_down_s", FLOAT, 5.0,
+               "Seconds a recovered port must stay healthy before traffic fails back to it.",
+               (_at_least(0),)),
+        Option("tick_interval_s", FLOAT, 0.5,
+               "Seconds between health samples taken from cached link state.",
+               (_greater_than(0),)),
+        Option("resync_interval_s", FLOAT, 30.0,
+               "Seconds between full re-reads of kernel state, even when no event arrived.",
+               (_greater_than(0),)),
+    ),
+    rules=("`resync_interval_s` ≥ `tick_interval_s`",),
+)
+
+HEALTH = Section(
+    "health",
+    array=False,
+    help="How counters, optics and flaps turn into a verdict. A signal degrades a port only "
+         "after `confirm` consecutive readings agree; DEGRADED ports are drained while a healthy "
+         "alternative exists. Optic thresholds are the module's own warning levels.",
+    options=(
+        Option("confirm", INT, 3,
+               "Consecutive readings of a signal (optics readings, counter intervals) before it "
+               "may degrade a port: one spiky reading drains nothing.", (_at_least(1),)),
+        Option("counter_window_s", FLOAT, 10.0,
+               "Seconds over which error counter rates are computed.", (_greater_than(0),)),
+        Option("crc_errors_per_s", FLOAT, 10.0, "RX CRC (FCS) errors per second that degrade a port.",
+               (_greater_than(0),)),
+        Option("symbol_errors_per_s", FLOAT, 10.0, "Symbol errors per second that degrade a port.",
+               (_greater_than(0),)),
+        Option("fec_uncorrectable_per_s", FLOAT, 1.0,
+               "Uncorrectable FEC blocks per second that degrade a port (each is lost data).",
+               (_greater_than(0),)),
+        Option("fec_corrected_per_s", FLOAT, 0.0,
+               "Corrected FEC blocks per second that degrade a port (pre-FEC errors); 0 turns this "
+               "check off, since healthy high-speed links correct errors all the time.",
+               (_at_least(0),)),
+        Option("rx_power_margin_db", FLOAT, 0.0,
+               "dB added to the module's RX power low warning level before it degrades a port.",
+               (_at_least(0),)),
+        Option("trend_window_s", FLOAT, 60.0,
+               "Seconds of RX power history used to see a decline coming.", (_greater_than(0),)),
+        Option("trend_min_samples", INT, 6, "Readings needed before a trend is trusted.",
+               (_at_least(3),)),
+        Option("trend_min_drop_db", FLOAT, 1.0,
+               "RX power must have fallen at least this much over the window to count as a trend.",
+               (_greater_than(0),)),
+        Option("predict_horizon_s", FLOAT, 120.0,
+               "Drain a port whose RX power trend reaches the module's low alarm within this "
+               "many seconds.", (_at_least(0),)),
+        Option("flap_penalty", FLOAT, 1000.0, "Penalty added per carrier loss (flap dampening).",
+               (_greater_than(0),)),
+        Option("flap_half_life_s", FLOAT, 15.0, "Seconds for the flap penalty to halve.",
+               (_greater_than(0),)),
+        Option("flap_suppress", FLOAT, 2500.0,
+               "Penalty at which a flapping port is kept DEGRADED beyond its hold-down.",
+               (_greater_than(0),)),
+        Option("flap_reuse", FLOAT, 800.0,
+               "Penalty below which a suppressed port may be used again.", (_greater_than(0),)),
+        Option("flap_max_penalty", FLOAT, 10000.0,
+               "Cap on the penalty, which bounds how long a port stays suppressed.",
+               (_greater_than(0),)),
+    ),
+    rules=("`flap_reuse` < `flap_suppress` ≤ `flap_max_penalty`",),
+)
+
+SENSORS = Section(
+    "sensors",
+    array=False,
+    help="Where counters and optics are read from, and how often. `ethtool` reads the kernel "
+         "(ethtool netlink, module EEPROM; a driver without a counter or module is normal); `sim` "
+         "reads simulated files (labs; format in labs/faults/simsensor.md).",
+    options=(
+        Option("backend", STR, "ethtool", "`ethtool` or `sim`.", (_one_of("ethtool", "sim"),)),
+        Option("sim_dir", STR, None, "Directory of `<port>.json` files for the `sim` backend.",
+               (_abs_path(),), default_doc="`<run_dir>/sim`"),
+        Option("counters_interval_s", FLOAT, 1.0, "Seconds between counter reads.",
+               (_greater_than(0),)),
+        Option("optics_interval_s", FLOAT, 2.0,
+               "Seconds between module EEPROM reads (one reader per module at a time).",
+               (_greater_than(0),)),
+    ),
+)
+
+BFD = Section(
+    "bfd",
+    array=False,
+    help="BFD (RFC 5880/5881, single hop) with each rail's gateway where the rail sets "
+         "`bfd = true`; interoperates with switch and FRR bfdd sessions. Detection takes "
+         "`detect_mult` × the negotiated interval; a session that never came up, a peer that "
+         "goes AdminDown, and a Down our own stalled event loop could explain are not path "
+         "failures.",
+    options=(
+        Option("interval_ms", INT, 300,
+               "Desired transmit and required receive interval once Up (FRR's default is 300; "
+               "before Up, BFD slows to 1 s).", (_int_range(10, 60000),)),
+        Option("detect_mult", INT, 3, "Missed packets before the session is declared Down.",
+               (_int_range(1, 255),)),
+    ),
+)
+
+PROBES = Section(
+    "probes",
+    array=False,
+    help="UDP echo probes between linkpassd peers, end to end across the fabric: they see what "
+         "carrier and single-hop BFD cannot (a blackholing spine, one-way loss upstream). A "
+         "missed probe only raises suspicion and starts a burst of confirmation probes; only a "
+         "lost burst takes the path DOWN, so detection costs about one interval plus the burst, "
+         "where BFD costs `detect_mult` intervals. Sustained random loss above `max_loss_ratio` "
+         "makes the path DEGRADED. A rail is DOWN only when every peer that ever answered "
+         "through it is unreachable (a dead peer host fails nothing), DEGRADED when most are "
+         "bad. Misses our own stalled event loop could explain, and peers that never answered, "
+         "count for nothing. With `enabled`, every daemon also answers its peers' probes, and "
+         "each rail gets a probe table (`rail.probe_table`) and two rules that keep probes and "
+         "replies on the rail's own path even while its traffic has failed over, so recovery "
+         "is seen.",
+    options=(
+        Option("enabled", BOOL, False,
+               "Answer peers' probes, pin probe traffic to each rail's own path, and probe the "
+               "rails' `probe_peers`."),
+        Option("port", INT, 4793,
+               "UDP port of the echo responder, the same on every host (4793 sits next to the "
+               "RoCEv2 ports and clear of BFD, VXLAN and the ephemeral range).",
+               (_int_range(1, 65535),)),
+        Option("interval_ms", FLOAT, 50.0, "Milliseconds between steady probes on each path.",
+               (_between(1, 60000),)),
+        Option("timeout_ms", FLOAT, 8.0,
+               "A reply later than this is a miss and starts the confirmation burst. Round trips "
+               "in one fabric are well under a millisecond; our own stalls are accounted for "
+               "separately.", (_greater_than(0),)),
+        Option("burst_count", INT, 8,
+               "Confirmation probes after a miss on a clean path (a path that already loses "
+               "probes gets more, up to 32, so its loss cannot fake a DOWN).",
+               (_int_range(1, 32),)),
+        Option("burst_interval_ms", FLOAT, 1.0, "Milliseconds between confirmation probes.",
+               (_between(0, 1000),)),
+        Option("rise", INT, 3,
+               "On-time replies in a row before a path that was down (or never up) counts as up.",
+               (_int_range(1, 1000),)),
+        Option("loss_window", INT, 200, "Steady probes the loss ratio is measured over.",
+               (_int_range(10, 100000),)),
+        Option("max_loss_ratio", FLOAT, 0.20,
+               "Share of steady probes lost above which a path is DEGRADED.", (_between(0.001, 1),)),
+        Option("clear_loss_ratio", FLOAT, 0.10,
+               "Share at or below which a DEGRADED path is healthy again.", (_between(0, 1),)),
+        Option("tos", INT, 0,
+               "IP TOS byte of probes, e.g. the RoCE traffic class's DSCP << 2 so that probes "
+               "share its queue.", (_int_range(0, 255),)),
+        Option("lag_heartbeat_ms", FLOAT, 25.0,
+               "How often the event loop checks its own scheduling lag, so a stall of ours is "
+               "not read as a dead path; 0 relies on the probes' own timers only.",
+               (_between(0, 1000),)),
+    ),
+    rules=(
+        "`timeout_ms` < `interval_ms`; `clear_loss_ratio` < `max_loss_ratio`",
+        "`rail.probe_peers` requires `enabled = true`",
+    ),
+)
+
+ROUTING = Section(
+    "routing",
+    array=False,
+    help="Routing behaviour shared by all rails.",
+    options=(
+        Option("roce_rules", BOOL, True,
+               "Also add, per rail, a rule sending RoCEv2 (UDP destination port 4791) from the "
+               "rail address to the rail table."),
+    ),
+)
+
+RAIL = Section(
+    "rail",
+    array=True,
+    help="One NIC port (a \"rail\") with its own source address and routing table: traffic from "
+         "the rail address is looked up in the rail table, and when the port fails that table "
+         "is pointed at the first healthy backup rail. At least one `[[rail]]` is required.",
+    options=(
+        Option("name", STR, REQUIRED,
+               "Name used in logs, metrics, `backups` and `multipath.rails`; unique.", (NAME,)),
+        Option("port", STR, REQUIRED, "Network interface of the rail, e.g. `eth0`; unique.",
+               (IFNAME,)),
+        Option("address", STR, REQUIRED,
+               "Host address on the rail with the subnet's prefix length, e.g. `198.18.0.1/24`; "
+               "unique. IPv4 only for now.",
+               (IPV4_INTERFACE,)),
+        Option("gateway", STR, REQUIRED,
+               "Next hop on the rail (the leaf switch); inside the rail subnet.", (IPV4_ADDRESS,)),
+        Option("table", INT, None,
+               "Routing table of the rail: inside the owned table range and not used twice. Set it "
+               "to keep it stable when rails are added or removed.",
+               (_U32,),
+               default_doc="lowest free table of the owned range, in rail order"),
+        Option("backups", STR_LIST, (),
+               "Other rails whose paths this rail's table uses when its own port is down, in "
+               "order of preference.",
+               (UNIQUE,)),
+        Option("destinations", STR_LIST, ("0.0.0.0/0",),
+               "Destinations routed in the rail table.",
+               (NON_EMPTY, _each(IPV4_CIDR), UNIQUE)),
+        Option("bfd", BOOL, False,
+               "Run a single-hop BFD session with `gateway` (the leaf switch) on this port; a "
+               "session that was up and goes down takes the port DOWN (timers in `[bfd]`)."),
+        Option("probe_peers", STR_LIST, (),
+               "Addresses of peer linkpassd hosts (their address on the same rail) to echo-probe "
+               "from this rail's address and port (`[probes]`). Each must lie in one of the "
+               "rail's `destinations` and outside the rail subnet.",
+               (_each(IPV4_ADDRESS), UNIQUE)),
+        Option("probe_table", INT, None,
+               "Routing table that keeps the rail's own path for probes and replies, used when "
+               "`[probes] enabled`: inside the owned table range and not used twice.",
+               (_U32,),
+               default_doc="lowest free table after the rails' and groups' tables"),
+    ),
+    rules=(
+        "`name`, `port` and the host part of `address` are unique across rails",
+        "`gateway` is inside the subnet of `address` and is not the address itself",
+        "`backups` name other configured rails, not the rail itself",
+        "`probe_peers` lie in `destinations`, outside the rail subnet, and are no rail's address",
+    ),
+)
+
+MULTIPATH = Section(
+    "multipath",
+    array=True,
+    help="A destination spread over several rails through a kernel resilient nexthop group "
+         "(Linux ≥ 5.13): removing a failed path remaps only that path's flows.",
+    options=(
+        Option("name", STR, REQUIRED, "Name used in logs and metrics; unique among groups.",
+               (NAME,)),
+        Option("destination", STR, REQUIRED, "Destination routed through the group; unique.",
+               (IPV4_CIDR,)),
+        Option("rails", STR_LIST, REQUIRED, "Member rails, in order of preference.",
+               (NON_EMPTY, UNIQUE)),
+        Option("table", INT, None,
+               "Routing table of the group: inside the owned table range and not used twice.",
+               (_U32,),
+               default_doc="lowest free table after the rails' tables"),
+        Option("buckets", INT, 64,
+               "Hash buckets of the resilient group; at least the number of rails. The kernel "
+               "cannot change it on an existing group.",
+               (_int_range(1, 65535),)),
+        Option("idle_timer_s", INT, 0,
+               "Seconds a bucket must be idle before it may move to rebalance the group; 0 "
+               "counts every bucket as idle.",
+               (_int_range(0, NH_TIMER_MAX_S),)),
+        Option("unbalanced_timer_s", INT, 0,
+               "Seconds the group may stay unbalanced before busy buckets are moved anyway; 0 "
+               "never forces a move.",
+               (_int_range(0, NH_TIMER_MAX_S),)),
+        Option("min_paths", INT, 1,
+               "Capacity floor: linkpassd never shrinks the group below this many members while "
+               "their ports can carry traffic.",
+               (_at_least(1),)),
+    ),
+    rules=(
+        "`rails` name configured rails",
+        "`min_paths` ≤ number of `rails`; `buckets` ≥ number of `rails`",
+    ),
+)
+
+SCHEMA: tuple[Section, ...] = (DAEMON, OWNERSHIP, TIMERS, HEALTH, SENSORS, BFD, PROBES, ROUTING,
+                               RAIL, MULTIPATH)
