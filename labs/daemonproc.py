@@ -31,6 +31,7 @@ def rail_config_toml(socket_path: str, run_dir: str, rails: Iterable, *, rise: i
         "[daemon]",
         f'control_socket = "{socket_path}"',
         f'run_dir = "{run_dir}"',
+        f'state_dir = "{run_dir}/state"',
         f'log_level = "{log_level}"',
         "[timers]",
         f"rise = {rise}",

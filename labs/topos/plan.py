@@ -441,6 +441,7 @@ def linkpassd_toml(host: HostPlan, *, control_socket: str, run_dir: str,
            "[daemon]",
            f"control_socket = {_toml(control_socket)}",
            f"run_dir = {_toml(run_dir)}",
+           f"state_dir = {_toml(run_dir + '/state')}",
            f"log_level = {_toml(log_level)}"]
     if timers:
         out.append("[timers]")

@@ -226,6 +226,7 @@ class _Builder:
             roce_rules=routing["roce_rules"],
             control_socket=daemon["control_socket"],
             run_dir=daemon["run_dir"],
+            state_dir=daemon["state_dir"],
             log_format=daemon["log_format"],
             log_level=daemon["log_level"],
             source=self.source,

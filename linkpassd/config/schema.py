@@ -72,6 +72,12 @@ DAEMON = Section(
                "Directory for runtime state, such as the per-NIC `health.json` that launchers read "
                "to exclude bad NICs.",
                (_abs_path(),)),
+        Option("state_dir", STR, "/var/lib/linkpass",
+               "Directory for what must survive a restart: each port's verdict and its evidence "
+               "(so a rail that failed over stays failed over until its own probes prove it "
+               "healthy) and the allocated nexthop ids, rule priorities and tables (so a reload "
+               "or restart never renumbers what is in use). systemd's `StateDirectory=linkpass`.",
+               (_abs_path(),)),
         Option("log_format", STR, "kv",
                "Log line format: `kv` (key=value) or `json`; one event per line either way.",
                (_one_of("kv", "json"),)),

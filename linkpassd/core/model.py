@@ -147,6 +147,7 @@ class Config:
     roce_rules: bool = True
     control_socket: str = "/run/linkpass/linkpassd.sock"
     run_dir: str = "/run/linkpass"
+    state_dir: str = "/var/lib/linkpass"
     log_format: str = "kv"
     log_level: str = "info"
     source: str = "<memory>"  # the file this came from, for messages
