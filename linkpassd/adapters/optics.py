@@ -36,16 +36,22 @@ Decisions (see the module constants):
   page 00h 220 bit 3, CMIS page 01h 151 bit 4); the thresholds are of the
   same kind, so comparisons hold.  ``OpticsReading`` has no field for it;
   ``decode_detailed`` returns it in ``OpticsDetail.rx_power_type``.
-- Thresholds that are all zero for a quantity mean "not given" (passive or
-  unprogrammed modules) and decode to ``Thresholds()``; thresholds out of
-  order (high alarm >= high warning >= low warning >= low alarm violated)
-  make the whole reading Unreadable: a module that contradicts itself
-  cannot be trusted for the rest either.
+- Thresholds are decoded as the module stores them, even when a block is
+  all 0x00 or all 0xFF (an unprogrammed or blank threshold page): its four
+  levels then come out equal, which the core reports as "thresholds
+  unreadable" and never judges values against (``core.signals``).  Decoding
+  such a block to ``Thresholds()`` would make it indistinguishable from a
+  module that gives none.  Thresholds out of order (high alarm >= high
+  warning >= low warning >= low alarm violated) make the whole reading
+  Unreadable: a module that contradicts itself cannot be trusted for the
+  rest either.
 - Flags are reported only where the module advertises the function, and
   use 0-based lane indexes: ``rx_power_low_alarm[2]``, ``tx_fault[0]``,
   ``rx_los[1]``, ``tx_los[i]``, ``tx_cdr_lol[i]``, ``rx_cdr_lol[i]``,
   ``tx_adaptive_eq_fault[i]``; module-level ``temperature_high_warning``,
-  ``voltage_low_alarm``; CMIS ``module_fault`` (module state ModuleFault).
+  ``voltage_low_alarm``; CMIS ``module_fault`` (module state ModuleFault),
+  ``module_firmware_fault`` and ``datapath_firmware_fault`` (lower byte 8
+  bits 1 and 2, decoded for flat-memory modules too).
   SFF-8472 TX fault / RX LOS come from the soft status bits (A2h 110), which
   mirror the pins rather than latch.
 """
@@ -333,12 +339,10 @@ def mw_to_dbm(mw: float) -> float:
     return 10.0 * math.log10(mw)
 
 
-def _thresholds(quantity: str, values: tuple[float, float, float, float],
-                raw: tuple[int, ...]) -> Thresholds:
+def _thresholds(quantity: str, values: tuple[float, float, float, float]) -> Thresholds:
     """Module levels in the spec's (high alarm, low alarm, high warn, low warn)
-    order, in physical units; all-zero raw means "not given"."""
-    if not any(raw):
-        return Thresholds()
+    order, in physical units.  A blank block (all 0x00 or 0xFF) is returned
+    as its four equal levels, not dropped: see the module docstring."""
     ha, la, hw, lw = values
     if any(not math.isfinite(v) for v in values):
         raise _Bad(f"{quantity} thresholds are not finite ({ha}, {la}, {hw}, {lw})")
@@ -465,7 +469,7 @@ def _decode_sff8472(a0: bytes, got: dict[PageRef, bytes],
         ("rx_power_dbm", _threshold_block(a2, 32), rx),
     )
     thresholds = tuple(
-        (name, _thresholds(name, tuple(conv(r) for r in raw), raw))  # type: ignore[arg-type]
+        (name, _thresholds(name, tuple(conv(r) for r in raw)))  # type: ignore[arg-type]
         for name, raw, conv in blocks)
 
     flags: set[str] = set()
@@ -555,7 +559,7 @@ def _decode_sff8636(lower: bytes, got: dict[PageRef, bytes],
         for name, at, signed, conv, supported in blocks:
             if supported:
                 raw = _threshold_block(p03, at, signed)
-                thresholds.append((name, _thresholds(name, tuple(conv(r) for r in raw), raw)))  # type: ignore[arg-type]
+                thresholds.append((name, _thresholds(name, tuple(conv(r) for r in raw))))  # type: ignore[arg-type]
 
     flags: set[str] = set()
     opt3, opt4 = p00[194], p00[195]
@@ -639,6 +643,13 @@ def _decode_cmis(lower: bytes, got: dict[PageRef, bytes],
     flags: set[str] = set()
     if _CMIS_MODULE_STATES.get((lower[3] >> 1) & 0x07) == "ModuleFault":
         flags.add("module_fault")
+    # lower byte 8 (module flags, latched): bit 1 ModuleFirmwareError, bit 2
+    # DataPathFirmwareError; bit 0 (state changed) is no fault.  Flat-memory
+    # modules have a lower page too, so these count for them as well.
+    if _bit(lower[8], 1):
+        flags.add("module_firmware_fault")
+    if _bit(lower[8], 2):
+        flags.add("datapath_firmware_fault")
     if lower[2] & 0x80:  # flat memory: no advertising page, so no monitor we can trust
         return (OpticsReading(identity=identity, flags=frozenset(flags)),
                 OpticsDetail(CMIS, lanes=0))
@@ -676,7 +687,7 @@ def _decode_cmis(lower: bytes, got: dict[PageRef, bytes],
             ("rx_power_dbm", 192, False, _power_mw, rx_ok)):
         if supported:
             raw = _threshold_block(p02, at, signed)
-            thresholds.append((name, _thresholds(name, tuple(conv(r) for r in raw), raw)))  # type: ignore[arg-type]
+            thresholds.append((name, _thresholds(name, tuple(conv(r) for r in raw))))  # type: ignore[arg-type]
 
     # module-level: lower byte 9, temperature bits 0-3, voltage bits 4-7 (HA, LA, HW, LW)
     for quantity, base, supported in (("temperature", 0, temp_ok), ("voltage", 4, volt_ok)):

@@ -4,7 +4,11 @@ Veth ports have no module EEPROM, so labs write one JSON file per port
 (``<run_dir>/sim/<port>.json``, format ``linkpass.simsensor/1`` in
 labs/faults/simsensor.md) and linkpassd reads it here instead of asking
 ethtool.  The answers are the same value types as ``EthtoolSensor``'s, so
-health, policy and routing run their production code on them.
+health, policy and routing run their production code on them.  A file may
+carry the module's raw EEPROM pages instead of decoded values (``eeprom``):
+those go through the production decoders (linkpassd.adapters.optics), so a
+lab exercises byte-level module behaviour (flags, blank thresholds, flat
+memory) end to end.
 
 Each call opens, reads and parses the file afresh: the writer renames a
 complete temporary file over the old one, so one open() sees one whole
@@ -25,6 +29,7 @@ from typing import Any
 
 import structlog
 
+from linkpassd.adapters import optics as decoders
 from linkpassd.core.model import CounterSample, ModuleIdentity, OpticsReading, Thresholds, Unreadable
 
 log = structlog.get_logger("linkpassd.simsensor")
@@ -103,9 +108,63 @@ def counters_from_document(port: str, doc: dict[str, Any]) -> CounterSample | Un
 
 def optics_from_document(port: str, doc: dict[str, Any]) -> OpticsReading | Unreadable:
     try:
+        if "eeprom" in doc:
+            decoded = _optics_from_eeprom(doc)
+            return (Unreadable(f"{port}: module EEPROM: {decoded.reason}")
+                    if isinstance(decoded, Unreadable) else decoded)
         return _optics(doc)
     except _Bad as e:
         return Unreadable(f"{port}: {e}")
+
+
+EEPROM_I2C = (decoders.I2C_A0, decoders.I2C_A2)
+DECODED_FIELDS = ("module", *QUANTITIES, "thresholds")
+
+
+def eeprom_pages(raw) -> dict[decoders.PageRef, bytes]:
+    """The ``eeprom`` array -> ``{PageRef: bytes}``, each entry checked and
+    named by its index; the decoders check the page contents themselves."""
+    if not isinstance(raw, list):
+        raise _Bad(f"eeprom is {_type(raw)}, not an array of pages")
+    if not raw:
+        raise _Bad("eeprom is an empty array: no pages")
+    pages: dict[decoders.PageRef, bytes] = {}
+    for i, entry in enumerate(raw):
+        where = f"eeprom[{i}]"
+        if not isinstance(entry, dict):
+            raise _Bad(f"{where} is {_type(entry)}, not an object")
+        unknown = sorted(set(entry) - {"i2c", "bank", "page", "offset", "hex"})
+        if unknown:
+            raise _Bad(f"{where} has unknown key {unknown[0]!r}")
+        i2c = _integer(entry.get("i2c", decoders.I2C_A0), f"{where}.i2c")
+        bank = _integer(entry.get("bank", 0), f"{where}.bank")
+        page = _integer(entry.get("page"), f"{where}.page")
+        offset = _integer(entry.get("offset"), f"{where}.offset")
+        if i2c not in EEPROM_I2C:
+            raise _Bad(f"{where}.i2c {i2c} is not 80 (0x50) or 81 (0x51)")
+        if not 0 <= bank <= 255 or not 0 <= page <= 255:
+            raise _Bad(f"{where}: bank {bank} / page {page} not in 0..255")
+        if offset not in (0, decoders.PAGE_SIZE):
+            raise _Bad(f"{where}.offset {offset} is not 0 (lower memory) or 128 (upper page)")
+        text = _text(entry.get("hex"), f"{where}.hex")
+        try:
+            data = bytes.fromhex(text)
+        except ValueError as e:
+            raise _Bad(f"{where}.hex is not hexadecimal: {e}") from None
+        if len(data) != decoders.PAGE_SIZE:
+            raise _Bad(f"{where}.hex holds {len(data)} bytes, a page is {decoders.PAGE_SIZE}")
+        ref = decoders.PageRef(i2c, bank, page, offset)
+        if ref in pages:
+            raise _Bad(f"{where} repeats {ref}")
+        pages[ref] = data
+    return pages
+
+
+def _optics_from_eeprom(doc: dict[str, Any]) -> OpticsReading | Unreadable:
+    both = [k for k in DECODED_FIELDS if k in doc]
+    if both:
+        raise _Bad(f"eeprom and decoded field {both[0]!r} both given: a file holds one or the other")
+    return decoders.decode(eeprom_pages(doc["eeprom"]))
 
 
 def _optics(doc: dict[str, Any]) -> OpticsReading:

@@ -14,11 +14,12 @@ Pure: readings and `now` in, judgements out.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from dataclasses import dataclass, field, replace
 
 from linkpassd.core.model import (Assessment, CounterSample, HealthPolicy, OpticsReading,
-                                  Unreadable, Verdict)
+                                  Thresholds, Unreadable, Verdict)
 
 COUNTER_FIELDS = ("rx_crc_errors", "symbol_errors", "fec_uncorrectable", "fec_corrected")
 # A counter that moves faster than this per second is a sensor glitch, not a link.
@@ -128,7 +129,7 @@ def _judge_counters(samples, bad, crossed, policy: HealthPolicy) -> Assessment:
 
 
 # --------------------------------------------------------------------------
-# Optics: module thresholds, and the RX power trend
+# Optics: the module's own levels and flags, and the RX power trend
 # --------------------------------------------------------------------------
 
 
@@ -155,48 +156,154 @@ class OpticsHistory:
         return OpticsHistory(rx=rx, streak=streak, last=judged, reading=reading)
 
 
+# The module's own flags (linkpassd.adapters.optics names them) are evidence
+# next to its values, judged by the same rule (`level_severity`).  These say
+# that a lane or the whole module is not working: alarm-level, whatever the
+# values read (a module can report fine RX power and RX LOS at once).
+FAULT_FLAGS = ("tx_fault", "tx_los", "rx_los", "module_fault", "module_firmware_fault",
+               "datapath_firmware_fault")
+# flag name prefix -> the reading's field
+FLAG_QUANTITIES = {"temperature": "temperature_c", "voltage": "voltage_v",
+                   "tx_bias": "tx_bias_ma", "tx_power": "tx_power_dbm", "rx_power": "rx_power_dbm"}
+_UNITS = {"temperature_c": "C", "voltage_v": "V", "tx_bias_ma": "mA", "tx_power_dbm": "dBm",
+          "rx_power_dbm": "dBm"}
+_LANE_QUANTITIES = ("tx_bias_ma", "tx_power_dbm", "rx_power_dbm")
+_LEVEL_FLAG = re.compile(r"(temperature|voltage|tx_bias|tx_power|rx_power)_(high|low)_(alarm|warning)"
+                         r"(?:\[(\d+)\])?")
+_FAULT_FLAG = re.compile(r"(" + "|".join(FAULT_FLAGS) + r")(?:\[(\d+)\])?")
+
+
+def level_severity(quantity: str, side: str, level: str) -> Verdict | None:
+    """What being past one of the module's levels means, for a value and for
+    the module's flag alike: past an alarm level (either side) degrades; past a
+    warning level is a note, except RX power below its low warning, which is
+    the RX floor (traffic leaves before the receiver loses the signal)."""
+    if level == "alarm" or (quantity == "rx_power_dbm" and side == "low"):
+        return Verdict.DEGRADED
+    return None
+
+
+def thresholds_unreadable(t: Thresholds) -> bool:
+    """All four levels given and equal: a blank (all 0x00 / all 0xFF) or
+    unprogrammed threshold block, not levels anything can be judged against."""
+    levels = (t.high_alarm, t.high_warn, t.low_warn, t.low_alarm)
+    return all(v is not None for v in levels) and len(set(levels)) == 1
+
+
+def _given(t: Thresholds) -> bool:
+    return any(v is not None for v in (t.high_alarm, t.high_warn, t.low_warn, t.low_alarm))
+
+
+def is_passive(reading: OpticsReading) -> bool:
+    """No lane monitors and no thresholds: a flat-memory module (passive
+    copper, DAC) or one without DOM. Its silence is no evidence of health."""
+    lanes = (*reading.tx_bias_ma, *reading.tx_power_dbm, *reading.rx_power_dbm)
+    return (all(v is None for v in lanes)
+            and not any(_given(reading.threshold(q)) for q in _UNITS))
+
+
+def past_level(value: float, t: Thresholds, floor_margin: float = 0.0) -> tuple[str, str, float] | None:
+    """(side, level, the level's value) that `value` is strictly past, worst
+    first; None when within.  A value exactly at a level is not past it: at
+    the boundary the module's own flag decides (it is judged as evidence too).
+    `floor_margin` raises the low warning (RX power: policy margin); with no
+    low warning the floor is the low alarm plus the margin."""
+    if t.low_alarm is not None and value < t.low_alarm:
+        return "low", "alarm", t.low_alarm
+    if t.high_alarm is not None and value > t.high_alarm:
+        return "high", "alarm", t.high_alarm
+    floor = t.low_warn if t.low_warn is not None else (t.low_alarm if floor_margin else None)
+    if floor is not None and value < floor + floor_margin:
+        return "low", "warning", floor
+    if t.high_warn is not None and value > t.high_warn:
+        return "high", "warning", t.high_warn
+    return None
+
+
+def _judge_flags(flags, problems: list[str], notes: list[str]) -> None:
+    """The module's flags into problems (degrading) and notes, named as read."""
+    degrading, warnings, other = [], [], []
+    for flag in sorted(flags):
+        level = _LEVEL_FLAG.fullmatch(flag)
+        if _FAULT_FLAG.fullmatch(flag):
+            degrading.append(flag)
+        elif level:
+            quantity = FLAG_QUANTITIES[level.group(1)]
+            severity = level_severity(quantity, level.group(2), level.group(3))
+            (degrading if severity is Verdict.DEGRADED else warnings).append(flag)
+        else:
+            other.append(flag)
+    if degrading:
+        problems.append("module flags " + ", ".join(degrading))
+    if warnings:
+        notes.append("module warns " + ", ".join(warnings))
+    if other:
+        notes.append("module also flags " + ", ".join(other))
+
+
 def judge_optics(reading: OpticsReading, rx_history, policy: HealthPolicy) -> Assessment:
+    """The module's values against its own levels, its flags, and the RX trend.
+    Thresholds whose four levels are equal are unreadable: values are not
+    judged against them (the flags still are), and the detail says so."""
     problems: list[str] = []
     notes: list[str] = []
-    fault_flags = sorted(f for f in reading.flags if f.startswith(("tx_fault", "rx_los", "tx_los")))
-    if fault_flags:
-        problems.append("module flags " + ", ".join(fault_flags))
-    rx_t = reading.threshold("rx_power_dbm")
-    floor = rx_t.low_warn if rx_t.low_warn is not None else rx_t.low_alarm
-    below: dict[str, list[tuple[int, float]]] = {}
-    for lane, dbm in enumerate(reading.rx_power_dbm):
-        if dbm is None or floor is None:
+    _judge_flags(reading.flags, problems, notes)
+    unreadable, judged_any = [], False
+    for quantity, unit in _UNITS.items():
+        t = reading.threshold(quantity)
+        raw = getattr(reading, quantity)
+        values = raw if isinstance(raw, tuple) else (raw,)
+        if thresholds_unreadable(t):
+            unreadable.append(f"{quantity} (all four levels {t.high_alarm:g})")
             continue
-        if rx_t.low_alarm is not None and dbm < rx_t.low_alarm:
-            below.setdefault(f"low alarm {rx_t.low_alarm:g}", []).append((lane, dbm))
-        elif dbm < floor + policy.rx_power_margin_db:
-            margin = f"+{policy.rx_power_margin_db:g}" if policy.rx_power_margin_db else ""
-            below.setdefault(f"low warning {floor:g}{margin}", []).append((lane, dbm))
-    for level, lanes in below.items():
-        problems.append(f"{_lanes(lanes)} RX {'/'.join(f'{v:.2f}' for _, v in lanes)} dBm "
-                        f"below {level}")
-    if rx_t.low_alarm is not None:
+        if not _given(t) or all(v is None for v in values):
+            continue
+        judged_any = True
+        margin = policy.rx_power_margin_db if quantity == "rx_power_dbm" else 0.0
+        past: dict[tuple[str, str, float], list[tuple[int, float]]] = {}
+        for lane, v in enumerate(values):
+            where = None if v is None else past_level(v, t, margin)
+            if where is not None:
+                past.setdefault(where, []).append((lane, v))
+        for (side, level, at), lanes in past.items():
+            text = _past_text(quantity, unit, side, level, at, margin, lanes)
+            (problems if level_severity(quantity, side, level) else notes).append(text)
+    rx_t = reading.threshold("rx_power_dbm")
+    if rx_t.low_alarm is not None and not thresholds_unreadable(rx_t):
         for lane in range(len(reading.rx_power_dbm)):
             eta = _time_to_alarm(rx_history, lane, rx_t.low_alarm, policy)
             if eta is not None:
                 problems.append(eta)
-    for quantity, unit in (("temperature_c", "C"), ("tx_bias_ma", "mA")):
-        t = reading.threshold(quantity)
-        values = getattr(reading, quantity)
-        values = values if isinstance(values, tuple) else (values,)
-        for v in values:
-            if v is None:
-                continue
-            if t.high_alarm is not None and v > t.high_alarm:
-                problems.append(f"{quantity} {v:g}{unit} above high alarm {t.high_alarm:g}")
-            elif t.high_warn is not None and v > t.high_warn:
-                notes.append(f"{quantity} {v:g}{unit} above high warning {t.high_warn:g}")
-    if floor is None and reading.rx_power_dbm:
+    passive = is_passive(reading)
+    passive_text = "no lane monitors or thresholds (flat memory, passive copper or no DOM)"
+    if passive and problems:
+        notes.insert(0, f"no monitors (passive): {passive_text}")
+    elif (rx_t.low_warn is None and rx_t.low_alarm is None and reading.rx_power_dbm
+          and not thresholds_unreadable(rx_t)):
         notes.append("module gives no RX power thresholds")
-    rx_text = "RX " + "/".join("-" if v is None else f"{v:.2f}" for v in reading.rx_power_dbm) + " dBm"
+    if unreadable:
+        notes.append("thresholds unreadable: " + ", ".join(unreadable)
+                     + "; values not judged against them, module flags still count")
     if problems:
         return Assessment("optics", Verdict.DEGRADED, "degraded", "; ".join(problems + notes))
+    if passive:
+        return Assessment("optics", None, "no monitors (passive)", "; ".join([passive_text] + notes))
+    rx_text = "RX " + "/".join("-" if v is None else f"{v:.2f}" for v in reading.rx_power_dbm) + " dBm"
+    if unreadable:
+        return Assessment("optics", Verdict.UP if judged_any else None, "thresholds unreadable",
+                          "; ".join([rx_text] + notes))
     return Assessment("optics", Verdict.UP, "ok", "; ".join([rx_text] + notes))
+
+
+def _past_text(quantity: str, unit: str, side: str, level: str, at: float, margin: float,
+               lanes: list[tuple[int, float]]) -> str:
+    where = "below" if side == "low" else "above"
+    name = f"{side} {level} {at:g}" + (f"+{margin:g}" if side == "low" and level == "warning"
+                                          and margin else "")
+    if quantity == "rx_power_dbm":  # the signal operators read first: lanes and dBm
+        return (f"{_lanes(lanes)} RX {'/'.join(f'{v:.2f}' for _, v in lanes)} dBm {where} {name}")
+    lane_text = f"{_lanes(lanes)} " if quantity in _LANE_QUANTITIES else ""
+    return f"{lane_text}{quantity} {'/'.join(f'{v:g}' for _, v in lanes)}{unit} {where} {name}"
 
 
 def _lanes(lanes: list[tuple[int, float]]) -> str:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings, strategies as st
 
-from linkpassd.core import health, policy
+from linkpassd.core import health, policy, signals
 from linkpassd.core.model import (CounterSample, LinkSample, ModuleIdentity, OpticsReading,
                                   Thresholds, Timers, Unreadable, Verdict)
-from linkpassd.core.signals import HealthPolicy, theil_sen_slope
+from linkpassd.core.signals import HealthPolicy, judge_optics, theil_sen_slope
 
 from corefixtures import rails_config
 
@@ -147,6 +148,187 @@ def test_module_fault_flags_degrade():
     for i in range(3):
         s = health.observe_optics(s, optics(-3.0, flags={"tx_fault[1]"}), float(i), TIMERS, POLICY)
     assert s.verdict is Verdict.DEGRADED and "tx_fault[1]" in s.reason
+
+
+# --------------------------------------------------------------------------
+# Optics: the module's own flags next to its values (one severity rule)
+# --------------------------------------------------------------------------
+
+FULL_T = (
+    ("temperature_c", Thresholds(high_alarm=75.0, high_warn=70.0, low_warn=0.0, low_alarm=-5.0)),
+    ("voltage_v", Thresholds(high_alarm=3.6, high_warn=3.5, low_warn=3.1, low_alarm=3.0)),
+    ("tx_bias_ma", Thresholds(high_alarm=13.0, high_warn=12.0, low_warn=4.0, low_alarm=3.0)),
+    ("tx_power_dbm", Thresholds(high_alarm=4.0, high_warn=3.0, low_warn=-6.0, low_alarm=-8.0)),
+    ("rx_power_dbm", RX_T),
+)
+FINE = {"temperature_c": 40.0, "voltage_v": 3.3, "tx_bias_ma": 7.0, "tx_power_dbm": 0.0,
+        "rx_power_dbm": -3.0}
+
+
+def module(flags=(), thresholds=FULL_T, **values) -> OpticsReading:
+    """A 4-lane module reading fine values (unless given) against FULL_T."""
+    v = {**FINE, **values}
+    lane = {q: (v[q],) * 4 if not isinstance(v[q], tuple) else v[q]
+            for q in ("tx_bias_ma", "tx_power_dbm", "rx_power_dbm")}
+    return OpticsReading(identity=IDENTITY, temperature_c=v["temperature_c"], voltage_v=v["voltage_v"],
+                         thresholds=thresholds, flags=frozenset(flags), **lane)
+
+
+def judge(reading):
+    return judge_optics(reading, (), POLICY)
+
+
+ALARM_FLAGS = ["rx_los[2]", "rx_power_low_alarm[2]", "rx_power_high_alarm[0]", "tx_power_low_alarm[1]",
+               "tx_power_high_alarm[3]", "tx_bias_low_alarm[0]", "tx_bias_high_alarm[0]",
+               "temperature_high_alarm", "temperature_low_alarm", "voltage_low_alarm",
+               "voltage_high_alarm", "tx_fault[0]", "tx_los[1]", "module_fault",
+               "module_firmware_fault", "datapath_firmware_fault"]
+
+
+@pytest.mark.parametrize("flag", ALARM_FLAGS)
+def test_an_alarm_flag_degrades_a_module_whose_values_are_fine(flag):
+    assert judge(module()).severity is Verdict.UP
+    a = judge(module(flags={flag}))
+    assert (a.severity, a.status) == (Verdict.DEGRADED, "degraded")
+    assert f"module flags {flag}" in a.detail
+
+
+def test_rx_los_with_fine_rx_power_drains_the_port_after_confirmation():
+    s = start()
+    for i in range(3):
+        assert s.verdict is Verdict.UP
+        s = health.observe_optics(s, module(flags={"rx_los[1]", "rx_power_low_alarm[1]"}),
+                                  float(i), TIMERS, POLICY)
+    assert s.verdict is Verdict.DEGRADED
+    assert "module flags rx_los[1], rx_power_low_alarm[1]" in s.reason
+
+
+@pytest.mark.parametrize("flag, severity", [
+    ("rx_power_low_warning[1]", Verdict.DEGRADED),  # the RX floor, as for values
+    ("rx_power_high_warning[1]", Verdict.UP),
+    ("tx_power_low_warning[0]", Verdict.UP),
+    ("tx_bias_high_warning[0]", Verdict.UP),
+    ("temperature_high_warning", Verdict.UP),
+    ("voltage_low_warning", Verdict.UP)])
+def test_a_warning_flag_is_judged_like_a_value_past_the_warning(flag, severity):
+    a = judge(module(flags={flag}))
+    assert a.severity is severity and flag in a.detail
+
+
+# A value just past each level, for each quantity and side
+PAST = {("temperature_c", "high"): (72.0, 80.0), ("temperature_c", "low"): (-1.0, -9.0),
+        ("voltage_v", "high"): (3.55, 3.7), ("voltage_v", "low"): (3.05, 2.9),
+        ("tx_bias_ma", "high"): (12.5, 14.0), ("tx_bias_ma", "low"): (3.5, 2.0),
+        ("tx_power_dbm", "high"): (3.5, 5.0), ("tx_power_dbm", "low"): (-7.0, -9.0),
+        ("rx_power_dbm", "high"): (4.0, 6.0), ("rx_power_dbm", "low"): (-11.0, -14.0)}
+FLAG_NAME = {"temperature_c": "temperature", "voltage_v": "voltage", "tx_bias_ma": "tx_bias",
+             "tx_power_dbm": "tx_power", "rx_power_dbm": "rx_power"}
+
+
+@pytest.mark.parametrize("quantity, side", sorted(PAST))
+@pytest.mark.parametrize("level", ["warning", "alarm"])
+def test_values_and_flags_follow_one_severity_rule(quantity, side, level):
+    value = PAST[(quantity, side)][level == "alarm"]
+    lanes = quantity in ("tx_bias_ma", "tx_power_dbm", "rx_power_dbm")
+    flag = f"{FLAG_NAME[quantity]}_{side}_{level}" + ("[0]" if lanes else "")
+    by_value = judge(module(**{quantity: value}))
+    by_flag = judge(module(flags={flag}))
+    want = Verdict.DEGRADED if level == "alarm" or (quantity, side) == ("rx_power_dbm", "low") else None
+    assert signals.level_severity(quantity, side, level) is want
+    assert by_value.severity is by_flag.severity is (want or Verdict.UP)  # a note leaves it UP
+    where = "below" if side == "low" else "above"
+    assert f"{where} {side} {level}" in by_value.detail and flag in by_flag.detail
+
+
+@pytest.mark.parametrize("quantity, level, at, flag, flagged", [
+    # exactly at the high alarm, no flag: past the warning only -> a note; the flag makes it an alarm
+    ("temperature_c", "high_alarm", 75.0, "temperature_high_alarm", Verdict.DEGRADED),
+    # exactly at the RX low warning, no flag: within; with the module's warning flag: the RX floor
+    ("rx_power_dbm", "low_warn", -10.0, "rx_power_low_warning[0]", Verdict.DEGRADED),
+    # exactly at the TX bias high warning: within; the warning flag is a note
+    ("tx_bias_ma", "high_warn", 12.0, "tx_bias_high_warning[0]", Verdict.UP),
+])
+def test_a_value_exactly_at_a_level_is_not_past_it_and_the_module_flag_decides(
+        quantity, level, at, flag, flagged):
+    t = dict(FULL_T)[quantity]
+    assert getattr(t, level) == at
+    unflagged = judge(module(**{quantity: at}))
+    assert unflagged.severity is Verdict.UP
+    assert (f"above high warning" in unflagged.detail) == (level == "high_alarm")
+    assert signals.past_level(at, t) == (("high", "warning", 70.0) if level == "high_alarm" else None)
+    flagged_a = judge(module(flags={flag}, **{quantity: at}))
+    assert flagged_a.severity is flagged and flag in flagged_a.detail
+
+
+BLANK = Thresholds(8.1647, 8.1647, 8.1647, 8.1647)  # a page of 0xFF, decoded
+
+
+def test_unreadable_rx_thresholds_judge_no_values_but_say_so():
+    t = tuple((q, BLANK if q == "rx_power_dbm" else th) for q, th in FULL_T)
+    a = judge(module(thresholds=t))  # RX -3 dBm would be "below low alarm 8.1647"
+    assert (a.severity, a.status) == (Verdict.UP, "thresholds unreadable")
+    assert "thresholds unreadable: rx_power_dbm (all four levels 8.1647)" in a.detail
+    assert "below" not in a.detail
+
+
+def test_unreadable_thresholds_never_drain_but_flags_still_count():
+    blank = tuple((q, BLANK) for q, _ in FULL_T)
+    s = start()
+    for i in range(5):
+        s = health.observe_optics(s, module(thresholds=blank), float(i), TIMERS, POLICY)
+    assert s.verdict is Verdict.UP
+    a = s.signals.optics.last
+    assert (a.severity, a.status) == (None, "thresholds unreadable")  # nothing judged
+    ps = health.port_state(s, 5.0, TIMERS, POLICY)
+    assert any(e.startswith("optics: thresholds unreadable:") for e in ps.evidence)
+    flagged = judge(module(thresholds=blank, flags={"rx_los[0]"}))
+    assert flagged.severity is Verdict.DEGRADED
+    assert "rx_los[0]" in flagged.detail and "thresholds unreadable" in flagged.detail
+
+
+def test_unreadable_rx_thresholds_feed_no_trend():
+    drained_at, s = decline(0.2, until=55, thresholds=Thresholds(-13.0, -13.0, -13.0, -13.0))
+    assert drained_at is None
+    assert "thresholds unreadable" in s.signals.optics.last.detail
+
+
+def test_equal_warning_and_alarm_levels_are_still_thresholds():
+    t = Thresholds(high_alarm=3.0, high_warn=3.0, low_warn=-13.0, low_alarm=-13.0)
+    assert not signals.thresholds_unreadable(t)
+    a = judge(module(rx_power_dbm=-14.0, thresholds=(("rx_power_dbm", t),)))
+    assert a.severity is Verdict.DEGRADED and "below low alarm -13" in a.detail
+
+
+PASSIVE = OpticsReading(identity=IDENTITY, tx_bias_ma=(None,) * 4, tx_power_dbm=(None,) * 4,
+                        rx_power_dbm=(None,) * 4)
+
+
+@pytest.mark.parametrize("reading", [
+    PASSIVE,
+    OpticsReading(identity=IDENTITY),  # CMIS flat memory: no lanes at all
+    OpticsReading(identity=IDENTITY, temperature_c=35.5, rx_power_dbm=(None,) * 4),  # flat QSFP
+], ids=["no-lane-values", "no-lanes", "flat-with-temperature"])
+def test_a_passive_module_has_no_opinion_not_ok(reading):
+    a = judge(reading)
+    assert (a.severity, a.status) == (None, "no monitors (passive)")
+    assert signals.is_passive(reading)
+    s = health.observe_optics(start(), reading, 1.0, TIMERS, POLICY)
+    assert s.verdict is Verdict.UP
+    ps = health.port_state(s, 1.0, TIMERS, POLICY)
+    assert any(e.startswith("optics: no monitors (passive)") for e in ps.evidence)
+
+
+def test_a_passive_module_in_module_fault_is_degraded_and_still_called_passive():
+    a = judge(OpticsReading(identity=IDENTITY, flags=frozenset({"module_fault"})))
+    assert a.severity is Verdict.DEGRADED
+    assert "module flags module_fault" in a.detail and "no monitors (passive)" in a.detail
+
+
+def test_flags_not_judged_are_named_and_odd_names_never_raise():
+    a = judge(module(flags={"rx_cdr_lol[1]", "tx_adaptive_eq_fault[0]", "", "rx_los[x]",
+                            "weird flag"}))
+    assert a.severity is Verdict.UP
+    assert "module also flags" in a.detail and "rx_cdr_lol[1]" in a.detail
 
 
 def test_theil_sen_ignores_one_outlier():

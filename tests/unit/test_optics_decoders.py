@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from linkpassd.adapters import optics
 from linkpassd.adapters.optics import CMIS, SFF8472, SFF8636, PageRef
+from linkpassd.core import signals
 from linkpassd.core.model import OpticsReading, Thresholds, Unreadable
 
 LOWER = PageRef.lower()
@@ -432,11 +433,50 @@ def test_qsfp_flat_memory_reads_no_page_03_and_reports_no_lane_light():
     assert r.temperature_c == 35.5  # still advertised by page 00h byte 220
 
 
-def test_all_zero_thresholds_mean_not_given():
+def test_all_zero_thresholds_decode_as_four_equal_levels_not_as_none():
+    """A blank block is kept (the core says "thresholds unreadable"), not
+    dropped: dropped, it would look like a module that gives no thresholds."""
     m = qsfp28()
-    m[P03].put(176, "00" * 8)
+    m[P03].put(176, "00" * 8)  # RX power HA, LA, HW, LW all 0 mW -> the -40 dBm floor
     r = reading(optics.decode(built(m)))
-    assert r.threshold("rx_power_dbm") == Thresholds()
+    assert r.threshold("rx_power_dbm") == Thresholds(-40.0, -40.0, -40.0, -40.0)
+    assert signals.thresholds_unreadable(r.threshold("rx_power_dbm"))
+    assert not signals.thresholds_unreadable(r.threshold("temperature_c"))
+
+
+# A blank threshold page, worked by hand: raw 0xFFFF is, signed, -1/256 C; as
+# Vcc 65535 x 100 uV = 6.5535 V; as bias 65535 x 2 uA = 131.07 mA (x2 on the
+# QSFP-DD below); as power 6.5535 mW = 10 log10(6.5535) = 8.1647 dBm.
+FF_LEVELS = {"temperature_c": -1 / 256, "voltage_v": 6.5535, "tx_bias_ma": 131.07,
+             "tx_power_dbm": 8.1647, "rx_power_dbm": 8.1647}
+
+
+@pytest.mark.parametrize("module, ref, first, bias_x", [
+    ("qsfp28", P03, 128, 1), ("qsfp_dd", P02, 128, 2)])
+@pytest.mark.parametrize("fill", ["FF", "00"])
+def test_a_blank_threshold_page_gives_four_equal_levels_for_every_quantity(module, ref, first,
+                                                                          bias_x, fill):
+    m = MODULES[module]()
+    m[ref].put(first, fill * 128)
+    r = reading(optics.decode(built(m)))
+    assert {q for q, _ in r.thresholds} == set(FF_LEVELS)
+    for quantity, level in FF_LEVELS.items():
+        t = r.threshold(quantity)
+        if fill == "00":
+            level = -40.0 if quantity.endswith("_dbm") else 0.0
+        elif quantity == "tx_bias_ma":
+            level *= bias_x
+        assert t == Thresholds(*(pytest.approx(level, **DB),) * 4), quantity
+        assert signals.thresholds_unreadable(t)
+
+
+def test_sfp_blank_threshold_block_gives_four_equal_levels():
+    m = sfp()
+    m[A2].put(0, "FF" * 40)  # A2h 0-39: every threshold of the five quantities
+    r = reading(optics.decode(built(m)))
+    assert r.threshold("rx_power_dbm") == Thresholds(*(pytest.approx(8.1647, **DB),) * 4)
+    assert r.threshold("temperature_c") == Thresholds(*(-1 / 256,) * 4)
+    assert all(signals.thresholds_unreadable(t) for _, t in r.thresholds)
 
 
 # --------------------------------------------------------------------------
@@ -647,6 +687,29 @@ def test_cmis_module_fault_state_is_a_flag():
     assert "module_fault" in reading(optics.decode(built(m))).flags
 
 
+@pytest.mark.parametrize("byte8, want", [
+    ("01", set()),                                            # bit 0 ModuleStateChanged: no fault
+    ("02", {"module_firmware_fault"}),                        # bit 1 ModuleFirmwareError
+    ("04", {"datapath_firmware_fault"}),                      # bit 2 DataPathFirmwareError
+    ("07", {"module_firmware_fault", "datapath_firmware_fault"})])
+def test_cmis_module_firmware_fault_flags(byte8, want):
+    m = qsfp_dd()
+    m[LOWER].put(8, byte8)
+    flags = reading(optics.decode(built(m))).flags
+    assert flags & {"module_fault", "module_firmware_fault", "datapath_firmware_fault"} == want
+
+
+@pytest.mark.parametrize("state, byte8, want", [
+    ("0A", "00", {"module_fault"}),           # state 5 ModuleFault
+    ("06", "02", {"module_firmware_fault"}),  # ModuleReady, firmware error flag
+    ("06", "00", set())])                     # ModuleReady
+def test_cmis_flat_memory_module_still_reports_its_faults(state, byte8, want):
+    m = qsfp_dd()
+    m[LOWER].put(2, "80").put(3, state).put(8, byte8)
+    r = reading(optics.decode({LOWER: m[LOWER].build(), P00: m[P00].build()}))
+    assert r.flags == want
+
+
 def test_cmis_oma_rx_power_type():
     m = qsfp_dd()
     m[P01].put(151, "00")
@@ -661,6 +724,22 @@ def test_cmis_flat_memory_needs_page_00_only_and_reports_identity():
     r = reading(optics.decode(pages))
     assert r.identity.part == "QDD-400G-SR8"
     assert (r.temperature_c, r.rx_power_dbm, r.thresholds) == (None, (), ())
+    assert signals.is_passive(r)
+
+
+def test_modules_without_monitors_are_passive_and_active_ones_are_not():
+    """Flat memory (CMIS, SFF-8636) and an SFP without DDM have no lane
+    monitors and no thresholds: "no monitors (passive)" in the core."""
+    q = qsfp28()
+    q[LOWER].put(2, "04")
+    flat_qsfp = {LOWER: q[LOWER].build(), P00: q[P00].build()}
+    s = sfp()
+    s[LOWER].put(92, "00")
+    no_ddm_sfp = {LOWER: s[LOWER].build()}
+    for pages in (flat_qsfp, no_ddm_sfp):
+        assert signals.is_passive(reading(optics.decode(pages)))
+    for module in ("sfp", "qsfp28", "qsfp_dd"):
+        assert not signals.is_passive(reading(optics.decode(built(MODULES[module]()))))
 
 
 def test_cmis_multi_bank_modules_are_noted_but_bank_0_is_decoded():

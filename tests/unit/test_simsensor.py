@@ -11,7 +11,8 @@ import threading
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from labs.faults.optics import HEALTHY, LANES, THRESHOLDS, SimSensor, _fec_per_step
+from labs.faults.optics import HEALTHY, LANES, THRESHOLDS, CmisModule, SimSensor, _fec_per_step
+from linkpassd.adapters import optics as decoders
 from linkpassd.adapters.sensor import Sensor
 from linkpassd.adapters.simsensor import MAX_FILE_BYTES, SimulatedSensor
 from linkpassd.core.model import CounterSample, ModuleIdentity, OpticsReading, Thresholds, Unreadable
@@ -298,4 +299,93 @@ def test_a_valid_document_with_one_field_replaced_never_raises(reader, field, va
 @given(data=st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
 def test_random_bytes_never_raise(reader, data):
     write_raw(reader, data)
+    check_answers(reader)
+
+
+# ----------------------------------------------------------------------
+# raw module EEPROM pages, through the production decoders
+# ----------------------------------------------------------------------
+
+
+def eeprom_doc(pages=None, **extra) -> dict:
+    writer = SimSensor("/nonexistent/never-written.json", PORT)
+    writer.eeprom = CmisModule().pages() if pages is None else pages
+    return {**writer.document(), **extra}
+
+
+@pytest.mark.parametrize("module", [
+    CmisModule(), CmisModule(rx_los_lanes=(1,), rx_power_low_alarm_lanes=(1,)),
+    CmisModule(module_fault=True), CmisModule(threshold_fill=0xFF), CmisModule(flat=True)],
+    ids=["healthy", "rx-los", "module-fault", "blank-thresholds", "flat"])
+def test_eeprom_pages_from_the_lab_writer_decode_as_the_real_decoder_does(reader, writer, module):
+    writer.write_eeprom(module.pages())
+    reading = run(reader.optics(PORT))
+    assert isinstance(reading, OpticsReading), reading
+    assert reading == decoders.decode(module.pages())
+    assert run(reader.counters(PORT)).fec_corrected == 0  # counters carry on beside the pages
+
+
+def test_eeprom_flags_and_levels_arrive_as_the_module_set_them(reader, writer):
+    writer.write_eeprom(CmisModule(rx_los_lanes=(1,), rx_power_low_alarm_lanes=(1,)).pages())
+    reading = run(reader.optics(PORT))
+    assert reading.flags == {"rx_los[1]", "rx_power_low_alarm[1]"}
+    assert reading.identity.spec == "CMIS" and reading.identity.vendor == "LINKPASS-SIM"
+    assert reading.rx_power_dbm == pytest.approx((HEALTHY["rx_power_dbm"][0],) * LANES, abs=0.01)
+    assert reading.threshold("rx_power_dbm").low_alarm == pytest.approx(
+        THRESHOLDS["rx_power_dbm"]["low_alarm"], abs=0.01)
+    writer.write_eeprom(CmisModule(module_fault=True, flat=True).pages())
+    assert run(reader.optics(PORT)).flags == {"module_fault"}
+    writer.write_healthy()  # back to decoded values
+    assert run(reader.optics(PORT)).thresholds != ()
+
+
+def _entries(**change) -> list:
+    entries = eeprom_doc()["eeprom"]
+    entries[0] = {**entries[0], **change}
+    return entries
+
+
+BAD_EEPROM = {
+    "not a list": ({"eeprom": {"page": 0}}, "eeprom is an object, not an array of pages"),
+    "empty": ({"eeprom": []}, "eeprom is an empty array: no pages"),
+    "entry not object": ({"eeprom": ["00"]}, "eeprom[0] is a string, not an object"),
+    "unknown key": ({"eeprom": _entries(data="00")}, "eeprom[0] has unknown key 'data'"),
+    "bad i2c": ({"eeprom": _entries(i2c=82)}, "eeprom[0].i2c 82 is not 80"),
+    "bad offset": ({"eeprom": _entries(offset=64)}, "eeprom[0].offset 64 is not 0"),
+    "page range": ({"eeprom": _entries(page=256)}, "eeprom[0]: bank 0 / page 256 not in 0..255"),
+    "page missing": ({"eeprom": _entries(page=None)}, "eeprom[0].page is null, not an integer"),
+    "not hex": ({"eeprom": _entries(hex="zz" * 128)}, "eeprom[0].hex is not hexadecimal"),
+    "short page": ({"eeprom": _entries(hex="18" * 64)}, "eeprom[0].hex holds 64 bytes, a page is 128"),
+    "repeated": ({"eeprom": eeprom_doc()["eeprom"][:1] * 2}, "eeprom[1] repeats lower memory"),
+    "missing page": ({"eeprom": [e for e in eeprom_doc()["eeprom"] if e["page"] != 0x11]},
+                     "module EEPROM: missing required page: upper page 11h"),
+    "both kinds": ({"module": valid_doc()["module"]}, "eeprom and decoded field 'module' both given"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_EEPROM))
+def test_bad_eeprom_pages_are_unreadable_with_the_reason(reader, case):
+    change, why = BAD_EEPROM[case]
+    write_raw(reader, json.dumps(eeprom_doc(**change)))
+    reading = run(reader.optics(PORT))
+    assert isinstance(reading, Unreadable), reading
+    assert why in reading.reason and PORT in reading.reason
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(index=st.integers(0, 4), key=st.sampled_from(["i2c", "bank", "page", "offset", "hex"]),
+       value=json_values)
+def test_an_eeprom_entry_with_one_field_replaced_never_raises(reader, index, key, value):
+    doc = eeprom_doc()
+    doc["eeprom"][index][key] = value
+    write_raw(reader, json.dumps(doc))
+    check_answers(reader)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(index=st.integers(0, 4), data=st.binary(min_size=128, max_size=128))
+def test_an_eeprom_page_of_random_bytes_never_raises(reader, index, data):
+    doc = eeprom_doc()
+    doc["eeprom"][index]["hex"] = data.hex()
+    write_raw(reader, json.dumps(doc))
     check_answers(reader)
