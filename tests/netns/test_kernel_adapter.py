@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import threading
+import time
 
 import pytest
 from labs.netnslib import HostLab, run, run_ip, wait_for, wait_for_sync
 
 from linkpassd.adapters import nhmsg
-from linkpassd.adapters.kernel import KernelAdapter, KernelOpError
+from linkpassd.adapters.kernel import (
+    DumpInterrupted,
+    KernelAdapter,
+    KernelOpError,
+    KernelReadError,
+    KernelReadTimeout,
+)
 from linkpassd.core.model import (
     KernelState,
     Nexthop,
@@ -199,10 +207,14 @@ def test_route_with_nhid_create_replace_delete(lab: HostLab):
             # entry per member; a route through one nexthop with
             # RTA_GATEWAY/RTA_OIF.  observe() reads only RTA_NH_ID.
             assert lab.host.sysctl("net.ipv4.nexthop_compat_mode") == "1"
-            raw = {
-                m.get("RTA_DST"): m
-                async for m in await ipr.route("dump", table=10100)
-            }
+            # A socket of its own: under the adapter's strict checking,
+            # pyroute2's route("dump") (table 254 in its header) sees only main.
+            async with lab.host.iproute() as plain:
+                nhmsg.register(plain)
+                raw = {
+                    m.get("RTA_DST"): m
+                    async for m in await plain.route("dump", table=10100)
+                }
             assert raw["198.19.0.0"].get("RTA_NH_ID") == GRP
             hops = raw["198.19.0.0"].get("RTA_MULTIPATH")
             assert sorted(h.get("RTA_GATEWAY") for h in hops) == ["198.18.0.1", "198.18.1.1"]
@@ -307,18 +319,40 @@ def test_foreign_objects_are_not_observed_and_survive(lab: HostLab):
                 nexthops=frozenset({a}), routes=frozenset({route}), rules=frozenset({rule})
             )
 
+            # Everything inside the owned ranges that is not ours is reported;
+            # what lies outside them (id 2000000, table 200, priority 20000) is not.
+            seen = await kernel.observe_with_foreign(OWN)
+            assert seen.state == state
+            assert [(f.kind, f.protocol, f.id, f.table, f.priority, f.dst)
+                    for f in seen.foreign] == [
+                ("group", 4, 1000160, None, None, None),
+                ("nexthop", 4, NH_C, None, None, None),
+                ("route", 4, None, 10100, None, "198.19.1.0/24"),
+                ("route", PROTO, None, 10100, None, "198.19.3.0/24"),
+                ("rule", 4, None, 10100, 10150, None),
+            ]
+            assert [str(f) for f in seen.foreign] == [
+                f"nexthop group id 1000160 members {NH_C}/2000000 proto 4 (static)",
+                f"nexthop id {NH_C} via 198.18.1.1 dev lprail1 proto 4 (static)",
+                "route 198.19.1.0/24 table 10100 nhid 2000000 proto 4 (static)",
+                "route 198.19.3.0/24 table 10100 via 198.18.0.1 dev lprail0 proto 201",
+                "rule priority 10150 from 198.18.1.2/32 lookup 10100 proto 4 (static)",
+            ]
+
             # The kernel deletes a nexthop by id alone; the adapter checks the
             # protocol first and refuses to delete another protocol's object.
             foreign = Nexthop(id=NH_C, gateway="198.18.1.1", port="lprail1", protocol=PROTO)
             with pytest.raises(KernelOpError) as info:
                 await kernel.apply(delete(foreign))
-            assert info.value.errno == errno.EPERM
-            # With an ownership guard, out-of-range objects never reach netlink.
+            assert info.value.errno == errno.EPERM and info.value.foreign
+            assert f"nexthop id {NH_C} via 198.18.1.1" in info.value.message
+            # With an ownership guard, out-of-range objects never reach netlink:
+            # not the delete, not even the protocol check's read before it.
             guarded = KernelAdapter(ipr, ownership=OWN)
             with pytest.raises(ValueError):
                 await guarded.apply(delete(Nexthop(id=2000000, gateway="198.18.0.1",
                                                    port="lprail0", protocol=PROTO)))
-            assert guarded.writes == 0
+            assert (guarded.writes, guarded.requests) == (0, 0)
 
             for obj in (rule, route, a):
                 await kernel.apply(delete(obj))
@@ -510,6 +544,231 @@ def test_nexthop_events_parse(lab: HostLab):
                 ("RTM_NEWNEXTHOP", PROTO, "198.18.0.1"),
                 ("RTM_DELNEXTHOP", PROTO, "198.18.0.1"),
             ]
+
+    run(scenario())
+
+
+class HeldSend:
+    """Holds the next send on a netlink socket, as a kernel stuck in sendmsg
+    (rtnl_lock held elsewhere) would, until released; then really sends it,
+    so the kernel answers late, after the caller has given up."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.real_send = sock.send
+        self.released = threading.Event()
+        self.sent = threading.Event()
+        self.armed = False
+        sock.send = self._send  # the instance's, at the syscall boundary
+
+    def arm(self) -> None:
+        self.released.clear()
+        self.sent.clear()
+        self.armed = True
+
+    def _send(self, data, *flags):
+        if not self.armed:
+            return self.real_send(data, *flags)
+        self.armed = False
+        self.released.wait(10.0)  # bounded even if the test dies first
+        try:
+            return self.real_send(data, *flags)
+        finally:
+            self.sent.set()
+
+    async def release(self) -> None:
+        """Let the held request reach the kernel; return once it has (its
+        answer is then queued on the socket)."""
+        self.released.set()
+        assert await asyncio.to_thread(self.sent.wait, 10.0), "held send never went out"
+
+    def restore(self) -> None:
+        self.released.set()
+        del self.sock.send
+
+
+def test_requests_time_out_and_late_answers_reach_no_later_request(lab: HostLab):
+    timeout_s = 0.5
+
+    async def scenario():
+        async with lab.host.iproute() as ipr:
+            kernel = KernelAdapter(ipr, timeout_s=timeout_s)
+            a, b = nh_on(lab, NH_A, 0), nh_on(lab, NH_B, 1)
+            await kernel.apply(create(a))  # the socket exists from here on
+            held = HeldSend(ipr.socket)
+            try:
+                # A write stuck in the kernel: refused in time, naming the op.
+                held.arm()
+                broken = NexthopGroup(id=GRP, members=(NH_A, 1_000_199), protocol=PROTO)
+                started = time.monotonic()
+                with pytest.raises(KernelOpError) as info:
+                    await kernel.apply(create(broken))
+                elapsed = time.monotonic() - started
+                assert info.value.errno == errno.ETIMEDOUT and not info.value.foreign
+                assert "NexthopGroup" in str(info.value) and "no answer" in str(info.value)
+                assert timeout_s <= elapsed < timeout_s + 3.0
+                assert kernel.timeouts == 1
+
+                # The kernel now gets it and answers EINVAL (no member
+                # 1000199) under the old sequence number; that answer must
+                # not be taken for the next request's.
+                await held.release()
+                await kernel.apply(create(b))
+                assert (await kernel.observe(OWN)).nexthops == {a, b}
+
+                # A dump stuck the same way; its late multi-part answer must
+                # not end up in the next dump either.
+                held.arm()
+                with pytest.raises(KernelReadTimeout) as info:
+                    await kernel.observe(OWN)
+                assert "link dump" in str(info.value) and "0.5 s" in str(info.value)
+                assert isinstance(info.value, KernelReadError)
+                await held.release()
+                assert await kernel.observe(OWN) == KernelState(nexthops=frozenset({a, b}))
+                assert kernel.timeouts == 2
+                assert issubclass(DumpInterrupted, KernelReadError)
+                # Where the late answers went: pyroute2's default queue,
+                # unread; hence replace_socket for a long-running caller.
+                assert ipr.msg_queue.root.qsize() >= 2
+            finally:
+                held.restore()
+            async with lab.host.iproute() as fresh:
+                assert kernel.replace_socket(fresh) is ipr
+                assert await kernel.observe(OWN) == KernelState(nexthops=frozenset({a, b}))
+                await kernel.apply(delete(b))
+                assert fresh.msg_queue.root.qsize() == 0
+
+    run(scenario())
+
+
+def test_kernel_filtered_dumps_equal_full_dumps_filtered_here(lab: HostLab, tmp_path):
+    h = lab.host
+    # Foreign routes: many in main, ours-by-protocol in a table we do not
+    # own, another protocol and a gateway route in owned tables.
+    batch = [f"route add 198.19.{i // 250}.{i % 250 + 1}/32 via 198.18.0.1" for i in range(300)]
+    batch += [
+        "route add 198.19.100.0/24 via 198.18.1.1 table 200 proto 201",
+        "route add 198.19.101.0/24 via 198.18.0.1 table 10100 proto static",
+        "route add 198.19.102.0/24 via 198.18.0.1 table 10102 proto static",
+        "route add 198.19.103.0/24 via 198.18.1.1 table 10101 proto 201",
+    ]
+    # not in the batch: there, iproute2 6.1 gave the rule an earlier route's proto
+    h.ip("rule", "add", "priority", "10160", "from", "198.18.1.2", "lookup", "10101",
+         "proto", "static")
+    (tmp_path / "routes.batch").write_text("\n".join(batch) + "\n")
+    h.ip("-batch", str(tmp_path / "routes.batch"))
+
+    async def scenario():
+        async with h.iproute() as ipr, h.iproute() as plain_ipr:
+            kernel = KernelAdapter(ipr)
+            plain = KernelAdapter(plain_ipr, strict_check=False)
+            a, b = nh_on(lab, NH_A, 0), nh_on(lab, NH_B, 1)
+            group = NexthopGroup(id=GRP, members=(NH_A, NH_B), protocol=PROTO)
+            ours = {
+                Route(table=10100, dst="0.0.0.0/0", nhid=NH_A, protocol=PROTO,
+                      prefsrc="198.18.0.2"),
+                Route(table=10100, dst="198.19.200.0/24", nhid=GRP, protocol=PROTO),
+                Route(table=10101, dst="0.0.0.0/0", nhid=NH_B, protocol=PROTO),
+            }
+            rule = Rule(priority=10100, table=10100, protocol=PROTO, src="198.18.0.2/32")
+            for obj in (a, b, group, *sorted(ours), rule):
+                await kernel.apply(create(obj))
+            h.ip("route", "add", "198.19.104.0/24", "nhid", str(NH_A), "table", "200",
+                 "proto", "201")
+
+            state = await kernel.observe(OWN)
+            assert state == KernelState(nexthops=frozenset({a, b}), groups=frozenset({group}),
+                                        routes=frozenset(ours), rules=frozenset({rule}))
+            assert state == await plain.observe(OWN)
+            filtered = await kernel.observe_with_foreign(OWN)
+            assert filtered == await plain.observe_with_foreign(OWN)
+            assert filtered.state == state
+            assert {(f.kind, f.table, f.dst or f.priority) for f in filtered.foreign} == {
+                ("route", 10100, "198.19.101.0/24"),
+                ("route", 10102, "198.19.102.0/24"),
+                ("route", 10101, "198.19.103.0/24"),
+                ("rule", 10101, 10160),
+            }
+
+            # The kernel did the filtering: strict dumps hold only what was
+            # asked for, the plain one everything.
+            by_proto = await kernel._routes_of_protocol(PROTO)
+            assert {m["proto"] for m in by_proto} == {PROTO}
+            assert len(by_proto) == len(ours) + 3  # + 10101 via gw, table 200 x2
+            in_tables = await kernel._routes_in_owned_tables(OWN)
+            assert len(in_tables) == len(ours) + 3
+            assert len(await plain._routes_of_protocol(PROTO)) > 300
+            # pyroute2's link dump still works on the strict socket (the
+            # daemon's link snapshot uses it).
+            names = {m.get("ifname") async for m in await ipr.get_links()}
+            assert {"lo", "lprail0", "lprail1"} <= names
+            assert ipr.msg_queue.root.qsize() == 0  # no answer left over unread
+
+    run(scenario())
+
+
+def test_create_blocked_by_a_foreign_object_names_it(lab: HostLab):
+    h = lab.host
+    h.ip("nexthop", "add", "id", str(NH_B), "via", "198.18.1.1", "dev", "lprail1",
+         "proto", "static")
+    h.ip("route", "add", "198.19.5.0/24", "via", "198.18.0.1", "table", "10100",
+         "proto", "static")
+
+    async def scenario():
+        async with h.iproute() as ipr:
+            kernel = KernelAdapter(ipr, ownership=OWN)
+            with pytest.raises(KernelOpError) as info:
+                await kernel.apply(create(nh_on(lab, NH_B, 1)))
+            err = info.value
+            assert (err.errno, err.foreign) == (errno.EEXIST, True)
+            assert "foreign object is in the way" in str(err)
+            assert f"nexthop id {NH_B} via 198.18.1.1 dev lprail1 proto 4 (static)" in err.message
+
+            a = nh_on(lab, NH_A, 0)
+            await kernel.apply(create(a))
+            with pytest.raises(KernelOpError) as info:
+                await kernel.apply(create(Route(table=10100, dst="198.19.5.0/24", nhid=NH_A,
+                                                protocol=PROTO)))
+            assert (info.value.errno, info.value.foreign) == (errno.EEXIST, True)
+            assert ("route 198.19.5.0/24 table 10100 via 198.18.0.1 dev lprail0 proto 4 (static)"
+                    in info.value.message)
+
+            # Our own object in the way is a stale view, not a conflict.
+            with pytest.raises(KernelOpError) as info:
+                await kernel.apply(create(a))
+            assert (info.value.errno, info.value.foreign) == (errno.EEXIST, False)
+            # the look-ups behind these answers left nothing unread behind
+            assert ipr.msg_queue.root.qsize() == 0
+
+    run(scenario())
+    assert str(ip_nexthops(lab)[NH_B]["protocol"]) == "static"
+    assert str(ip_routes(lab, 10100)["198.19.5.0/24"]["protocol"]) == "static"
+
+
+def test_ownership_follows_a_reload_and_bad_arguments_are_named(lab: HostLab):
+    async def scenario():
+        async with lab.host.iproute() as ipr:
+            kernel = KernelAdapter(ipr, ownership=OWN)
+            a = nh_on(lab, NH_A, 0)
+            await kernel.apply(create(a))
+            assert await kernel.observe() == KernelState(nexthops=frozenset({a}))
+
+            # a reload that gives up NH_A: no longer seen, no longer touched
+            kernel.ownership = Ownership(nexthop_id_min=NH_B)
+            requests = kernel.requests
+            with pytest.raises(ValueError, match="outside"):
+                await kernel.apply(delete(a))
+            assert kernel.requests == requests
+            assert await kernel.observe() == KernelState()
+            assert NH_A in ip_nexthops(lab)
+
+            with pytest.raises(TypeError, match="ownership"):
+                kernel.ownership = "10100-10199"
+            for bad in (0, -1.0, "2", True, float("nan")):
+                with pytest.raises(ValueError, match="timeout_s"):
+                    KernelAdapter(ipr, timeout_s=bad)
+            with pytest.raises(ValueError, match="Ownership"):
+                await KernelAdapter(ipr).observe()
 
     run(scenario())
 
