@@ -42,12 +42,51 @@ def test_linkpassd_unit_essentials() -> None:
         "RuntimeDirectoryPreserve=yes",
         "CapabilityBoundingSet=CAP_NET_ADMIN CAP_NET_RAW",
         "AmbientCapabilities=CAP_NET_ADMIN CAP_NET_RAW",
+        "ExecStartPre=/usr/local/bin/linkpassd --check-config /etc/linkpass/linkpassd.toml",
     ):
         assert expected in lines
     # netlink must stay reachable whatever else is hardened
     families = next(line for line in lines if line.startswith("RestrictAddressFamilies="))
     assert "AF_NETLINK" in families.split("=", 1)[1].split()
     assert not any(line.startswith(("PrivateNetwork=", "IPAddressDeny=")) for line in lines)
+
+
+def setting(unit: str, key: str) -> str:
+    lines = (UNIT_DIR / unit).read_text().splitlines()
+    values = [line.split("=", 1)[1] for line in lines if line.startswith(f"{key}=")]
+    assert len(values) == 1, f"{unit}: expected one {key}=, found {values}"
+    return values[0]
+
+
+def test_linkpassd_config_is_checked_before_start_with_the_file_it_runs_on() -> None:
+    pre = setting("linkpassd.service", "ExecStartPre").split()
+    start = setting("linkpassd.service", "ExecStart").split()
+    assert pre[:2] == [start[0], "--check-config"]
+    assert pre[2] == start[start.index("--config") + 1]
+
+
+def test_a_bad_config_exit_status_is_not_restarted(tmp_path: Path) -> None:
+    """The status RestartPreventExitStatus= names is the one linkpassd really
+    exits with on a bad config (a crash, exit 1, is still restarted)."""
+    from linkpassd import daemon
+
+    bad = tmp_path / "linkpassd.toml"
+    bad.write_text("[daemon]\nno_such_key = 1\n")
+    status = daemon.main(["--config", str(bad)])
+    assert status != 0 and str(status) in setting("linkpassd.service",
+                                                  "RestartPreventExitStatus").split()
+    assert "1" not in setting("linkpassd.service", "RestartPreventExitStatus").split()
+
+
+def test_watchdog_interval_leaves_room_for_the_reconcile_loop() -> None:
+    """Pings go out only after reconcile progress (a Tick every tick_interval_s)
+    at half the interval: the interval must cover several ticks."""
+    from linkpassd.core.model import Timers
+
+    value = setting("linkpassd.service", "WatchdogSec")
+    assert value.endswith("s") and value[:-1].isdigit(), value
+    assert int(value[:-1]) >= 8 * Timers().tick_interval_s
+    assert setting("linkpassd.service", "NotifyAccess") == "main"  # pings come from the daemon
 
 
 @pytest.mark.parametrize("unit", sorted(UNITS))
@@ -60,7 +99,9 @@ def test_systemd_analyze_verify(unit: str, tmp_path: Path) -> None:
     text = (UNIT_DIR / unit).read_text()
     program = exec_start(text).split()[0]
     copy = tmp_path / unit
-    copy.write_text(text.replace(f"ExecStart={program}", f"ExecStart={stand_in}"))
+    # ExecStartPre= runs the same (uninstalled) program: stand in for it too.
+    copy.write_text(text.replace(f"ExecStart={program}", f"ExecStart={stand_in}")
+                    .replace(f"ExecStartPre={program}", f"ExecStartPre={stand_in}"))
     proc = subprocess.run([analyze, "verify", str(copy)], capture_output=True, text=True, timeout=120)
     # verify also reports problems in unrelated units installed on this host;
     # only lines about our unit count.
