@@ -3,8 +3,9 @@
 Builds the dualrail lab three times, once per host-routing mechanism: static
 per-rail routes (no failover), the kernel alone (linkdown-aware routes, no
 daemon) and linkpassd. In each it sends two RoCEv2 flows from lph1 to lph2
-(kernel-path and qp-pinned, see labs/scenario.py), pulls a cable and then
-blackholes the same link silently, and prints the blackout each flow saw.
+(kernel-path and qp-pinned) and one back from lph2 to lph1's address on the
+faulted rail (kernel-path-reverse, see labs/scenario.py), pulls a cable and
+then blackholes the same link silently, and prints the blackout each flow saw.
 With linkpassd the leaves run FRR bfdd and each host rail a BFD session.
 With linkpassd it also prints `linkpassctl status` on lph1 before, during and
 after the cable pull. Everything is torn down at the end, and verified gone.
@@ -20,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from labs.scenario import MECHANISMS, MODES, ScenarioLab, TrialResult
+from labs.scenario import FLOWS, MECHANISMS, REVERSE, ScenarioLab, TrialResult
 
 DEMO_FAULTS = ("cable-pull", "silent-blackhole")
 COLUMN = {"none": "no failover", "kernel": "kernel alone", "linkpassd": "linkpassd"}
@@ -38,10 +39,10 @@ def cell(trial: TrialResult, mode: str) -> str:
 
 def table(results: dict[tuple[str, str], TrialResult], fault_s: float) -> str:
     mechs = [m for m in MECHANISMS if any(k[0] == m for k in results)]
-    lines = [f"{'fault':<18}{'flow':<13}" + "".join(f"{COLUMN[m]:>24}" for m in mechs)]
+    lines = [f"{'fault':<18}{'flow':<21}" + "".join(f"{COLUMN[m]:>24}" for m in mechs)]
     for fault in DEMO_FAULTS:
-        for mode in MODES:
-            row = f"{fault:<18}{mode:<13}"
+        for mode in FLOWS:
+            row = f"{fault:<18}{mode:<21}"
             for mech in mechs:
                 trial = results.get((mech, fault))
                 row += f"{cell(trial, mode) if trial else '-':>24}"
@@ -66,10 +67,13 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     print("linkpass demo: dualrail lab, 2 GPU hosts x 2 rails, a leaf per rail, one spine")
-    print("two RoCEv2 flows lph1 -> lph2 at 1000 packets/s each:")
+    print("three RoCEv2 flows at 1000 packets/s each, two lph1 -> lph2:")
     print("  kernel-path  routed per packet (Soft-RoCE, TCP): moves when a route moves")
     print("  qp-pinned    port and next hop fixed at connect (hardware QP): moves only when it")
     print("               reconnects after 3 ACK timeouts of 50 ms and re-resolves its route")
+    print("and one back, lph2 -> lph1's address on the faulted rail:")
+    print("  kernel-path-reverse  linkpassd on lph1 moves only lph1's outgoing traffic: this")
+    print("               one arrives over the broken link until the fabric routes around it")
     print(f"faults on the rail lph1's QP uses, {args.fault_seconds:g} s each: "
           + ", then ".join(DEMO_FAULTS) + "\n", flush=True)
 
@@ -83,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
                 trial = lab.trial(fault, fault_s=args.fault_seconds)
                 results[(mech, fault)] = trial
                 print(f"  {trial.description}")
-                for mode in MODES:
+                for mode in FLOWS:
                     flow = trial.flows[mode]
                     extra = f", {flow.reconnects} reconnect(s)" if mode == "qp-pinned" else ""
-                    print(f"    {mode:<12} blackout {flow.blackout_s * 1e3:7.1f} ms, "
+                    print(f"    {mode:<20} blackout {flow.blackout_s * 1e3:7.1f} ms, "
                           f"{flow.lost} of {flow.sent} lost{extra}")
                 if mech == "linkpassd" and fault == "cable-pull":
                     print("  linkpassctl status on lph1, during the cable pull:\n"
@@ -103,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     print("own) cannot see it. linkpassd echo-probes the other host on every rail (50 ms,")
     print("a miss confirmed by a burst) and runs BFD with each leaf (FRR bfdd, 100 ms x 3),")
     print("and moves the rail's traffic as soon as either says the path is dead.")
+    print(f"It moves lph1's outgoing traffic only: {REVERSE}, addressed to lph1's")
+    print("faulted rail, keeps arriving over the broken link until the fault clears,")
+    print("because nothing tells the fabric to route that address through another rail")
+    print("(on a cable pull the lab's leaf sees the carrier loss and detours it).")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "demo.json"
     out.write_text(json.dumps([t.as_dict() for t in results.values()], indent=2))

@@ -1,22 +1,35 @@
-"""One fault, two flows, one measurement: shared by the demo, the failover
+"""One fault, three flows, one measurement: shared by the demo, the failover
 benchmark and the lab tests, so all three measure the same thing.
 
-A trial on the dualrail lab sends two RoCEv2 flows from lph1 to lph2 at once:
+A trial on the dualrail lab sends three RoCEv2 flows at once, two of them
+from lph1 (the host whose link is faulted) to lph2:
 
   kernel-path  bound to lph1's address on the faulty rail, routed per packet
                (Soft-RoCE / TCP behaviour; a route change moves it at once);
   qp-pinned    egress port and next-hop MAC fixed at connect, re-resolved
-               through the FIB after an ACK timeout (hardware QP behaviour).
+               through the FIB after an ACK timeout (hardware QP behaviour);
+
+and one the other way, into the faulted host:
+
+  kernel-path-reverse  kernel-path from lph2's address on the same rail to
+               lph1's address on the faulty rail. linkpassd moves a rail's
+               *outgoing* traffic only: this flow keeps arriving over the
+               broken link until the fabric learns another way to lph1's
+               address (the lab's leaves react to carrier only; nothing
+               announces a host route on a gray failure), so it measures what
+               is not fixed (DESIGN.md, "Both directions of a gray failure").
 
 The fault is put on the rail that the QP-pinned flow's connect-time route
-lookup chose, so both flows cross it whatever the multipath hash picked. The
+lookup chose, so every flow crosses it whatever the multipath hash picked. The
 QP-pinned flow uses UDP 4792 so that both receivers can share lph2; it is sent
 as raw frames, so no routing rule ever sees its port.
 
 Blackout is the receiver's longest gap between arrivals. Each trial builds
-nothing: a `ScenarioLab` holds one lab per mechanism and is reused, and
-between trials it waits until the fabric has recovered and linkwatch has been
-quiet (see labs/bench/carrier_failover.py for why that matters).
+nothing: a `ScenarioLab` holds one lab per mechanism and is reused. Before
+each trial it waits until the fabric has recovered and linkwatch has been
+quiet (see labs/bench/carrier_failover.py for why that matters), then
+asserts that every rail of both hosts is healthy and on its own path, naming
+what is not: a trial that starts from the last trial's state measures that.
 """
 
 from __future__ import annotations
@@ -39,9 +52,12 @@ from labs.traffic.receiver import ReceiverConfig
 from labs.traffic.sender import SenderConfig
 
 MECHANISMS = ("none", "kernel", "linkpassd")
-MODES = ("kernel-path", "qp-pinned")
-PORTS = {"kernel-path": 4791, "qp-pinned": 4792}
-QPS = {"kernel-path": (0x11, 0x12), "qp-pinned": (0x21, 0x22)}  # (sender, receiver)
+MODES = ("kernel-path", "qp-pinned")  # the flows from the faulted host, by sender mode
+REVERSE = "kernel-path-reverse"  # into the faulted host, on its faulted rail's address
+FLOWS = MODES + (REVERSE,)
+PORTS = {"kernel-path": 4791, "qp-pinned": 4792, REVERSE: 4791}
+QPS = {"kernel-path": (0x11, 0x12), "qp-pinned": (0x21, 0x22),
+       REVERSE: (0x31, 0x32)}  # (sender, receiver)
 SENDER, RECEIVER = "lph1", "lph2"
 
 # Faster than production defaults so that a lab trial stays short; the
@@ -76,9 +92,14 @@ LINKWATCH_QUIET_S = 1.2
 READY_LINE = re.compile(r"sending t0=([0-9.]+)")
 
 
+class LabNotHealthy(AssertionError):
+    """A trial would not start from a healthy lab: the message names the
+    host, the rail and why (verdict, phase, evidence, path)."""
+
+
 @dataclass
 class FlowResult:
-    mode: str
+    mode: str  # the flow, one of FLOWS
     blackout_s: float
     sent: int
     received: int
@@ -147,38 +168,79 @@ class ScenarioLab:
         proc = self.linkpassctl(host, "status")
         return proc.stdout if proc.returncode == 0 else f"linkpassctl failed: {proc.stderr.strip()}"
 
-    def _recovered(self) -> bool:
-        """Every rail carries carrier again, linkpassd (if any) is back on its
-        primary paths, and every rail forwards again: after a miswire or a
-        flap the neighbour tables take a second or more to re-resolve (the
-        first ARP after carrier returns is lost), and a trial started before
-        that would measure the last fault, not its own."""
+    def unhealthy(self) -> list[str]:
+        """What keeps the lab from a healthy start, one line per problem
+        naming the host and rail ([] when there is none): every rail has
+        carrier and forwards again (after a miswire or a flap the neighbour
+        tables take a second or more to re-resolve: the first ARP after
+        carrier returns is lost), and with linkpassd every port's verdict and
+        health phase are UP and every rail is routed on its own path, as both
+        the daemon and the kernel see it."""
+        problems = []
         for host in (SENDER, RECEIVER):
             for rail in self.lab.host(host).rails:
                 if not self.lab.carrier(host, rail.port):
-                    return False
+                    problems.append(f"{host} rail{rail.index} ({rail.port}): no carrier")
+        if problems:
+            return problems
         tx, rx = self.lab.host(SENDER), self.lab.host(RECEIVER)
         for rail in tx.rails:
-            if not self.lab.ping(SENDER, rx.rail(rail.index).address, src_addr=rail.address,
-                                 wait_s=0.5).ok:
-                return False
+            peer = rx.rail(rail.index).address
+            if not self.lab.ping(SENDER, peer, src_addr=rail.address, wait_s=0.5).ok:
+                problems.append(f"{SENDER} rail{rail.index}: no reply from {peer} "
+                                f"(from {rail.address})")
         if self.mechanism == "linkpassd":
-            for host in (SENDER, RECEIVER):
-                proc = self.linkpassctl(host, "status", "-o", "json")
-                if proc.returncode != 0:
-                    return False
-                st = json.loads(proc.stdout)
-                if any(r["active_rail"] != r["name"] for r in st["rails"]):
-                    return False
-        return True
+            for host, peer in ((SENDER, rx), (RECEIVER, tx)):
+                problems += self._linkpassd_unhealthy(host, peer)
+        return problems
 
-    def wait_recovered(self, timeout: float = 20.0) -> None:
+    def _linkpassd_unhealthy(self, host: str, peer) -> list[str]:
+        proc = self.linkpassctl(host, "status", "-o", "json")
+        if proc.returncode != 0:
+            return [f"{host}: linkpassctl status failed: {proc.stderr.strip()}"]
+        st = json.loads(proc.stdout)
+        rail_of = {r.get("port"): r.get("name") for r in st.get("rails", [])}
+        seen = {port.get("port") for port in st.get("ports", [])}
+        problems = [f"{host} rail{rail.index} ({rail.port}): no verdict yet"
+                    for rail in self.lab.host(host).rails if rail.port not in seen]
+        for port in st.get("ports", []):
+            verdict, phase = port.get("verdict", "?"), port.get("phase", "?")
+            if verdict != "VERDICT_UP" or phase != "UP":
+                reason = "; ".join(port.get("evidence", [])) or "no evidence given"
+                problems.append(f"{host} {rail_of.get(port.get('port'), '?')} ({port.get('port')}): "
+                                f"verdict {verdict}, phase {phase}, reason: {reason}")
+        for r in st.get("rails", []):
+            if r.get("active_rail") != r.get("name"):
+                problems.append(f"{host} {r.get('name')}: routed through "
+                                f"{r.get('active_rail') or 'no path'}, not its own")
+        for rail in self.lab.host(host).rails:
+            dst = peer.rail(rail.index).address
+            out = self.lab.run(host, ["ip", "-j", "route", "get", dst, "from", rail.address],
+                               check=False).stdout
+            dev = json.loads(out)[0].get("dev") if out.strip() else None
+            if dev != rail.port:
+                problems.append(f"{host} rail{rail.index}: the kernel routes {rail.address} -> "
+                                f"{dst} through {dev or 'nothing'}, not {rail.port}")
+        return problems
+
+    def wait_recovered(self, timeout: float = 45.0) -> None:
+        """Until the lab is healthy (see `unhealthy`); raises naming every
+        host, rail and reason still wrong at the deadline. Generous: after a
+        fault that silenced every path (a miswire) the echo loss window (200
+        probes at 50 ms, clearing at 10 % loss) keeps the rails DEGRADED for
+        about 10 s, then rise and hold-down; seen above 20 s on a busy machine."""
         deadline = time.monotonic() + timeout
-        while not self._recovered():
+        while problems := self.unhealthy():
             if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.mechanism}: lab did not recover within {timeout}s\n"
-                                   f"{self.status_text()}")
+                raise LabNotHealthy(f"{self.mechanism}: lab not healthy within {timeout}s:\n  "
+                                    + "\n  ".join(problems) + f"\n{self.status_text()}")
             time.sleep(0.1)
+
+    def assert_healthy(self) -> None:
+        """Right before a trial's traffic starts: healthy now, or fail loudly."""
+        if problems := self.unhealthy():
+            raise LabNotHealthy(f"{self.mechanism}: trial would start unhealthy:\n  "
+                                + "\n  ".join(problems) + f"\n{self.status_text()}")
 
     # ------------------------------------------------------------------ trials
 
@@ -196,29 +258,36 @@ class ScenarioLab:
         lab = self.lab
         self.wait_recovered()
         time.sleep(LINKWATCH_QUIET_S)
+        self.assert_healthy()
         tx, rx = lab.host(SENDER), lab.host(RECEIVER)
         qp_dst = rx.rail(0).address
         rail = self.qp_path_rail(qp_dst)
-        dst = {"kernel-path": rx.rail(rail).address, "qp-pinned": qp_dst}
+        # flow: (sending host, receiving host, destination, source to bind or None)
+        ends = {"kernel-path": (SENDER, RECEIVER, rx.rail(rail).address, tx.rail(rail).address),
+                "qp-pinned": (SENDER, RECEIVER, qp_dst, None),
+                REVERSE: (RECEIVER, SENDER, tx.rail(rail).address, rx.rail(rail).address)}
         duration = before_s + fault_s + after_s
         work = lab.host_dir(SENDER) / f"trial{self.trials}-{fault}"
         work.mkdir(parents=True, exist_ok=True)
         self.trials += 1
 
         receivers = {}
-        for mode in MODES:
-            cfg = ReceiverConfig(bind=dst[mode], port=PORTS[mode], duration=duration + 5,
-                                 qp=QPS[mode][1], peer_qp=QPS[mode][0]).validated()
-            receivers[mode] = self._start(RECEIVER, cfg.command(str(work / f"rx-{mode}.json")),
-                                          work / f"rx-{mode}.log", "ready")
+        for flow in FLOWS:
+            _, to_host, dst, _ = ends[flow]
+            cfg = ReceiverConfig(bind=dst, port=PORTS[flow], duration=duration + 5,
+                                 qp=QPS[flow][1], peer_qp=QPS[flow][0]).validated()
+            receivers[flow] = self._start(to_host, cfg.command(str(work / f"rx-{flow}.json")),
+                                          work / f"rx-{flow}.log", "ready")
         senders = {}
-        for mode in MODES:
-            cfg = SenderConfig(mode=mode, dst=dst[mode], rate=self.rate, duration=duration,
-                               port=PORTS[mode], qp=QPS[mode][0], dst_qp=QPS[mode][1],
-                               src=tx.rail(rail).address if mode == "kernel-path" else None)
-            senders[mode] = self._start(SENDER, cfg.validated().command(str(work / f"tx-{mode}.json")),
-                                        work / f"tx-{mode}.log", "sending t0=")
-        t0 = max(self._t0(work / f"tx-{mode}.log") for mode in MODES)
+        for flow in FLOWS:
+            from_host, _, dst, src = ends[flow]
+            cfg = SenderConfig(mode="qp-pinned" if src is None else "kernel-path", dst=dst,
+                               rate=self.rate, duration=duration, port=PORTS[flow],
+                               qp=QPS[flow][0], dst_qp=QPS[flow][1], src=src)
+            senders[flow] = self._start(from_host,
+                                        cfg.validated().command(str(work / f"tx-{flow}.json")),
+                                        work / f"tx-{flow}.log", "sending t0=")
+        t0 = max(self._t0(work / f"tx-{flow}.log") for flow in FLOWS)
 
         injector = FAULTS[fault](lab, SENDER, rail)
         _sleep_until(t0 + before_s)
@@ -229,7 +298,7 @@ class ScenarioLab:
         cleared = injector.clear()
 
         flows = {}
-        for mode in MODES:
+        for mode in FLOWS:
             _wait(senders[mode], duration + 10, f"{mode} sender")
             _wait(receivers[mode], 15, f"{mode} receiver")
             rx_report = json.loads((work / f"rx-{mode}.json").read_text())

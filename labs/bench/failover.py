@@ -2,8 +2,10 @@
 
 Mechanisms: no failover (static per-rail routes), the kernel alone
 (linkdown-aware routes, no daemon) and linkpassd. Each trial (labs/scenario.py)
-sends a kernel-path and a qp-pinned RoCEv2 flow through the dualrail lab and
-injects one fault on the rail they use. Every cell is repeated --trials times
+sends a kernel-path and a qp-pinned RoCEv2 flow out of the faulted host and a
+kernel-path flow back into it (kernel-path-reverse, addressed to its faulted
+rail: what host routing cannot move) through the dualrail lab and injects one
+fault on the rail they use. Every cell is repeated --trials times
 (at least 5); the summary is the median with min and max, and the ratio of each
 mechanism's median to no-failover's. Writes JSON and a PNG bar chart.
 
@@ -20,7 +22,7 @@ import time
 from pathlib import Path
 
 from labs.bench.bars import median_bars
-from labs.scenario import FAULTS, MECHANISMS, MODES, ScenarioLab
+from labs.scenario import FAULTS, FLOWS, MECHANISMS, REVERSE, ScenarioLab
 
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_FAULTS = ("cable-pull", "flap", "silent-blackhole")
@@ -48,12 +50,12 @@ def plot(summary: dict, faults: list[str], mechanisms: list[str], path: Path) ->
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(MODES), figsize=(6 * len(MODES), 4.5), sharey=True)
-    for ax, mode in zip(axes, MODES):
+    fig, axes = plt.subplots(1, len(FLOWS), figsize=(6 * len(FLOWS), 4.5), sharey=True)
+    for ax, mode in zip(axes, FLOWS):
         median_bars(ax, faults, [(mech, [summary.get(f"{mech}|{f}|{mode}") for f in faults])
                                  for mech in mechanisms])
         ax.set_yscale("log")
-        ax.set_title(f"{mode} flow")
+        ax.set_title(f"{mode} flow" + (" (into the faulted host)" if mode == REVERSE else ""))
         ax.set_ylabel("blackout, ms (median, min-max)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                     row = {"trial": trial, **result.as_dict()}
                     rows.append(row)
                     print(f"{mech:<10}{fault:<18}#{trial} " + "  ".join(
-                        f"{m} {row['flows'][m]['blackout_s'] * 1e3:7.1f} ms" for m in MODES),
+                        f"{m} {row['flows'][m]['blackout_s'] * 1e3:7.1f} ms" for m in FLOWS),
                         flush=True)
     summary = summarise(rows)
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -96,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\nmedian blackout over {args.trials} trials, ms (ratio to no failover), "
           f"faults of {args.fault_seconds:g} s")
-    print(f"{'fault':<18}{'flow':<13}" + "".join(f"{m:>22}" for m in mechanisms))
+    print(f"{'fault':<18}{'flow':<21}" + "".join(f"{m:>22}" for m in mechanisms))
     for fault in faults:
-        for mode in MODES:
-            line = f"{fault:<18}{mode:<13}"
+        for mode in FLOWS:
+            line = f"{fault:<18}{mode:<21}"
             for mech in mechanisms:
                 c = summary[f"{mech}|{fault}|{mode}"]
                 ratio = f" ({c['ratio_to_no_failover']:.2f}x)" if c["ratio_to_no_failover"] else ""

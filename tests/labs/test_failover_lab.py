@@ -8,6 +8,11 @@ failing optic, lose nothing at all. Where it
 does not yet (gray failures need probes, optics need the sensor work) the test
 pins down what happens today: traffic is lost for the fault's length, linkpassd
 does not fail over on it, and traffic returns when the fault clears.
+
+Each trial also measures the other direction: a kernel-path flow from lph2
+into lph1's address on the faulted rail. linkpassd moves lph1's outgoing
+traffic only, so on a silent blackhole that flow stays dark for the whole
+fault and returns only when it clears; pinned here so the number stays honest.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import json
 
 import pytest
 
-from labs.scenario import FAULTS, HANDLED_BY_LINKPASSD, ScenarioLab
+from labs.scenario import FAULTS, FLOWS, HANDLED_BY_LINKPASSD, REVERSE, ScenarioLab
 from labs.topos.lab import lab_named_netns, root_lab_interfaces
 
 pytestmark = pytest.mark.lab
@@ -58,7 +63,8 @@ def test_fault_class(scenario, fault):
     kp, qp = trial.flows["kernel-path"], trial.flows["qp-pinned"]
     linkpassd = scenario.mechanism == "linkpassd"
     assert kp.sent > 1000 and qp.sent > 500, "the flows did not run"
-    for mode in ("kernel-path", "qp-pinned"):
+    assert trial.flows[REVERSE].sent > 1000, "the reverse flow did not run"
+    for mode in FLOWS:
         assert recovered_after_clear(trial, mode), f"{mode} never recovered after {fault} cleared"
 
     handled = fault in CARRIER_FAULTS or (linkpassd and fault in HANDLED_BY_LINKPASSD)
@@ -85,6 +91,13 @@ def test_fault_class(scenario, fault):
         assert qp.reconnects >= 1
         if linkpassd and fault not in CARRIER_FAULTS:
             assert "(backup)" in rail_line(trial.status_during, trial.rail), trial.status_during
+        if linkpassd and fault == "silent-blackhole":
+            # The other direction is not moved: lph2's packets to lph1's
+            # faulted-rail address cross the broken link until it is mended.
+            dark = trial.flows[REVERSE].receiver["blackout"]
+            assert dark["start_t"] < trial.injected_at + 0.05, (dark, trial.injected_at)
+            assert dark["end_t"] > trial.cleared_at, (dark, trial.cleared_at)
+            assert trial.flows[REVERSE].blackout_s > 0.95 * FAULT_S
     elif fault in DATA_PLANE_LOSS:
         # Link up, traffic dead, and nothing the host can do about it: without
         # linkpassd nothing sees it; a miswire breaks both of the host's rails.
