@@ -37,7 +37,10 @@ def plan(desired: KernelState, observed: KernelState) -> list[Op]:
 
     # Ids whose object must change kind (nexthop <-> group) or whose resilient
     # table cannot be resized in place are deleted first; the kernel's side
-    # effects of that are simulated so the rest of the plan sees them.
+    # effects of that are simulated so the rest of the plan sees them. This
+    # breaks before it makes, so it is only the fallback: core.alloc gives a
+    # group whose shape changes a fresh id (the old group is then simply an
+    # observed group no longer wanted, deleted last, after its route moved).
     obs_nh = {nh.id: nh for nh in observed.nexthops}
     obs_grp = {g.id: g for g in observed.groups}
     doomed: list[Op] = []

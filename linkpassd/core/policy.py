@@ -20,6 +20,10 @@ Invariants (tested):
   * a group keeps at least `min_paths` members while that many ports have
     carrier (the capacity floor);
   * identical inputs give identical output (no clocks, no randomness).
+
+Every nexthop id, rule priority and auto table comes from the allocation
+(core.alloc), by name, never from a position in the config: adding a rail
+changes nothing that exists.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from linkpassd.core import alloc
+from linkpassd.core.alloc import Allocation
 from linkpassd.core.model import (
     Config,
     GroupStatus,
@@ -52,14 +58,6 @@ class Decision:
     desired: KernelState
     rails: tuple[RailStatus, ...]
     groups: tuple[GroupStatus, ...]
-
-
-def nexthop_id(config: Config, rail_index: int) -> int:
-    return config.ownership.nexthop_id_min + rail_index
-
-
-def group_id(config: Config, mp_index: int) -> int:
-    return config.ownership.nexthop_id_min + len(config.rails) + mp_index
 
 
 def _usable(state: PortState | None) -> bool:
@@ -96,34 +94,52 @@ def probe_rails(config: Config) -> list[RailConfig]:
     return [r for r in config.rails if config.probes.enabled and r.probe_table is not None]
 
 
-def rules(config: Config) -> list[Rule]:
+def rules(config: Config, allocation: Allocation | None = None) -> list[Rule]:
     """Echo probes and replies from a rail address first (when probing is on),
     then RoCEv2 from a rail address, then anything from a rail address (a
     socket bound to a NIC's address means that NIC, as NCCL's socket transport
     binds), then multipath destinations for traffic bound to no rail.
 
     Rules do not depend on health: a table without a route lets the lookup
-    fall through to the next rule, so the host never loses its main table."""
+    fall through to the next rule, so the host never loses its main table.
+
+    The order is the allocation's priorities (core.alloc keeps it); without
+    an allocation, the one a fresh start would get. Sorted by priority."""
+    allocation, config = _allocated(config, allocation)
     proto = config.ownership.route_protocol
-    selectors: list[dict] = []
     echo = config.probes.port
-    for r in probe_rails(config):
-        selectors += [dict(table=r.probe_table, src=f"{r.address}/32", ipproto=IPPROTO_UDP,
-                           dport=echo),
-                      dict(table=r.probe_table, src=f"{r.address}/32", ipproto=IPPROTO_UDP,
-                           sport=echo)]
-    if config.roce_rules:
-        selectors += [dict(table=r.table, src=f"{r.address}/32", ipproto=IPPROTO_UDP,
-                           dport=ROCEV2_UDP_PORT) for r in config.rails]
-    selectors += [dict(table=r.table, src=f"{r.address}/32") for r in config.rails]
-    selectors += [dict(table=mp.table, dst=mp.destination) for mp in config.multipath]
-    first = config.ownership.rule_priority_min
-    return [Rule(priority=first + i, protocol=proto, **sel) for i, sel in enumerate(selectors)]
+    out: list[Rule] = []
+    for r in config.rails:
+        src = f"{r.address}/32"
+        selectors = {
+            alloc.PROBE_OUT: dict(table=r.probe_table, src=src, ipproto=IPPROTO_UDP, dport=echo),
+            alloc.PROBE_REPLY: dict(table=r.probe_table, src=src, ipproto=IPPROTO_UDP, sport=echo),
+            alloc.ROCE: dict(table=r.table, src=src, ipproto=IPPROTO_UDP, dport=ROCEV2_UDP_PORT),
+            alloc.SOURCE: dict(table=r.table, src=src),
+        }
+        out += [Rule(priority=allocation.priority(alloc.rail_rule_key(r.name, role)),
+                     protocol=proto, **selectors[role])
+                for role in alloc.rail_rule_roles(config, r)]
+    out += [Rule(priority=allocation.priority(alloc.group_rule_key(mp.name)), protocol=proto,
+                 table=mp.table, dst=mp.destination) for mp in config.multipath]
+    return sorted(out)
 
 
-def decide(config: Config, ports: Mapping[str, PortState]) -> Decision:
+def _allocated(config: Config, allocation: Allocation | None) -> tuple[Allocation, Config]:
+    """The allocation to use (a fresh start's when none is given) and the
+    config with its auto tables resolved through it."""
+    if allocation is None:
+        allocation = alloc.allocate(config, None)
+    return allocation, alloc.resolve(config, allocation)
+
+
+def decide(config: Config, ports: Mapping[str, PortState],
+           allocation: Allocation | None = None) -> Decision:
+    """The routing for these verdicts. The daemon passes its allocation
+    (kept stable across reloads); without one, a fresh start's numbering."""
+    allocation, config = _allocated(config, allocation)
     proto = config.ownership.route_protocol
-    nh_of = {rail.name: nexthop_id(config, i) for i, rail in enumerate(config.rails)}
+    nh_of = {rail.name: allocation.nexthop_id(rail.name) for rail in config.rails}
 
     nexthops = {
         Nexthop(id=nh_of[rail.name], gateway=rail.gateway, port=rail.port, protocol=proto)
@@ -149,14 +165,14 @@ def decide(config: Config, ports: Mapping[str, PortState]) -> Decision:
 
     groups: set[NexthopGroup] = set()
     group_status: list[GroupStatus] = []
-    for j, mp in enumerate(config.multipath):
+    for mp in config.multipath:
         members = group_members(config, [config.rail(n) for n in mp.rails], mp.min_paths, ports)
         group_status.append(GroupStatus(name=mp.name, destination=mp.destination, table=mp.table,
                                         members=tuple(r.name for r in members),
                                         min_paths=mp.min_paths))
         if not members:
             continue
-        gid = group_id(config, j)
+        gid = allocation.group_id(mp.name)
         groups.add(NexthopGroup(id=gid, members=tuple(sorted(nh_of[r.name] for r in members)),
                                 protocol=proto, resilient=True, buckets=mp.buckets,
                                 idle_timer_s=mp.idle_timer_s,
@@ -164,5 +180,5 @@ def decide(config: Config, ports: Mapping[str, PortState]) -> Decision:
         routes.add(Route(table=mp.table, dst=mp.destination, nhid=gid, protocol=proto))
 
     desired = KernelState(nexthops=frozenset(nexthops), groups=frozenset(groups),
-                          routes=frozenset(routes), rules=frozenset(rules(config)))
+                          routes=frozenset(routes), rules=frozenset(rules(config, allocation)))
     return Decision(desired=desired, rails=tuple(rail_status), groups=tuple(group_status))

@@ -190,7 +190,7 @@ def test_restart_repairs_exactly_what_changed_while_it_was_down(lab, daemon):
     first = daemon()
     first.wait_ready()
     first.stop()
-    lab.host.ip("rule", "del", "prio", "10102")  # rail0's source rule, deleted by someone
+    lab.host.ip("rule", "del", "prio", "10101")  # rail0's source rule, deleted by someone
     monitor = ip_monitor(lab)
     try:
         time.sleep(0.3)
@@ -203,7 +203,7 @@ def test_restart_repairs_exactly_what_changed_while_it_was_down(lab, daemon):
         seen, _ = monitor.communicate(timeout=5)
     assert int(st["netlink_writes"]) == 1
     assert [line for line in seen.splitlines() if line.strip()] == [
-        "10102:\tfrom 198.18.0.2 lookup 10100 proto 201"]
+        "10101:\tfrom 198.18.0.2 lookup 10100 proto 201"]
 
 
 def test_reload_switches_the_sensor_backend(lab, daemon, tmp_path):

@@ -4,7 +4,7 @@ that follows the real kernel's semantics (core.plan.simulate)."""
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from linkpassd.core import plan as planner, policy
+from linkpassd.core import alloc, plan as planner, policy
 from linkpassd.core.model import (KernelState, Nexthop, NexthopGroup, Op, OpKind, Route, Rule,
                                   Verdict)
 from linkpassd.core.plan import KernelSemanticsError, simulate, simulate_all
@@ -48,12 +48,36 @@ def test_after_kernel_flushed_dead_port_plan_recreates_routes_on_backup():
     assert len(observed.routes) == 2  # the kernel flushed rail0's route
     desired = policy.decide(cfg, ports(cfg, eth0=port("eth0", Verdict.DOWN))).desired
     ops, after = converge(desired, observed)
-    assert Op(OpKind.CREATE, Route(table=10100, dst="0.0.0.0/0", nhid=policy.nexthop_id(cfg, 1),
+    assert Op(OpKind.CREATE, Route(table=10100, dst="0.0.0.0/0", nhid=alloc.allocate(cfg, None).nexthop_id("rail1"),
                                    protocol=PROTO)) in ops
     assert after == desired
 
 
-def test_resizing_a_resilient_group_recreates_it_and_its_route():
+def test_resizing_a_resilient_group_is_make_before_break_under_a_fresh_id():
+    """The kernel cannot resize a resilient group: the allocator gives the new
+    shape a fresh id, so the new group is created, the route moved onto it,
+    and only then the old group deleted. The route never goes missing."""
+    small_cfg, big_cfg = rails_config(2, buckets=16), rails_config(2, buckets=32)
+    small_alloc = alloc.allocate(small_cfg, None)
+    small = policy.decide(small_cfg, ports(small_cfg), small_alloc).desired
+    big_alloc = alloc.allocate(big_cfg, small_alloc, reserved_ids=alloc.kernel_ids(small))
+    big = policy.decide(big_cfg, ports(big_cfg), big_alloc).desired
+    old_id, new_id = small_alloc.group_id("fabric"), big_alloc.group_id("fabric")
+    assert new_id != old_id
+    ops = planner.plan(big, small)
+    assert [(op.kind, type(op.obj).__name__, getattr(op.obj, "id", getattr(op.obj, "nhid", None)))
+            for op in ops] == [(OpKind.CREATE, "NexthopGroup", new_id),
+                               (OpKind.REPLACE, "Route", new_id),
+                               (OpKind.DELETE, "NexthopGroup", old_id)]
+    kernel = small
+    for op in ops:
+        kernel = simulate(kernel, op)
+        assert any(r.dst == "198.19.0.0/16" for r in kernel.routes), f"{op} left no route"
+    assert kernel == big and planner.plan(big, kernel) == []
+
+
+def test_a_group_forced_to_change_shape_under_the_same_id_is_recreated():
+    """The fallback when an id cannot be fresh (e.g. set by hand): delete first."""
     small = policy.decide(rails_config(2, buckets=16), ports(rails_config(2))).desired
     big = policy.decide(rails_config(2, buckets=32), ports(rails_config(2))).desired
     ops, after = converge(big, small)

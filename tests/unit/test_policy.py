@@ -2,10 +2,15 @@
 
 from hypothesis import given, settings, strategies as st
 
-from linkpassd.core import policy
+from linkpassd.core import alloc, policy
 from linkpassd.core.model import Verdict
 
 from corefixtures import port, ports, rails_config
+
+
+def nh(cfg, rail_index):
+    """The nexthop id of a rail, as a fresh start allocates it."""
+    return alloc.allocate(cfg, None).nexthop_id(cfg.rails[rail_index].name)
 
 
 def route_nh(decision, table):
@@ -16,10 +21,10 @@ def route_nh(decision, table):
 def test_all_up_each_rail_uses_its_own_nexthop_and_group_has_all():
     cfg = rails_config(2)
     d = policy.decide(cfg, ports(cfg))
-    assert route_nh(d, 10100) == policy.nexthop_id(cfg, 0)
-    assert route_nh(d, 10101) == policy.nexthop_id(cfg, 1)
+    assert route_nh(d, 10100) == nh(cfg, 0)
+    assert route_nh(d, 10101) == nh(cfg, 1)
     (group,) = d.desired.groups
-    assert group.members == (policy.nexthop_id(cfg, 0), policy.nexthop_id(cfg, 1))
+    assert group.members == (nh(cfg, 0), nh(cfg, 1))
     assert group.resilient and group.buckets == 16
     assert [r.active_rail for r in d.rails] == ["rail0", "rail1"]
 
@@ -27,12 +32,12 @@ def test_all_up_each_rail_uses_its_own_nexthop_and_group_has_all():
 def test_down_rail_table_fails_over_to_first_backup_in_order():
     cfg = rails_config(3)
     d = policy.decide(cfg, ports(cfg, eth0=port("eth0", Verdict.DOWN)))
-    assert route_nh(d, 10100) == policy.nexthop_id(cfg, 1)  # rail0's backups: rail1, rail2
+    assert route_nh(d, 10100) == nh(cfg, 1)  # rail0's backups: rail1, rail2
     assert d.rails[0].active_rail == "rail1" and d.rails[0].active_port == "eth1"
     d = policy.decide(cfg, ports(cfg, eth0=port("eth0", Verdict.DOWN), eth1=port("eth1", Verdict.DOWN)))
-    assert route_nh(d, 10100) == policy.nexthop_id(cfg, 2)
+    assert route_nh(d, 10100) == nh(cfg, 2)
     (group,) = d.desired.groups
-    assert group.members == (policy.nexthop_id(cfg, 2),)
+    assert group.members == (nh(cfg, 2),)
 
 
 def test_no_nexthop_is_desired_on_a_port_without_carrier():
@@ -45,15 +50,15 @@ def test_recovering_port_keeps_nexthop_ready_but_traffic_stays_on_backup():
     cfg = rails_config(2)
     d = policy.decide(cfg, ports(cfg, eth0=port("eth0", Verdict.DOWN, carrier=True)))
     assert {nh.port for nh in d.desired.nexthops} == {"eth0", "eth1"}
-    assert route_nh(d, 10100) == policy.nexthop_id(cfg, 1)
+    assert route_nh(d, 10100) == nh(cfg, 1)
 
 
 def test_recovering_port_is_used_when_nothing_better_has_carrier():
     cfg = rails_config(2)
     d = policy.decide(cfg, ports(cfg, eth0=port("eth0", Verdict.DOWN, carrier=True),
                                  eth1=port("eth1", Verdict.DOWN)))
-    assert route_nh(d, 10100) == policy.nexthop_id(cfg, 0)
-    assert route_nh(d, 10101) == policy.nexthop_id(cfg, 0)
+    assert route_nh(d, 10100) == nh(cfg, 0)
+    assert route_nh(d, 10101) == nh(cfg, 0)
 
 
 def test_degraded_is_preferred_to_recovering_and_up_to_degraded():
@@ -61,7 +66,7 @@ def test_degraded_is_preferred_to_recovering_and_up_to_degraded():
     st_ = ports(cfg, eth0=port("eth0", Verdict.DOWN), eth1=port("eth1", Verdict.DOWN, carrier=True),
                 eth2=port("eth2", Verdict.DEGRADED))
     d = policy.decide(cfg, st_)
-    assert route_nh(d, 10100) == policy.nexthop_id(cfg, 2)
+    assert route_nh(d, 10100) == nh(cfg, 2)
 
 
 def test_capacity_floor_keeps_min_paths_members():
@@ -69,7 +74,7 @@ def test_capacity_floor_keeps_min_paths_members():
     d = policy.decide(cfg, ports(cfg, eth1=port("eth1", Verdict.DEGRADED), eth2=port("eth2", Verdict.DEGRADED)))
     (group,) = d.desired.groups
     # rail0 is UP; the floor of 2 adds the best other candidate, rail1 (configured order)
-    assert group.members == (policy.nexthop_id(cfg, 0), policy.nexthop_id(cfg, 1))
+    assert group.members == (nh(cfg, 0), nh(cfg, 1))
     assert d.groups[0].members == ("rail0", "rail1")
 
 
@@ -77,7 +82,7 @@ def test_degraded_members_leave_the_group_when_enough_up_remain():
     cfg = rails_config(3, min_paths=1)
     d = policy.decide(cfg, ports(cfg, eth1=port("eth1", Verdict.DEGRADED)))
     (group,) = d.desired.groups
-    assert group.members == (policy.nexthop_id(cfg, 0), policy.nexthop_id(cfg, 2))
+    assert group.members == (nh(cfg, 0), nh(cfg, 2))
 
 
 def test_without_any_carrier_there_is_no_route_and_rules_stay():
@@ -89,14 +94,14 @@ def test_without_any_carrier_there_is_no_route_and_rules_stay():
 
 
 def test_rules_cover_roce_then_rail_sources_then_multipath():
+    """A fresh start: one slot per rail from the bottom of the range (RoCE
+    rule, then source rule), the multipath rule at the top."""
     cfg = rails_config(2)
     rules = policy.rules(cfg)
-    assert [r.priority for r in rules] == list(range(10100, 10105))
-    assert [(r.src, r.dport, r.table) for r in rules[:2]] == [
-        ("198.18.0.1/32", 4791, 10100), ("198.18.1.1/32", 4791, 10101)]
-    assert [(r.src, r.dport, r.table) for r in rules[2:4]] == [
-        ("198.18.0.1/32", None, 10100), ("198.18.1.1/32", None, 10101)]
-    assert (rules[4].src, rules[4].dst, rules[4].table) == (None, "198.19.0.0/16", 10150)
+    assert [(r.priority, r.src, r.dport, r.dst, r.table) for r in rules] == [
+        (10100, "198.18.0.1/32", 4791, None, 10100), (10101, "198.18.0.1/32", None, None, 10100),
+        (10102, "198.18.1.1/32", 4791, None, 10101), (10103, "198.18.1.1/32", None, None, 10101),
+        (10199, None, None, "198.19.0.0/16", 10150)]
 
 
 def test_without_roce_rules_the_rail_rules_come_first():
@@ -104,7 +109,29 @@ def test_without_roce_rules_the_rail_rules_come_first():
     cfg = replace(rails_config(2), roce_rules=False)
     rules = policy.rules(cfg)
     assert [(r.priority, r.src, r.dst) for r in rules] == [
-        (10100, "198.18.0.1/32", None), (10101, "198.18.1.1/32", None), (10102, None, "198.19.0.0/16")]
+        (10100, "198.18.0.1/32", None), (10101, "198.18.1.1/32", None), (10199, None, "198.19.0.0/16")]
+
+
+def test_decide_numbers_everything_from_the_allocation_not_from_positions():
+    from dataclasses import replace
+    cfg = rails_config(2)
+    given = alloc.Allocation(
+        rail_nexthops={"rail0": 1_000_150, "rail1": 1_000_120},
+        group_nexthops={"fabric": alloc.GroupId(1_000_101, True, 16)},
+        rule_priorities={"rail:rail0:roce": 10110, "rail:rail0:source": 10111,
+                         "rail:rail1:roce": 10104, "rail:rail1:source": 10105,
+                         "group:fabric": 10180},
+        tables={"rail:rail0": 10140, "group:fabric": 10141})
+    cfg = replace(cfg, auto_tables=frozenset({"rail:rail0", "group:fabric"}))
+    d = policy.decide(cfg, ports(cfg), given)
+    assert {(n.port, n.id) for n in d.desired.nexthops} == {("eth0", 1_000_150), ("eth1", 1_000_120)}
+    (group,) = d.desired.groups
+    assert (group.id, group.members) == (1_000_101, (1_000_120, 1_000_150))
+    assert {(r.table, r.nhid) for r in d.desired.routes} == {
+        (10140, 1_000_150), (10101, 1_000_120), (10141, 1_000_101)}
+    assert sorted((r.priority, r.table) for r in d.desired.rules) == [
+        (10104, 10101), (10105, 10101), (10110, 10140), (10111, 10140), (10180, 10141)]
+    assert [r.table for r in d.rails] == [10140, 10101] and d.groups[0].table == 10141
 
 
 verdicts = st.sampled_from([Verdict.UP, Verdict.DEGRADED, Verdict.DOWN])
@@ -160,28 +187,28 @@ def probe_route_nh(decision, rail_index):
 def test_probe_rules_come_first_and_pin_requests_and_replies_to_the_probe_table():
     cfg = probing_config(2)
     rules = sorted(policy.rules(cfg), key=lambda r: r.priority)
-    first = rules[:4]
-    assert [(r.src, r.table, r.ipproto, r.dport, r.sport) for r in first] == [
-        ("198.18.0.1/32", 10160, 17, 4793, None), ("198.18.0.1/32", 10160, 17, None, 4793),
-        ("198.18.1.1/32", 10161, 17, 4793, None), ("198.18.1.1/32", 10161, 17, None, 4793)]
-    assert all(r.table not in (10160, 10161) for r in rules[4:])
-    assert [r.priority for r in rules] == list(range(10100, 10100 + len(rules)))
+    for i in range(2):
+        mine = [(r.table, r.ipproto, r.dport, r.sport) for r in rules if r.src == f"198.18.{i}.1/32"]
+        assert mine == [(10160 + i, 17, 4793, None), (10160 + i, 17, None, 4793),
+                        (10100 + i, 17, 4791, None), (10100 + i, None, None, None)]
+    assert rules[-1].dst == "198.19.0.0/16"  # every rail rule before the multipath rule
+    assert [r.priority for r in rules[:-1]] == list(range(10100, 10108))  # one slot per rail
 
 
 def test_probe_table_keeps_the_rails_own_path_while_its_traffic_fails_over():
     cfg = probing_config(2)
     down_with_carrier = ports(cfg, eth0=port("eth0", Verdict.DOWN, carrier=True))
     d = policy.decide(cfg, down_with_carrier)
-    assert route_nh(d, 10100) == policy.nexthop_id(cfg, 1)  # traffic moved
-    assert probe_route_nh(d, 0) == [policy.nexthop_id(cfg, 0)]  # probes did not
-    assert probe_route_nh(d, 1) == [policy.nexthop_id(cfg, 1)]
+    assert route_nh(d, 10100) == nh(cfg, 1)  # traffic moved
+    assert probe_route_nh(d, 0) == [nh(cfg, 0)]  # probes did not
+    assert probe_route_nh(d, 1) == [nh(cfg, 1)]
 
 
 def test_probe_table_is_empty_without_carrier_and_never_borrows_a_backup():
     cfg = probing_config(2)
     d = policy.decide(cfg, ports(cfg, eth0=port("eth0", Verdict.DOWN)))
     assert probe_route_nh(d, 0) == []
-    assert route_nh(d, 10100) == policy.nexthop_id(cfg, 1)
+    assert route_nh(d, 10100) == nh(cfg, 1)
 
 
 def test_no_probe_objects_while_probing_is_off():
