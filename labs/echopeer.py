@@ -2,6 +2,11 @@
 where no linkpassd runs (a namespace standing in for a remote host).
 
     ip netns exec <ns> python -m labs.echopeer --duration 60 [--port 4793]
+        [--allow 198.18.0.0/15 ...] [--address A ...]
+
+It answers requests from sources in `--allow` (default: the whole lab range
+198.18.0.0/15), sent to any of `--address` (default: any local address, as
+the namespace stands in for a whole host).
 
 Prints one JSON line when listening and one with its counters when it stops
 (SIGTERM, or after --duration: every lab process is bounded).
@@ -18,14 +23,17 @@ import sys
 from dataclasses import asdict
 
 from linkpassd.adapters.echo import ECHO_PORT, EchoResponder
+from linkpassd.core.admission import ResponderPolicy
 
 READY_TIMEOUT_S = 10.0
 # Where netns tests put the far end of echo probes: the leaf namespace's loopback.
 NETNS_PEER = "198.19.9.1"
+LAB_RANGE = "198.18.0.0/15"
 
 
-async def _serve(port: int, duration: float) -> dict:
-    responder = EchoResponder(port=port)
+async def _serve(port: int, duration: float, allow: list[str],
+                 addresses: list[str] | None) -> dict:
+    responder = EchoResponder(port=port, policy=ResponderPolicy.build(addresses, allow))
     responder.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -44,12 +52,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="labs.echopeer", description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=ECHO_PORT)
     parser.add_argument("--duration", type=float, default=300.0, help="stop after this many s")
+    parser.add_argument("--allow", action="append", metavar="CIDR",
+                        help=f"answer sources in this prefix (repeatable; default {LAB_RANGE})")
+    parser.add_argument("--address", action="append", metavar="IP",
+                        help="answer only requests sent to this address (repeatable; default any)")
     args = parser.parse_args(argv)
     if not 1 <= args.port <= 65535:
         parser.error(f"--port must be 1..65535, got {args.port}")
     if not args.duration > 0:
         parser.error(f"--duration must be positive, got {args.duration:g}")
-    counters = asyncio.run(_serve(args.port, args.duration))
+    try:
+        policy_args = (args.allow or [LAB_RANGE], args.address)
+        ResponderPolicy.build(policy_args[1], policy_args[0])
+    except ValueError as exc:
+        parser.error(f"--allow/--address: {exc}")
+    counters = asyncio.run(_serve(args.port, args.duration, *policy_args))
     print(json.dumps({"event": "stopped", "counters": counters}), flush=True)
     return 0
 

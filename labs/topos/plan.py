@@ -455,6 +455,8 @@ def linkpassd_toml(host: HostPlan, *, control_socket: str, run_dir: str,
                 f"detect_mult = {_toml(bfd['detect_mult'])}"]
     if probes is not None:
         out += ["[probes]", "enabled = true"]
+        # Every lab host's rail addresses lie in HOST_SPACE: answer all of them.
+        probes = {"fabric_prefixes": [HOST_SPACE], **probes}
         out += [f"{key} = {_toml(value)}" for key, value in probes.items()]
     names = [rail.name for rail in host.rails]
     for rail in host.rails:

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from linkpassd.adapters.looplag import LoopLag
 from linkpassd.core.bfd import (SLOW_TX_US, Discarded, Invalid, Send, Session, SessionConfig, State,
                                 StateChange, decode, diag_name, encode)
 
@@ -59,7 +60,6 @@ IP_FREEBIND = getattr(socket, "IP_FREEBIND", 15)
 CLONE_NEWNET = 0x40000000
 RECV_BUFSIZE = 512  # a control packet is 24 bytes, 52 with the largest auth section
 _TTL_CMSG = socket.CMSG_SPACE(struct.calcsize("i"))
-LAG_WINDOW_S = 30.0  # how much lag history to keep for "worst lag lately"
 
 log = structlog.get_logger("linkpassd.bfd")
 
@@ -116,41 +116,6 @@ class BfdEvent:
     @property
     def ever_up(self) -> bool:
         return self.change.ever_up
-
-
-class LagMeter:
-    """How late timers fire on this event loop: the last value, the worst
-    ever, a count, and the worst within a recent window."""
-
-    def __init__(self, window_s: float = LAG_WINDOW_S):
-        self.window_s = window_s
-        self.count = 0
-        self.last = 0.0
-        self.max = 0.0
-        self.total = 0.0
-        self._recent: collections.deque[tuple[float, float]] = collections.deque()
-
-    def record(self, lag: float, now: float) -> None:
-        lag = max(0.0, lag)
-        self.count += 1
-        self.last = lag
-        self.total += lag
-        self.max = max(self.max, lag)
-        recent = self._recent
-        while recent and recent[0][0] < now - self.window_s:
-            recent.popleft()
-        # Keep only a decreasing run of lags: an older, smaller lag can never
-        # be the worst of any later window.
-        while recent and recent[-1][1] <= lag:
-            recent.pop()
-        recent.append((now, lag))
-
-    def worst_since(self, since: float) -> float:
-        return max((lag for t, lag in self._recent if t >= since), default=0.0)
-
-    def snapshot(self) -> dict[str, float]:
-        return {"count": self.count, "last_s": self.last, "max_s": self.max,
-                "mean_s": self.total / self.count if self.count else 0.0}
 
 
 # --------------------------------------------------------------------------
@@ -279,9 +244,11 @@ class BfdAgent:
     """Runs BFD sessions on the current event loop.
 
     `emit` is called synchronously with each BfdEvent and must not block (e.g.
-    `queue.put_nowait`). `on_lag(now, lag)`, if given, sees every lag
-    measurement (timer lateness, in seconds: the loop was stalled over
-    [now - lag, now]) so other probes can share this clock. `netns` names a namespace to open sockets in (labs
+    `queue.put_nowait`). `lag` is the loop-lag meter shared with the echo
+    probes (the daemon's one, adapters.looplag): every timer's lateness is
+    recorded there, and a state change carries the worst lag the meter saw
+    over the detection time. `on_lag(now, lag)`, if given, sees every lag
+    this agent measures. `netns` names a namespace to open sockets in (labs
     and tests); the daemon itself runs inside the host's namespace. `run()`
     waits until cancelled and re-raises anything that failed inside a socket
     or timer callback, so a TaskGroup ends the daemon as it would for a task.
@@ -290,7 +257,7 @@ class BfdAgent:
     def __init__(self, emit: Callable[[BfdEvent], None] | None = None, *,
                  netns: str | None = None, rng: random.Random | None = None,
                  on_lag: Callable[[float, float], None] | None = None,
-                 loop: asyncio.AbstractEventLoop | None = None):
+                 loop: asyncio.AbstractEventLoop | None = None, lag: LoopLag | None = None):
         self.emit = emit or (lambda event: None)
         self.on_lag = on_lag
         self.netns = netns
@@ -301,7 +268,7 @@ class BfdAgent:
         self.by_discr: dict[int, _Run] = {}
         self.drops: collections.Counter[str] = collections.Counter()
         self.counters: collections.Counter[str] = collections.Counter()
-        self.lag = LagMeter()
+        self.lag = lag if lag is not None else LoopLag()
         self._failure: asyncio.Future | None = None
 
     # ---- lifecycle ---------------------------------------------------------
@@ -483,7 +450,7 @@ class BfdAgent:
             self._datagram(endpoint, data, ancdata, flags, addr, self.now(), lag)
 
     def _record_lag(self, lag: float, now: float) -> None:
-        self.lag.record(lag, now)
+        self.lag.record(now, lag)
         if self.on_lag is not None:
             self.on_lag(now, lag)
 

@@ -18,9 +18,14 @@ Wire format, network byte order, 40 bytes, the same both ways:
 
 `held_us` is how long the responder's host held the request (kernel receive
 to reply), so a late reply caused by a stalled peer daemon is not blamed on
-the path. A reply is never larger than its request (no amplification) and a
-responder never answers a reply (no loops between responders). Anything else
-is dropped and counted, never raised.
+the path. A reply is never larger than its request (no amplification), there
+is at most one per request, and a responder never answers a reply (no loops
+between responders). Anything else is dropped and counted, never raised.
+
+The responder is not an open reflector (core.admission): it answers only
+requests sent to a rail address, from a source in the fabric prefixes or a
+configured peer, within a per-source rate. Refused datagrams are dropped
+before they are parsed.
 
 Each prober socket is bound to the rail's interface (SO_BINDTODEVICE) and
 address and connected to the peer's responder, so the probe takes that rail
@@ -30,9 +35,10 @@ the address the request was sent to, out of the interface it came in on
 (IP_PKTINFO), so the reply tests the same physical path back.
 
 Time: probers use the event loop's monotonic clock. Replies carry the kernel's
-receive time (SO_TIMESTAMPNS), so a busy loop does not make them late, and a
-heartbeat (`LagMonitor`) measures how late the loop runs; both feed the core,
-which refuses to count a miss that a stall of ours could explain.
+receive time (SO_TIMESTAMPNS), so a busy loop does not make them late, and the
+daemon's loop-lag meter (adapters.looplag, shared with BFD) says how late the
+loop runs; both feed the core, which refuses to count a miss that a stall of
+ours could explain.
 
 IPv4 only for now.
 """
@@ -50,7 +56,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from linkpassd.core.model import Assessment
+from linkpassd.adapters.looplag import LoopLag
+from linkpassd.core.admission import ResponderPolicy, SourceLimiter
+from linkpassd.core.model import Assessment, ResponderCounters
 from linkpassd.core.probe import PathState, Prober, ProbeConfig, Send
 
 ECHO_PORT = 4793
@@ -73,6 +81,14 @@ _MAX_KERNEL_DELAY_S = 1.0  # beyond this a receive timestamp is a clock step, no
 _RESPONDER_WAKE_S = 0.2  # the responder thread checks for close() this often
 _RETRY_S = 1.0  # reopen a prober socket this long after it failed (port or address missing)
 _SOCKET_GONE = (errno.ENODEV, errno.EADDRNOTAVAIL)
+_HANDOFF_S = 0.010  # the responder hands what it heard to the loop at most this often
+# The responder's receive queue: ~1,300 small datagrams, 25 ms of a 50,000/s
+# flood, so a thread descheduled for a moment on a busy host still sees (and
+# counts) what arrived meanwhile. Only a queue the thread cannot keep up with
+# fills it; then requests wait at most this long, rather than being dropped.
+_RESPONDER_RCVBUF = 1 << 20
+SO_RCVBUFFORCE = 33
+_U32 = struct.Struct("!I")
 
 
 # --------------------------------------------------------------------------
@@ -138,102 +154,72 @@ def _cmsgs(ancdata) -> tuple[float | None, tuple[int, bytes] | None]:
 
 
 # --------------------------------------------------------------------------
-# Event-loop lag
-# --------------------------------------------------------------------------
-
-
-class LagMonitor:
-    """How stalled the event loop was, shared by every prober in it.
-
-    Each prober reports how late its own timers ran (`report`), and hears of
-    every stall another prober or the heartbeat saw, so a stall that began long
-    before its own timer fired is still seen. The heartbeat covers the gaps
-    between probes; each wake-up costs CPU (measured in a 2-vCPU VM: 0.6 % of a
-    core at 25 ms, 3.8 % at 4 ms), hence the slow default. None: no heartbeat."""
-
-    def __init__(self, period_s: float | None = 0.025, tolerance_s: float = 0.001):
-        self.period_s = period_s
-        self.tolerance_s = tolerance_s
-        self.listeners: list[Callable[[float, float], None]] = []
-        self.beats = 0
-        self.stalls = 0  # beats later than the tolerance
-        self.max_lag_s = 0.0
-        self._due: float | None = None
-        self._handle: asyncio.TimerHandle | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        if self.period_s is not None:
-            self._arm(self._loop.time())
-
-    def close(self) -> None:
-        if self._handle is not None:
-            self._handle.cancel()
-        self._handle = self._due = None
-
-    def current(self, now: float) -> float:
-        """How long the loop has been stalled right now (the next beat is overdue by this)."""
-        return 0.0 if self._due is None else max(0.0, now - self._due)
-
-    def report(self, now: float, lag: float) -> None:
-        """A handler ran `lag` late: tell every listener (the reporter included)."""
-        self.max_lag_s = max(self.max_lag_s, lag)
-        if lag >= self.tolerance_s:
-            self.stalls += 1
-            for listener in list(self.listeners):
-                listener(now, lag)
-
-    def _arm(self, now: float) -> None:
-        self._due = now + self.period_s
-        self._handle = self._loop.call_at(self._due, self._beat)
-
-    def _beat(self) -> None:
-        now = self._loop.time()
-        self.beats += 1
-        self.report(now, self.current(now))
-        self._arm(now)
-
-
-# --------------------------------------------------------------------------
 # Responder
 # --------------------------------------------------------------------------
 
 
 @dataclass
-class ResponderCounters:
-    requests: int = 0
-    replies: int = 0
+class ResponderTally:
+    """Written by the responder's thread only; read by the loop (plain ints: no handoff).
+    The daemon reports them as core.model.ResponderCounters."""
+
+    requests: int = 0  # well-formed requests from allowed sources to a rail address
+    answered: int = 0
+    refused_address: int = 0  # sent to a local address that is no rail's (loopback, management)
+    refused_source: int = 0  # from a source neither in the fabric prefixes nor a probe peer
+    rate_limited: int = 0  # the source's token bucket was empty
     malformed: int = 0
     ignored: int = 0  # well-formed but not a request: never answered
     send_errors: int = 0
     recv_errors: int = 0
 
 
+HeardCallback = Callable[[dict[tuple[str, str], float]], None]
+
+
 class EchoResponder:
-    """Answers every well-formed request from the address it was sent to, out
-    of the interface it came in on. One socket for all rails.
+    """Answers the requests its `policy` admits (core.admission), from the
+    address each was sent to, out of the interface it came in on. One socket,
+    bound to the wildcard address, for all rails: a rail address that appears
+    late (or comes back) is answered at once, nothing to re-bind; requests to
+    any other local address are seen, counted and dropped.
 
     It answers on its own thread, not on the event loop: a reply held up by
     our loop's work (a reconcile, a status request, a log burst) reads as
     path loss at the peer, and a peer whose rail has one live path left has
-    no other path to vouch for us. The thread needs the GIL only to build a
-    reply; the daemon lowers the interpreter's switch interval so it gets it
-    within a millisecond. What the peer is told (`on_request`) is handed to
-    the loop."""
+    no other path to vouch for us. The thread needs the GIL only briefly per
+    datagram and releases it in every receive, so even a flood costs the loop
+    little; the daemon lowers the interpreter's switch interval so the thread
+    gets the GIL within a millisecond. Refused datagrams are dropped on the
+    destination and source address alone, before any parsing. The thread
+    hands the loop nothing per packet: counters are plain integers the loop
+    reads, and which peers reached us (`on_heard`: {(our address, peer
+    address): monotonic time}) is handed over at most every `_HANDOFF_S`."""
 
     def __init__(self, port: int = ECHO_PORT, address: str = "0.0.0.0", netns: str | None = None,
-                 on_request: Callable[[str, str], None] | None = None):
+                 policy: ResponderPolicy | None = None, on_heard: HeardCallback | None = None):
         self.port = port
         self.address = address
         self.netns = netns
-        self.on_request = on_request  # (our address, peer address): the peer reaches us
+        self.policy = policy if policy is not None else ResponderPolicy()  # answers nobody
+        self.limiter = SourceLimiter(*self.policy.limits)
+        self.on_heard = on_heard
         self.responder_id = _random_id()
-        self.counters = ResponderCounters()
+        self.counters = ResponderTally()
         self.sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._heard: dict[tuple[str, str], float] = {}  # the thread's, until handed over
+        self._handed_at = 0.0
+
+    def set_policy(self, policy: ResponderPolicy) -> None:
+        """Answer by a new policy from now on (a reload). Rate buckets are kept
+        unless the rate limits changed. Safe while the thread runs: it reads
+        both attributes once per datagram."""
+        if policy.limits != self.policy.limits:
+            self.limiter = SourceLimiter(*policy.limits)
+        self.policy = policy
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -241,6 +227,10 @@ class EchoResponder:
         try:
             sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
             sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            try:  # beyond net.core.rmem_max needs CAP_NET_ADMIN, which the daemon has
+                sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, _RESPONDER_RCVBUF)
+            except PermissionError:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RESPONDER_RCVBUF)
             sock.bind((self.address, self.port))
             sock.settimeout(_RESPONDER_WAKE_S)  # so close() is seen without a datagram
         except BaseException:
@@ -267,6 +257,7 @@ class EchoResponder:
             try:
                 data, ancdata, flags, src = sock.recvmsg(_RECV_BYTES, _ANCILLARY)
             except (TimeoutError, InterruptedError):
+                self._hand_off(time.monotonic(), force=True)
                 continue
             except OSError:
                 if self._stop.is_set():
@@ -278,15 +269,36 @@ class EchoResponder:
             except Exception:  # noqa: BLE001 - nothing from outside may end the responder
                 self.counters.malformed += 1
 
-    def _tell(self, local: str, peer: str) -> None:
-        if self.on_request is None:
+    def _hand_off(self, now: float, force: bool = False) -> None:
+        """Give the loop what was heard since the last hand-off, batched."""
+        if not self._heard or (not force and now - self._handed_at < _HANDOFF_S):
+            return
+        heard, self._heard, self._handed_at = self._heard, {}, now
+        if self.on_heard is None:
             return
         if self._thread is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(self.on_request, local, peer)
+            try:
+                self._loop.call_soon_threadsafe(self.on_heard, heard)
+            except RuntimeError:  # the loop is closed: we are shutting down
+                pass
         else:
-            self.on_request(local, peer)
+            self.on_heard(heard)
 
     def _answer(self, data: bytes, ancdata, flags: int, src) -> None:
+        # Cheapest first: where it was sent, who sent it, whether they may; only then parse.
+        policy = self.policy
+        info = None
+        for level, kind, payload in ancdata:
+            if kind == IP_PKTINFO and level == socket.IPPROTO_IP and len(payload) >= _PKTINFO.size:
+                info = _PKTINFO.unpack_from(payload)  # (ifindex, local address, header destination)
+                break
+        if not policy.answers_to(b"" if info is None else info[2]):
+            self.counters.refused_address += 1
+            return
+        source = _U32.unpack(socket.inet_aton(src[0]))[0]
+        if not policy.allows(source):
+            self.counters.refused_source += 1
+            return
         pkt, _why = parse(data, truncated=bool(flags & socket.MSG_TRUNC))
         if pkt is None:
             self.counters.malformed += 1
@@ -295,7 +307,11 @@ class EchoResponder:
             self.counters.ignored += 1
             return
         self.counters.requests += 1
-        rx, info = _cmsgs(ancdata)
+        now = time.monotonic()
+        if not self.limiter.allow(source, now):
+            self.counters.rate_limited += 1
+            return
+        rx, _ = _cmsgs(ancdata)
         held = 0 if rx is None else min(max(0, round((time.time() - rx) * 1e6)), 2**32 - 1)
         reply = EchoPacket(KIND_REPLY, pkt.seq, pkt.sent_ns, pkt.prober_id,
                            self.responder_id, held).encode()
@@ -303,14 +319,15 @@ class EchoResponder:
             if info is None:
                 self.sock.sendto(reply, src)
             else:
-                ifindex, local = info
+                ifindex, local, _dst = info
                 pktinfo = _PKTINFO.pack(ifindex, local, bytes(4))
                 self.sock.sendmsg([reply], [(socket.IPPROTO_IP, IP_PKTINFO, pktinfo)], 0, src)
-            self.counters.replies += 1
+            self.counters.answered += 1
         except OSError:
             self.counters.send_errors += 1
-        if info is not None:
-            self._tell(socket.inet_ntoa(info[1]), src[0])
+        if info is not None and self.on_heard is not None:
+            self._heard[(socket.inet_ntoa(info[1]), src[0])] = now
+            self._hand_off(now)
 
 
 # --------------------------------------------------------------------------
@@ -344,7 +361,7 @@ class EchoProber:
 
     def __init__(self, path: ProbePath, config: ProbeConfig | None = None, *,
                  echo_port: int = ECHO_PORT, tos: int = 0, netns: str | None = None,
-                 lag: LagMonitor | None = None, on_change: ChangeCallback | None = None,
+                 lag: LoopLag | None = None, on_change: ChangeCallback | None = None,
                  prober_id: int | None = None,
                  on_reply_heard: Callable[["EchoProber", float], None] | None = None):
         self.path = path
@@ -422,8 +439,10 @@ class EchoProber:
                               f"{a.detail}; cannot probe: {self.socket_error}", a.confirmed)
         return a
 
-    def peer_heard(self) -> None:
-        self.state = self.state.peer_heard(self._loop.time())
+    def peer_heard(self, at: float | None = None) -> None:
+        """The peer's own probes reached our responder on this path (at `at`,
+        monotonic time, which is the loop's clock; default now)."""
+        self.state = self.state.peer_heard(self._loop.time() if at is None else at)
 
     # ---- the loop's callbacks ------------------------------------------------
 
@@ -439,7 +458,7 @@ class EchoProber:
         now = self._loop.time()
         lag = self._current_lag(now, scheduled)
         if self.lag is not None:
-            self.lag.report(now, lag)
+            self.lag.record(now, lag)
         if self.sock is None:
             self._open()
         # Replies already here are read before any deadline is judged.
@@ -539,11 +558,18 @@ class EchoProber:
 
 @dataclass
 class EchoService:
-    """One responder, one prober per path and the lag heartbeat, as one task.
+    """One responder, one prober per path, as one task.
 
-    `on_change(path, assessment)` is called on every verdict change; the daemon
-    turns it into a queue event. The responder tells each prober when the
-    peer's own probes reach us, which says which way a one-way fault runs."""
+    `on_change(path, assessment)` is called on every verdict change (and once
+    for each path `set_paths` removes); the daemon turns it into a queue event.
+    The responder tells each prober when the peer's own probes reach us,
+    which says which way a one-way fault runs.
+
+    `lag`: the daemon's loop-lag meter, shared with BFD (adapters.looplag);
+    the service sets its heartbeat to `lag_period_s` while it runs. Without
+    one the service has its own. `responder_policy`: what the responder
+    answers (core.admission); by default, on the paths' source addresses and
+    only to their peers."""
 
     paths: Iterable[ProbePath]
     config: ProbeConfig = field(default_factory=ProbeConfig)
@@ -551,28 +577,40 @@ class EchoService:
     listen: str = "0.0.0.0"
     tos: int = 0
     respond: bool = True
-    lag_period_s: float | None = 0.025  # the loop-lag heartbeat (see LagMonitor)
+    lag_period_s: float | None = 0.025  # the loop-lag heartbeat (see adapters.looplag)
     netns: str | None = None
     on_change: Callable[[ProbePath, Assessment], None] | None = None
+    lag: LoopLag | None = None
+    responder_policy: ResponderPolicy | None = None
 
     def __post_init__(self) -> None:
-        self.paths = tuple(self.paths)
-        self.lag = LagMonitor(period_s=self.lag_period_s, tolerance_s=self.config.lag_tolerance_s)
-        prober_id = _random_id()
-        self.probers = {
-            path: EchoProber(path, self.config, echo_port=self.echo_port, tos=self.tos,
-                             netns=self.netns, lag=self.lag, prober_id=prober_id,
-                             on_change=self._changed, on_reply_heard=self._reply_heard)
-            for path in self.paths}
+        self.paths = tuple(dict.fromkeys(self.paths))
+        self._owns_lag = self.lag is None
+        if self.lag is None:
+            self.lag = LoopLag(period_s=self.lag_period_s, tolerance_s=self.config.lag_tolerance_s)
+        self._prober_id = _random_id()
+        self.probers: dict[ProbePath, EchoProber] = {p: self._prober(p) for p in self.paths}
         self._by_addresses = {(p.source, p.peer): pr for p, pr in self.probers.items()}
-        self.responder = (EchoResponder(self.echo_port, self.listen, self.netns,
-                                        on_request=self._heard) if self.respond else None)
+        policy = self.responder_policy or ResponderPolicy.build(
+            {p.source for p in self.paths}, peers={p.peer for p in self.paths})
+        self.responder = (EchoResponder(self.echo_port, self.listen, self.netns, policy=policy,
+                                        on_heard=self._heard) if self.respond else None)
         self.responder_error = ""
         self._retry: asyncio.TimerHandle | None = None
         self._suspects: set[EchoProber] = set()  # paths confirming a loss right now
+        self._started = False
+
+    def _prober(self, path: ProbePath) -> EchoProber:
+        return EchoProber(path, self.config, echo_port=self.echo_port, tos=self.tos,
+                          netns=self.netns, lag=self.lag, prober_id=self._prober_id,
+                          on_change=self._changed, on_reply_heard=self._reply_heard)
 
     def start(self) -> None:
-        self.lag.start()
+        if self._owns_lag or not self.lag.started:
+            self.lag.start()
+        if not self._owns_lag:
+            self.lag.heartbeat(self.lag_period_s)
+        self._started = True
         self._start_responder()
         for prober in self.probers.values():
             prober.start()
@@ -585,11 +623,41 @@ class EchoService:
             self._retry = None
         if self.responder is not None:
             self.responder.close()
-        self.lag.close()
+        if self._owns_lag:
+            self.lag.close()
+        elif self._started:
+            self.lag.heartbeat(None)  # the meter stays: BFD still records into it
+        self._started = False
+
+    def set_paths(self, paths: Iterable[ProbePath]) -> None:
+        """Probe exactly `paths` from now on: new ones start (never up), gone
+        ones stop, and those that stay keep everything they know (verdict,
+        loss window, rise count, counters). For a reload whose peers changed;
+        a change of timers, port or TOS needs a new service."""
+        wanted = tuple(dict.fromkeys(paths))
+        for path in [p for p in self.probers if p not in wanted]:
+            prober = self.probers.pop(path)
+            prober.close()
+            self._suspects.discard(prober)
+            if self.on_change is not None:
+                self.on_change(path, prober.assessment())  # the owner re-reads that port
+        for path in wanted:
+            if path not in self.probers:
+                prober = self.probers[path] = self._prober(path)
+                if self._started:
+                    prober.start()
+        self.paths = wanted
+        self._by_addresses = {(p.source, p.peer): pr for p, pr in self.probers.items()}
+
+    def set_responder_policy(self, policy: ResponderPolicy) -> None:
+        """Answer by `policy` from now on (rail addresses, prefixes, peers or rates changed)."""
+        self.responder_policy = policy
+        if self.responder is not None:
+            self.responder.set_policy(policy)
 
     def _start_responder(self) -> None:
-        """A port we cannot bind (taken, address missing) must not stop the
-        daemon from probing and routing: say why, and try again."""
+        """A port we cannot bind (taken) must not stop the daemon from
+        probing and routing: say why, and try again."""
         self._retry = None
         if self.responder is None:
             return
@@ -607,6 +675,15 @@ class EchoService:
             await asyncio.Event().wait()
         finally:
             self.close()
+
+    def responder_counters(self) -> ResponderCounters | None:
+        """The responder's counters as the daemon reports them (None: no responder)."""
+        if self.responder is None:
+            return None
+        c = self.responder.counters
+        return ResponderCounters(answered=c.answered, refused_address=c.refused_address,
+                                 refused_source=c.refused_source, rate_limited=c.rate_limited,
+                                 malformed=c.malformed + c.ignored)
 
     def assessments(self, port: str | None = None) -> tuple[Assessment, ...]:
         return tuple(pr.assessment() for p, pr in self.probers.items()
@@ -637,7 +714,9 @@ class EchoService:
             if other is not prober:
                 other.state = other.state.witnessed(other.state.others_live, received_at)
 
-    def _heard(self, local: str, peer: str) -> None:
-        prober = self._by_addresses.get((local, peer))
-        if prober is not None and prober.sock is not None:
-            prober.peer_heard()
+    def _heard(self, heard: dict[tuple[str, str], float]) -> None:
+        """The responder's batch: which peers' probes reached which of our addresses, when."""
+        for pair, at in heard.items():
+            prober = self._by_addresses.get(pair)
+            if prober is not None and prober.sock is not None:
+                prober.peer_heard(at)

@@ -11,6 +11,8 @@ from labs.daemonproc import DaemonProcess, rail_config_toml
 from labs.echopeer import NETNS_PEER as ECHO_PEER
 from labs.netnslib import HostLab, NetnsFactory
 
+FABRIC = "198.18.0.0/16"  # sources the daemon's echo responder answers (netns labs)
+
 
 @pytest.fixture
 def netns_factory():
@@ -41,7 +43,8 @@ def echo_daemon(lab, tmp_path):
     sock = str(tmp_path / "ctl.sock")
     with contextlib.ExitStack() as stack:
         def start(interval_ms: int = 50) -> DaemonProcess:
-            probes = f"[probes]\nenabled = true\ninterval_ms = {interval_ms}\n"
+            probes = (f"[probes]\nenabled = true\ninterval_ms = {interval_ms}\n"
+                      f'fabric_prefixes = ["{FABRIC}"]\n')
             cfg.write_text(rail_config_toml(sock, str(tmp_path), lab.rails, rise=2,
                                             hold_down_s=1.0, extra=probes,
                                             probe_peers=[[ECHO_PEER], [ECHO_PEER]]))

@@ -20,7 +20,9 @@ import pytest
 from labs.netnslib import run, wait_for
 from linkpassd.adapters.echo import (ECHO_PORT, KIND_REPLY, KIND_REQUEST, MAGIC, PACKET,
                                      EchoPacket, EchoProber, EchoResponder, EchoService,
-                                     LagMonitor, ProbePath)
+                                     ProbePath)
+from linkpassd.adapters.looplag import LoopLag
+from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.probe import PathState, ProbeConfig, detection_bound_s
 
 pytestmark = pytest.mark.netns
@@ -30,6 +32,8 @@ TABLE = f"lp_echo{os.getpid()}"
 GROUP = 0x4C50E000 + os.getpid() % 0x1000
 # Real timers: epoll wakes at 1 ms granularity and a loaded 2-core VM adds its own jitter.
 SLACK_S = 0.050
+# The leaf stands in for a whole peer host: it answers the lab range on any address.
+LAB_POLICY = ResponderPolicy.build(None, ["198.18.0.0/15"])
 
 
 async def nft(ns, script: str, check: bool = True) -> None:
@@ -74,8 +78,9 @@ class Probing:
     """A responder in the leaf and probers in the host, closed in finally."""
 
     def __init__(self, lab, paths: list[ProbePath], respond: bool = True):
-        self.lag = LagMonitor()
-        self.responder = EchoResponder(netns=lab.leaf.name) if respond else None
+        self.lag = LoopLag(period_s=0.025)
+        self.responder = (EchoResponder(netns=lab.leaf.name, policy=LAB_POLICY)
+                          if respond else None)
         self.probers = [EchoProber(p, CONFIG, netns=lab.host.name, lag=self.lag) for p in paths]
 
     async def __aenter__(self) -> "Probing":
@@ -171,7 +176,7 @@ def test_paths_vouch_for_each_other_one_dead_path_is_down_all_silent_is_not(lab)
     witness probes answer and rail 0 is DOWN; with every path silent at once
     (the responder's requests all dropped), no path is DOWN."""
     async def scenario():
-        responder = EchoResponder(netns=lab.leaf.name)
+        responder = EchoResponder(netns=lab.leaf.name, policy=LAB_POLICY)
         service = EchoService([rail_path(lab, 0), rail_path(lab, 1)], CONFIG, respond=False,
                               netns=lab.host.name)
         responder.start()
@@ -335,7 +340,7 @@ def test_a_taken_echo_port_is_reported_and_retried_not_fatal(lab):
     async def scenario():
         blocker = create_socket(lab.leaf.name, socket.AF_INET, socket.SOCK_DGRAM, flags=0)
         blocker.bind(("0.0.0.0", ECHO_PORT))
-        leaf = EchoService([], CONFIG, netns=lab.leaf.name)
+        leaf = EchoService([], CONFIG, netns=lab.leaf.name, responder_policy=LAB_POLICY)
         host = EchoService([ProbePath(rail.port, rail.address, rail.gateway)], CONFIG,
                            netns=lab.host.name, respond=False)
         try:
@@ -350,5 +355,36 @@ def test_a_taken_echo_port_is_reported_and_retried_not_fatal(lab):
             blocker.close()
             leaf.close()
             host.close()
+
+    run(scenario(), timeout=30)
+
+
+def test_set_paths_adds_and_removes_paths_while_the_others_keep_probing(lab):
+    """A reload's change of peers: the path that stays goes on as it was (UP,
+    its counters growing, no rise again), the new one comes up, the removed
+    one's socket is closed."""
+    async def scenario():
+        responder = EchoResponder(netns=lab.leaf.name, policy=LAB_POLICY)
+        first, second = rail_path(lab, 0), rail_path(lab, 1)
+        service = EchoService([first], CONFIG, respond=False, netns=lab.host.name)
+        responder.start()
+        service.start()
+        try:
+            kept = service.probers[first]
+            await phase(kept, "UP", 3.0)
+            up_since, sent = kept.state.since, kept.counters.sent
+            service.set_paths([first, second])
+            added = service.probers[second]
+            assert service.probers[first] is kept and kept.state.phase == "UP"
+            await phase(added, "UP", 3.0)
+            assert kept.state.since == up_since and kept.counters.sent > sent
+            assert kept.counters.downs == 0
+            service.set_paths([second])
+            assert kept.sock is None and list(service.probers) == [second]
+            await asyncio.sleep(0.3)
+            assert added.state.phase == "UP" and added.counters.downs == 0
+        finally:
+            service.close()
+            responder.close()
 
     run(scenario(), timeout=30)

@@ -17,7 +17,9 @@ from scapy.compat import raw
 from scapy.contrib.bfd import BFD
 
 from linkpassd.adapters import bfd as adapter
+from linkpassd.adapters.looplag import LoopLag
 from linkpassd.core import bfd
+from linkpassd.core.looplag import LagHistory
 from linkpassd.core.bfd import (SLOW_TX_US, TRANSITIONS, ControlPacket, Diag, Discarded, Invalid,
                                 Reason, Send, Session, SessionConfig, State, StateChange, decode,
                                 encode, jitter_factor)
@@ -617,8 +619,8 @@ class FakeSock:
         return ("198.18.0.2", 50000)
 
 
-def agent_with_session(peer="198.18.0.1"):
-    agent = adapter.BfdAgent()
+def agent_with_session(peer="198.18.0.1", lag=None):
+    agent = adapter.BfdAgent(lag=lag)
     ep = adapter._Endpoint("lprail0", "198.18.0.2", FakeSock())
     spec = adapter.PeerSpec("lprail0", "198.18.0.2", peer, FAST)
     run = adapter._Run(spec, Session.create(0x1234, FAST, agent.now(), seed=5), ep, FakeSock())
@@ -676,15 +678,44 @@ def test_adapter_never_raises_on_garbage(data, ttl):
 
 
 def test_lag_meter_keeps_the_worst_of_a_window():
-    lag = adapter.LagMeter(window_s=10.0)
+    lag = LagHistory(window_s=10.0)
     for t, v in [(0.0, 0.001), (1.0, 0.2), (2.0, 0.003), (3.0, 0.05), (4.0, 0.001)]:
-        lag.record(v, t)
+        lag.record(t, v)
     assert lag.worst_since(0.0) == 0.2
     assert lag.worst_since(1.5) == 0.05
     assert lag.worst_since(3.5) == 0.001
     assert lag.worst_since(5.0) == 0.0
-    lag.record(0.0, 20.0)  # 0.2 ages out of the window
+    lag.record(20.0, 0.0)  # 0.2 ages out of the window
     assert lag.worst_since(0.0) == 0.0 and lag.max == 0.2 and lag.count == 6
+    assert lag.stalls == 5  # every lag of at least the 1 ms tolerance
+
+
+def test_bfd_and_echo_share_one_lag_meter():
+    """A stall BFD's timer measured reaches the echo probers' listeners, and a
+    stall the echo heartbeat saw is in the worst lag a BFD change reports."""
+    async def scenario():
+        shared = LoopLag()
+        shared.start()
+        agent, ep, run = agent_with_session(lag=shared)
+        heard = []
+        shared.listeners.append(lambda now, lag: heard.append(lag))
+        now = agent.now()
+        agent._on_timer(run, scheduled=now - 0.3)  # BFD's timer ran 0.3 s late
+        assert heard and heard[0] >= 0.3
+        shared.record(agent.now(), 0.7)  # e.g. the echo heartbeat saw a 0.7 s stall
+        events = []
+        agent.emit = events.append
+        run.session = replace(run.session, state=State.UP, remote_discr=0x99, ever_up=True,
+                              remote_detect_mult=3, remote_desired_tx_us=10_000,
+                              last_rx=agent.now() - 1.0)
+        agent._on_timer(run, scheduled=agent.now())
+        (event,) = events
+        assert event.new is State.DOWN and event.max_lag_s >= 0.7
+        if run.timer:
+            run.timer.cancel()
+        shared.close()
+
+    asyncio.run(scenario())
 
 
 def test_a_stalled_loop_is_reported_with_the_detection():

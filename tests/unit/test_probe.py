@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from linkpassd.adapters import echo
+from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.model import Assessment, Verdict
 from linkpassd.core.probe import (PathState, ProbeConfig, Prober, burst_size, detection_bound_s,
                                   rail_assessment)
@@ -58,7 +59,7 @@ class Sim:
     peer_stalls: list[Window] = field(default_factory=list)  # the responder's loop is stalled
     kernel_timestamps: bool = False  # replies carry the kernel's receive time
     lag_aware: bool = True  # the adapter reports loop lag (False: a control)
-    heartbeat_s: float | None = 0.025  # the adapter's lag heartbeat period (LagMonitor)
+    heartbeat_s: float | None = 0.025  # the adapter's lag heartbeat period (adapters.looplag)
     peer_probes: bool = False  # the peer probes us too (feeds peer_heard)
     witness: bool = False  # another live path of the host, hearing replies all along
 
@@ -687,39 +688,105 @@ def pktinfo_cmsg(ifindex: int, local: str):
             struct.pack("@i4s4s", ifindex, socket.inet_aton(local), socket.inet_aton(local)))
 
 
-def test_the_responder_answers_from_the_address_and_interface_the_request_came_to():
+RAIL_POLICY = ResponderPolicy.build({"198.18.0.1"}, ["198.18.0.0/24"], peers={"198.19.5.5"})
+
+
+def responder(policy=RAIL_POLICY, **kw):
     heard = []
-    r = echo.EchoResponder(on_request=lambda local, peer: heard.append((local, peer)))
+    r = echo.EchoResponder(policy=policy, on_heard=heard.append, **kw)
     r.sock = FakeSocket()
-    req = echo.EchoPacket(echo.KIND_REQUEST, 7, 123456789, 42)
+    return r, heard
+
+
+def request(seq=7) -> bytes:
+    return echo.EchoPacket(echo.KIND_REQUEST, seq, 123456789, 42).encode()
+
+
+def test_the_responder_answers_from_the_address_and_interface_the_request_came_to():
+    r, heard = responder()
     anc = [timestamp_cmsg(time.time() - 0.003), pktinfo_cmsg(5, "198.18.0.1")]
-    r._answer(req.encode(), anc, 0, ("198.18.0.2", 40000))
+    r._answer(request(), anc, 0, ("198.18.0.2", 40000))
     (data, ancdata, addr), = r.sock.sent
     reply, _ = echo.parse(data)
     assert (reply.kind, reply.seq, reply.sent_ns, reply.prober_id) == (echo.KIND_REPLY, 7, 123456789, 42)
     assert reply.responder_id == r.responder_id and 2_500 <= reply.held_us <= 1_000_000
+    assert len(data) == len(request())  # never larger than the request
     assert addr == ("198.18.0.2", 40000)
     ((level, kind, info),) = ancdata
     assert (level, kind) == (socket.IPPROTO_IP, echo.IP_PKTINFO)
     assert struct.unpack("@i4s4s", info)[:2] == (5, socket.inet_aton("198.18.0.1"))
-    assert heard == [("198.18.0.1", "198.18.0.2")]
+    assert [list(h) for h in heard] == [[("198.18.0.1", "198.18.0.2")]]
     # A reply sent to a responder is never answered: two responders cannot ping-pong.
     r._answer(echo.EchoPacket(echo.KIND_REPLY, 7, 1, 42).encode(), anc, 0, ("198.18.0.2", 4793))
     assert len(r.sock.sent) == 1 and r.counters.ignored == 1
+
+
+def test_the_responder_answers_only_on_rail_addresses_and_only_allowed_sources():
+    r, heard = responder()
+    on_rail = [pktinfo_cmsg(5, "198.18.0.1")]
+    r._answer(request(), [pktinfo_cmsg(1, "127.0.0.1")], 0, ("198.18.0.2", 1))  # loopback
+    r._answer(request(), [pktinfo_cmsg(2, "10.0.0.5")], 0, ("198.18.0.2", 1))  # management
+    r._answer(request(), [], 0, ("198.18.0.2", 1))  # no destination known: not answered
+    r._answer(request(), on_rail, 0, ("198.19.0.2", 1))  # outside the fabric prefixes
+    r._answer(b"garbage from outside", on_rail, 0, ("203.0.113.9", 1))  # refused before parsing
+    assert r.sock.sent == [] and heard == []
+    c = r.counters
+    assert (c.refused_address, c.refused_source, c.malformed, c.answered) == (3, 2, 0, 0)
+    r._answer(request(), on_rail, 0, ("198.19.5.5", 1))  # a configured peer, outside the prefixes
+    r._answer(request(), on_rail, 0, ("198.18.0.77", 1))  # inside the prefixes
+    assert c.answered == 2 and len(r.sock.sent) == 2
+
+
+def test_the_responder_rate_limits_each_source_and_counts_it():
+    policy = ResponderPolicy.build({"198.18.0.1"}, ["198.18.0.0/24"], rate_pps=1.0, burst=3)
+    r, _ = responder(policy)
+    on_rail = [pktinfo_cmsg(5, "198.18.0.1")]
+    for _ in range(10):
+        r._answer(request(), on_rail, 0, ("198.18.0.2", 1))
+    r._answer(request(), on_rail, 0, ("198.18.0.3", 1))  # another source has its own bucket
+    c = r.counters
+    assert (c.answered, c.rate_limited, c.requests) == (4, 7, 11)
+    assert len(r.sock.sent) == 4  # one reply per answered request, never more
+
+
+def test_the_responder_hands_what_it_heard_to_the_loop_in_batches():
+    """A flood of allowed requests is not one loop callback per packet."""
+    r, heard = responder(ResponderPolicy.build({"198.18.0.1"}, ["198.18.0.0/24"]))
+    on_rail = [pktinfo_cmsg(5, "198.18.0.1")]
+    began = time.monotonic()
+    for i in range(2000):
+        r._answer(request(i), on_rail, 0, (f"198.18.0.{2 + i % 3}", 1))
+    took = time.monotonic() - began
+    assert r.counters.answered == 2000
+    assert len(heard) <= 1 + took / echo._HANDOFF_S, (len(heard), took)
+    assert len(heard) < 2000 / 10
+    r._hand_off(time.monotonic(), force=True)
+    pairs = {pair for batch in heard for pair in batch}
+    assert pairs == {("198.18.0.1", f"198.18.0.{n}") for n in (2, 3, 4)}
+
+
+def test_a_new_policy_takes_effect_at_once():
+    r, _ = responder()
+    on_rail = [pktinfo_cmsg(5, "198.18.0.9")]
+    r._answer(request(), on_rail, 0, ("198.18.0.2", 1))
+    assert r.counters.refused_address == 1
+    r.set_policy(ResponderPolicy.build({"198.18.0.1", "198.18.0.9"}, ["198.18.0.0/24"]))
+    r._answer(request(), on_rail, 0, ("198.18.0.2", 1))
+    assert r.counters.answered == 1
 
 
 @settings(max_examples=300)
 @given(data=st.binary(max_size=100), truncated=st.booleans(),
        anc=st.lists(st.tuples(st.sampled_from([socket.SOL_SOCKET, socket.IPPROTO_IP, 99]),
                               st.sampled_from([echo.SCM_TIMESTAMPNS, echo.IP_PKTINFO, 1]),
-                              st.binary(max_size=24)), max_size=3))
-def test_garbage_at_the_responder_is_counted_never_raised(data, truncated, anc):
-    r = echo.EchoResponder()
-    r.sock = FakeSocket()
-    r._answer(data, anc, socket.MSG_TRUNC if truncated else 0, ("198.18.0.2", 1))
+                              st.binary(max_size=24)), max_size=3),
+       src=st.sampled_from(["198.18.0.2", "198.19.0.2"]))
+def test_garbage_at_the_responder_is_counted_never_raised(data, truncated, anc, src):
+    r, _ = responder(ResponderPolicy.build(None, ["198.18.0.0/24"]))
+    r._answer(data, anc, socket.MSG_TRUNC if truncated else 0, (src, 1))
     c = r.counters
-    assert c.malformed + c.ignored + c.requests == 1
-    assert len(r.sock.sent) == c.replies == c.requests
+    assert c.malformed + c.ignored + c.requests + c.refused_source + c.refused_address == 1
+    assert len(r.sock.sent) == c.answered <= c.requests
 
 
 @settings(max_examples=300)
@@ -749,3 +816,31 @@ def test_the_prober_matches_its_replies_and_uses_the_kernel_receive_time():
 def test_echo_paths_are_ipv4_for_now():
     with pytest.raises(ValueError):
         echo.ProbePath("lprail0", "fd00::2", "fd00::1")
+
+
+def test_set_paths_keeps_what_the_staying_paths_know_and_only_adds_and_removes():
+    a = echo.ProbePath("lprail0", "198.18.0.2", "198.19.0.1")
+    b = echo.ProbePath("lprail0", "198.18.0.2", "198.19.0.2")
+    c = echo.ProbePath("lprail1", "198.18.1.2", "198.19.0.1")
+    changes = []
+    service = echo.EchoService([a, b], ProbeConfig(), respond=False,
+                               on_change=lambda path, assessment: changes.append(path))
+    kept = service.probers[a]
+    # Prober a has history: up after `rise` replies, some of its loss window filled.
+    state = kept.state
+    for i in range(5):
+        t = 10.0 + i * 0.051  # a little after each steady probe is due
+        state, (send,) = state.poll(t)
+        state = state.on_reply(send.seq, t + 0.0005, t + 0.0005)
+    kept.state = state
+    assert state.state is PathState.UP and len(state.window) == 2
+
+    service.set_paths([a, c])
+    assert set(service.probers) == {a, c} and service.paths == (a, c)
+    assert service.probers[a] is kept and kept.state is state  # nothing reset
+    assert service.probers[c].state.state is PathState.NEVER_UP
+    assert service.probers[c].prober_id == kept.prober_id  # one id for the service's probers
+    assert changes == [b]  # the owner hears of the removed path, so it re-reads the port
+    assert service._by_addresses == {(a.source, a.peer): kept,
+                                     (c.source, c.peer): service.probers[c]}
+    assert [x.signal for x in service.assessments("lprail0")] == ["probe:198.19.0.1"]
