@@ -21,10 +21,12 @@ def rail_config_toml(socket_path: str, run_dir: str, rails: Iterable, *, rise: i
                      hold_down_s: float = 1.0, tick_interval_s: float = 0.1,
                      multipath: str | None = "198.18.128.0/17", buckets: int = 8,
                      log_level: str = "info", extra: str = "", bfd: bool = False,
-                     probe_peers: Sequence[Sequence[str]] = ()) -> str:
+                     probe_peers: Sequence[Sequence[str]] = (),
+                     multipath_rails: Sequence[int] | None = None) -> str:
     """A linkpassd config for rails with .port/.address/.gateway/.prefixlen;
     every rail backs up the others, in order. `extra` is more TOML (sections);
-    `probe_peers[i]` are rail i's echo peers (`[probes]` goes in `extra`)."""
+    `probe_peers[i]` are rail i's echo peers (`[probes]` goes in `extra`);
+    the multipath group spans `multipath_rails` (indexes; default: all)."""
     rails = list(rails)
     names = [f"rail{i}" for i in range(len(rails))]
     out = [
@@ -49,7 +51,8 @@ def rail_config_toml(socket_path: str, run_dir: str, rails: Iterable, *, rise: i
     if extra:
         out.append(extra.strip())
     if multipath:
-        members = ", ".join(f'"{n}"' for n in names)
+        chosen = range(len(names)) if multipath_rails is None else multipath_rails
+        members = ", ".join(f'"{names[i]}"' for i in chosen)
         out += ["[[multipath]]", 'name = "fabric"', f'destination = "{multipath}"',
                 f"rails = [{members}]", f"buckets = {buckets}"]
     return "\n".join(out) + "\n"
@@ -88,20 +91,27 @@ def wait_ready(proc: subprocess.Popen, socket_path: str, log_path: Path,
 
 
 class DaemonProcess:
-    def __init__(self, netns: str, config_path: Path, socket_path: str, log_path: Path):
+    """`env` adds to the daemon's environment (e.g. systemd's NOTIFY_SOCKET and
+    WATCHDOG_USEC); `program` replaces `python -m linkpassd.daemon` with an argv
+    prefix that takes the same `--config FILE` (a test harness around Daemon)."""
+
+    def __init__(self, netns: str, config_path: Path, socket_path: str, log_path: Path, *,
+                 env: dict[str, str] | None = None, program: Sequence[str] | None = None):
         self.netns = netns
         self.config_path = Path(config_path)
         self.socket_path = socket_path
         self.log_path = Path(log_path)
+        self.env = dict(env or {})
+        self.program = list(program or [sys.executable, "-m", "linkpassd.daemon"])
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> "DaemonProcess":
         log = open(self.log_path, "ab")
         # `ip netns exec` execs the command, so the PID we hold is the daemon's.
         self.proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.netns, sys.executable, "-m", "linkpassd.daemon",
-             "--config", str(self.config_path)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            ["ip", "netns", "exec", self.netns, *self.program, "--config", str(self.config_path)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, **self.env} if self.env else None)
         log.close()
         return self
 

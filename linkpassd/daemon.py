@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import signal
 import socket
 import sys
@@ -41,17 +42,25 @@ from linkpassd.adapters.echo import EchoService, ProbePath
 from linkpassd.adapters.ethtool import EthtoolSensor
 from linkpassd.adapters.kernel import KernelAdapter, KernelOpError
 from linkpassd.adapters.links import LinkEvent, LinkMonitor, LinkSnapshot
+from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.sensor import Sensor
 from linkpassd.adapters.simsensor import SimulatedSensor
-from linkpassd.core import bfd, explain, health, plan, policy
+from linkpassd.adapters.watchdog import Watchdog
+from linkpassd.adapters.statefile import StateFileError, read_json, write_json_atomic
+from linkpassd.core import alloc, apply, bfd, carried, explain, health, plan, policy
+from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.probe import ProbeConfig, rail_assessment
-from linkpassd.core.signals import CounterHistory, OpticsHistory, bfd_assessment
+from linkpassd.core.signals import bfd_assessment
 from linkpassd.core.model import (Assessment, Config, CounterSample, DaemonStatus, KernelState,
-                                  LinkSample, OpticsReading, PortSensors, PortState, Unreadable)
+                                  LinkSample, Op, OpticsReading, PortSensors, PortState, Problem,
+                                  Unreadable, Verdict)
 
 log = structlog.get_logger("linkpassd")
 
 DEFAULT_CONFIG = "/etc/linkpass/linkpassd.toml"
+VERDICT_FILE = "verdicts.json"  # in the state directory
+ALLOCATION_FILE = "allocation.json"  # in the state directory: ids, priorities, tables by name
+BFD_RETRY_S = 1.0  # a BFD session that could not start (port missing) is retried this often
 SENSOR_RETIRE_S = 30.0  # a replaced sensor is closed this long after the reload
 
 
@@ -116,17 +125,34 @@ class Daemon:
         self.reload_failures = 0
         self.last_reconcile_at = 0.0
         self.last_error = ""
+        self.last_error_at = 0.0  # wall clock; 0 when there is no error
+        self.reconcile_failures = 0
+        self.consecutive_failures = 0  # reconciles in a row that failed as a whole
+        self.failures: dict[Op, apply.Failure] = {}  # writes the kernel refused, by op
+        self.retry_at: float | None = None  # when the first refused write is due again
+        self.hold_until = 0.0  # after a failed pass: no new pass before, for the same decision
+        self.failed_desired: KernelState | None = None  # the decision that failed
+        self.carried: dict[str, carried.Carried] = {}  # verdicts from before this start
+        self.saved_verdicts: dict | None = None  # what the verdict file says now
+        self.state_problems: dict[str, Problem] = {}  # state files we could not use
+        self.foreign: tuple = ()  # (ForeignObject, since) inside our ranges
+        self.bfd_pending: dict[str, tuple[PeerSpec, str, float]] = {}  # session -> spec, error, since
+        self.next_bfd_retry = 0.0
         self.started_mono = clock()
         self.started_wall = wallclock()
         self.ready = asyncio.Event()
         self.kernel: KernelAdapter | None = None
         self.monitor: LinkMonitor | None = None
         self.bfd: BfdAgent | None = None
+        self.looplag = LoopLag()  # one event-loop lag meter for BFD and echo
         self.sensor: Sensor | None = None
         self.echo: EchoService | None = None
         self.echo_spec: EchoSpec | None = None
         self.early_probes: dict[str, dict[str, Assessment]] = {}  # before a port's first sample
         self.echo_logged: dict[str, str] = {}  # each port's last logged echo status
+        self.watchdog = Watchdog.from_environment(clock)  # WatchdogSec= from systemd, if any
+        self.allocation: alloc.Allocation | None = None  # None: a fresh start's numbering
+        self.saved_allocation: alloc.Allocation | None = None  # what allocation.json says now
 
     # ------------------------------------------------------------------ tasks
 
@@ -136,13 +162,17 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.queue.put_nowait, Shutdown(sig.name))
         ipr = AsyncIPRoute()
-        self.kernel = KernelAdapter(ipr)
+        # The guard refuses, before anything is sent, a write outside what we own.
+        self.kernel = KernelAdapter(ipr, ownership=self.config.ownership)
         self.ipr = ipr
         self.monitor = LinkMonitor(self.ports(), self.queue.put)
         self.sensor = make_sensor(self.config)
-        self.bfd = BfdAgent(self.queue.put_nowait)
-        sync_bfd(self.bfd, self.config)
+        self.looplag.start()
+        self.bfd = BfdAgent(self.queue.put_nowait, lag=self.looplag)
+        self._sync_bfd(self.clock())
         self._sync_echo()
+        await self._load_allocation()
+        await self._adopt()
         control = ControlServer(self.config.control_socket, self.status,
                                 explain_provider=self.explain)
         await control.start()
@@ -156,6 +186,7 @@ class Daemon:
                 tasks.create_task(self._poll("optics"), name="optics")
                 tasks.create_task(self.bfd.run(), name="bfd")
                 tasks.create_task(self._reconcile_loop(), name="reconcile")
+                tasks.create_task(self.watchdog.run(), name="watchdog")
         except* ShutdownRequested:
             pass
         finally:
@@ -168,8 +199,135 @@ class Daemon:
             if self.echo is not None:
                 self._log_echo_counters("stopped")
                 self.echo.close()
-            ipr.close()
+            self.kernel.close()
+            self.ipr.close()
             log.info("stopped", note="routes left as they are (fail-static)")
+
+    async def _adopt(self) -> None:
+        """What the last daemon knew: its verdict file, and rail tables the
+        kernel still routes through a backup. Such ports start as not trusted
+        (see core.carried); anything unreadable is reported and skipped."""
+        path = f"{self.config.state_dir}/{VERDICT_FILE}"
+        try:
+            doc = read_json(path)
+            if doc is not None:
+                self.carried = carried.decode(doc, self.wallclock())
+        except (StateFileError, carried.CarriedError) as exc:
+            self._state_problem(path, f"verdict file unusable, ignored: {exc}")
+        try:
+            assert self.kernel is not None
+            self.kernel_view = await self.kernel.observe(self.config.ownership)
+        except Exception as exc:  # noqa: BLE001 - the first reconcile reads it again
+            log.error("adoption_failed", error=repr(exc))
+            return
+        for port, why in carried.failed_over(self.config, self.kernel_view).items():
+            known = self.carried.get(port)
+            if known is None:
+                self.carried[port] = carried.Carried(
+                    Verdict.DOWN, why, carried.probe_signals(self.config, port, ECHO_SIGNAL))
+        for port, c in self.carried.items():
+            log.warning("verdict_carried", port=port, rail=self._rail_of(port), verdict=str(c.verdict),
+                        awaiting=",".join(c.awaiting) or "-", reason=c.reason)
+
+    def _save_verdicts(self) -> None:
+        """Write the verdict file when a verdict (or what it awaits) changed:
+        after the kernel writes, so it never delays a failover."""
+        verdicts = {p: (h.verdict, h.reason, health.bad_signals(h, self.config.health)
+                        if h.verdict is not Verdict.UP else ())
+                    for p, h in self.health.items()}
+        if verdicts == self.saved_verdicts:
+            return
+        path = f"{self.config.state_dir}/{VERDICT_FILE}"
+        try:
+            write_json_atomic(path, carried.encode(verdicts, self.wallclock()))
+        except OSError as exc:
+            self._state_problem(path, f"cannot write the verdict file: {exc}")
+            return
+        self.saved_verdicts = verdicts
+        self.state_problems.pop(path, None)
+
+    async def _load_allocation(self) -> None:
+        """Nexthop ids, rule priorities and auto tables by name (core.alloc),
+        from allocation.json; without a usable file, from what the kernel
+        shows, so a host upgraded from positional numbering renumbers nothing.
+        New numbers never take an id still in the kernel."""
+        path = f"{self.config.state_dir}/{ALLOCATION_FILE}"
+        previous = None
+        try:
+            doc = read_json(path)
+            if doc is not None:
+                previous = self.saved_allocation = alloc.Allocation.from_json(doc)
+        except (StateFileError, alloc.AllocationFileError) as exc:
+            self._state_problem(path, f"allocation file unusable, derived from the kernel "
+                                      f"instead: {exc}")
+        observed = None
+        try:
+            assert self.kernel is not None
+            observed = await self.kernel.observe(self.config.ownership)
+        except Exception as exc:  # noqa: BLE001 - the first reconcile reads it again
+            log.error("allocation_kernel_read_failed", error=repr(exc))
+        if previous is None and observed is not None:
+            previous = alloc.derive(self.config, observed)
+        reserved = alloc.kernel_ids(observed) if observed is not None else frozenset()
+        try:
+            allocation = alloc.allocate(self.config, previous, reserved)
+        except alloc.AllocationError as exc:
+            # What was kept no longer fits; numbering afresh beats not running
+            # (the config check guarantees a fresh start fits).
+            log.error("allocation_renumbered", error=str(exc))
+            allocation = alloc.allocate(self.config, None)
+        self.config = self._use_allocation(self.config, allocation)
+
+    async def _kernel_ids(self) -> frozenset[int]:
+        """Owned ids in the kernel now (a fresh dump; our view if that fails)."""
+        assert self.kernel is not None
+        try:
+            return alloc.kernel_ids(await self.kernel.observe(self.config.ownership))
+        except Exception as exc:  # noqa: BLE001 - fall back to what we know
+            log.warning("allocation_kernel_read_failed", error=repr(exc), fallback="last view")
+            return alloc.kernel_ids(self.kernel_view) if self.kernel_view else frozenset()
+
+    def _use_allocation(self, config: Config, allocation: alloc.Allocation) -> Config:
+        """Adopt `allocation`, write allocation.json if it changed (before any
+        kernel write that uses it), and return `config` with its auto tables
+        resolved. A write that fails is reported; the daemon goes on."""
+        self.allocation = allocation
+        path = f"{config.state_dir}/{ALLOCATION_FILE}"
+        if allocation != self.saved_allocation:
+            try:
+                write_json_atomic(path, allocation.to_json())
+                self.saved_allocation = allocation
+                self.state_problems.pop(path, None)
+            except OSError as exc:
+                self._state_problem(path, f"cannot write the allocation file: {exc}")
+        return alloc.resolve(config, allocation)
+
+    def _state_problem(self, path: str, detail: str) -> None:
+        if path not in self.state_problems:
+            log.error("state_file_problem", path=path, error=detail)
+            self.state_problems[path] = Problem("state", path, detail, self.wallclock())
+
+    def _sync_bfd(self, now: float) -> None:
+        """Sessions as the config says. One whose port is missing (a NIC fell
+        off the bus, a rename) is reported and retried every BFD_RETRY_S;
+        every other rail is protected meanwhile."""
+        assert self.bfd is not None
+        failed = sync_bfd(self.bfd, self.config)
+        for name, (spec, _error, _since) in self.bfd_pending.items():
+            if name in self.bfd.runs:
+                log.info("bfd_session_started", session=name, port=spec.ifname,
+                         rail=self._rail_of(spec.ifname), note="after retry")
+        self.bfd_pending = {name: pending for name, pending in self.bfd_pending.items()
+                            if name in failed}
+        for name, (spec, error) in failed.items():
+            if name not in self.bfd_pending:
+                log.error("bfd_session_failed", session=name, port=spec.ifname,
+                          rail=self._rail_of(spec.ifname), error=error,
+                          retry_s=BFD_RETRY_S)
+                self.bfd_pending[name] = (spec, error, self.wallclock())
+            else:
+                self.bfd_pending[name] = (spec, error, self.bfd_pending[name][2])
+        self.next_bfd_retry = now + BFD_RETRY_S
 
     async def _ticker(self) -> None:
         while True:
@@ -186,6 +344,8 @@ class Daemon:
                         else self.config.sensors.optics_interval_s)
             await asyncio.sleep(interval)
             for port in self.ports():
+                if what == "optics" and health.eeprom_paused(self.health.get(port), self.clock()):
+                    continue
                 try:
                     sensor = self.sensor
                     if what == "counters":
@@ -204,6 +364,7 @@ class Daemon:
             while not self.queue.empty():
                 events.append(self.queue.get_nowait())
             await self.handle(events)
+            self.watchdog.progress(self.clock())  # systemd is pinged only while this runs
 
     # ------------------------------------------------------------- decisions
 
@@ -211,7 +372,23 @@ class Daemon:
         return [rail.port for rail in self.config.rails]
 
     async def handle(self, events: list) -> None:
+        """Observe a batch of events, then decide and reconcile. Nothing that
+        goes wrong in here ends the daemon (a shutdown request aside): an
+        unexpected error is a failed reconcile, logged, counted and retried
+        with backoff, while the kernel keeps its last good state."""
         now = self.clock()
+        try:
+            await self._handle(events, now)
+        except ShutdownRequested:
+            raise
+        except Exception as exc:  # noqa: BLE001 - see above
+            self.consecutive_failures += 1
+            self.reconcile_failures += 1
+            self._fail(f"unexpected {type(exc).__name__}: {exc}", now, exc_info=exc)
+        finally:
+            self._flush_logs()
+
+    async def _handle(self, events: list, now: float) -> None:
         for event in events:
             if isinstance(event, Shutdown):
                 log.info("shutdown", signal=event.signal)
@@ -228,6 +405,8 @@ class Daemon:
             elif isinstance(event, Tick):
                 for sample in list(self.links.values()):
                     self._observe(sample, now)
+                if self.bfd_pending and now >= self.next_bfd_retry:
+                    self._sync_bfd(now)
             elif isinstance(event, (CounterReading, OpticsRead)):
                 self._observe_sensor(event, now)
             elif isinstance(event, BfdEvent):
@@ -236,14 +415,17 @@ class Daemon:
                 self._observe_echo(event.port, now)
         if not all(p in self.links for p in self.ports()):
             return  # no full picture of the ports yet
-        decision = policy.decide(self.config, self.port_states(now))
+        decision = policy.decide(self.config, self.port_states(now), self.allocation)
         self._log_decision_changes(decision)
         self.decision = decision
-        if now >= self.next_resync:
+        if now >= self.next_resync or (self.retry_at is not None and now >= self.retry_at):
             self.needs_resync = True
         if self.needs_resync or decision.desired != self.applied:
-            await self._reconcile(decision, now)
-        self._flush_logs()
+            # After a failed pass, wait out the backoff, unless the decision
+            # changed: a failover never waits for an earlier failure.
+            if now >= self.hold_until or decision.desired != self.failed_desired:
+                await self._reconcile(decision, now)
+        self._save_verdicts()
 
     def _later(self, event: str, **fields) -> None:
         """Log after the kernel writes, so logging never delays a failover."""
@@ -265,6 +447,13 @@ class Daemon:
         before = self.health.get(sample.port)
         if before is None:
             state = health.initial(sample, now)
+            known = self.carried.pop(sample.port, None)
+            if known is not None:
+                # Proof can only come from signals this port still has.
+                has = set(carried.probe_signals(self.config, sample.port, ECHO_SIGNAL))
+                has |= {"counters", "optics", "flaps"}
+                state = health.restore(state, known.verdict, known.reason,
+                                       [s for s in known.awaiting if s in has], now)
             # What the probes said before the port was known.
             for name, judged in self.early_probes.pop(sample.port, {}).items():
                 state = health.observe_probe(state, name, judged, now, self.config.timers,
@@ -336,9 +525,7 @@ class Daemon:
         little later: a read may still be awaiting it."""
         retired, self.sensor = self.sensor, make_sensor(self.config)
         asyncio.get_running_loop().call_later(SENSOR_RETIRE_S, retired.close)
-        self.health = {p: replace(h, signals=replace(h.signals, counters=CounterHistory(),
-                                                     optics=OpticsHistory()))
-                       for p, h in self.health.items()}
+        self._reset_signals(restart=health.SENSOR_SIGNALS)
         log.info("sensor_replaced", backend=self.config.sensors.backend)
 
     def _log_echo_counters(self, why: str) -> None:
@@ -361,15 +548,13 @@ class Daemon:
             self.echo.close()
             self.echo = None
             self.echo_logged.clear()
-            self.health = {p: replace(h, signals=replace(h.signals, probes=tuple(
-                (n, a) for n, a in h.signals.probes if n != ECHO_SIGNAL)))
-                for p, h in self.health.items()}
+            self._reset_signals(restart=(ECHO_SIGNAL,))
         self.echo_spec = spec
         if spec is None:
             return
         self.echo = EchoService(
             spec.paths, spec.probe, echo_port=spec.port, tos=spec.tos,
-            lag_period_s=spec.heartbeat_s,
+            lag_period_s=spec.heartbeat_s, lag=self.looplag, responder_policy=spec.responder,
             on_change=lambda path, _a: self.queue.put_nowait(EchoChange(path.port)))
         self.echo.start()
         if self.echo.responder_error:
@@ -377,6 +562,20 @@ class Daemon:
                       note="probing goes on; binding is retried every second")
         log.info("echo_probing", paths=len(spec.paths), port=spec.port,
                  interval_ms=self.config.probes.interval_ms)
+        if not spec.responder.fabric_prefixes:
+            log.warning("echo_responder_peers_only", peers=len(spec.responder.peers),
+                        note="[probes] fabric_prefixes is empty: only configured probe_peers "
+                             "get answers")
+
+    def _reset_signals(self, drop=(), restart=()) -> None:
+        """Forget signals on every port (core.health.reset_signals): echo on a
+        port that no longer probes is dropped, not awaited."""
+        echo_ports = {r.port for r in self.config.rails
+                      if self.config.probes.enabled and r.probe_peers}
+        for port, h in list(self.health.items()):
+            gone = set(drop) | ({ECHO_SIGNAL} if port not in echo_ports else set())
+            self.health[port] = health.reset_signals(h, self.config.health, drop=gone,
+                                                     restart=set(restart) - gone)
 
     def _set_health(self, before: health.PortHealth | None, after: health.PortHealth) -> None:
         self.health[after.port] = after
@@ -407,27 +606,39 @@ class Daemon:
                          members=",".join(group.members) or "none")
 
     async def _reconcile(self, decision: policy.Decision, now: float) -> None:
+        """Apply the plan one object at a time (core.apply): a write the
+        kernel refuses skips only what depends on it and is retried with
+        backoff, so one foreign object or refused write never holds up the
+        failover of another rail."""
         assert self.kernel is not None
         reread = self.needs_resync or self.kernel_view is None
         if reread:
             try:
-                self.kernel_view = await self.kernel.observe(self.config.ownership)
+                seen = await self.kernel.observe_with_foreign(self.config.ownership)
+                self.kernel_view = seen.state
+                self._note_foreign(seen.foreign)
             except Exception as exc:  # noqa: BLE001 - kernel trouble must not kill the daemon
-                self._fail(f"reading kernel state failed: {exc}")
+                self.consecutive_failures += 1
+                self.reconcile_failures += 1
+                self._fail(f"reading kernel state failed: {exc}", now)
                 return
         ops = plan.plan(decision.desired, self.kernel_view)
+        self.failures = apply.prune(self.failures, ops)
         for op in ops:
+            if apply.blocked(op, self.kernel_view, self.failures, now) is not None:
+                continue
             try:
                 await self.kernel.apply(op)
             except KernelOpError as exc:
-                if reread:
-                    self._fail(str(exc))
+                if not reread:
+                    # Our view of the kernel was stale: re-read and plan again, now.
+                    log.warning("kernel_view_stale", refused=str(exc), action="re-read")
+                    self.needs_resync = True
+                    await self._reconcile(decision, now)
                     return
-                # Our view of the kernel was stale: re-read and plan again, now.
-                log.warning("kernel_view_stale", refused=str(exc), action="re-read")
-                self.needs_resync = True
-                await self._reconcile(decision, now)
-                return
+                self._refused(op, exc, now)
+                continue
+            self.failures.pop(op, None)
             try:
                 self.kernel_view = plan.simulate(self.kernel_view, op)
             except plan.KernelSemanticsError:
@@ -435,23 +646,61 @@ class Daemon:
             self._later("kernel_write", op=str(op.kind), object=type(op.obj).__name__,
                         detail=str(op.obj))
         self.applied = decision.desired
+        self.retry_at = apply.next_retry(self.failures)
         if reread:
             self.needs_resync = False
             self.next_resync = now + self.config.timers.resync_interval_s
         self.reconciles += 1
+        self.consecutive_failures = 0
         self.last_reconcile_at = self.wallclock()
+        if not self.failures and self.last_error:
+            log.info("error_cleared", error=self.last_error, note="every write succeeded")
+            self.last_error, self.last_error_at = "", 0.0
         if not self.ready.is_set():
             self.ready.set()
             sdnotify.notify("READY=1")
             log.info("ready", writes=self.kernel.writes)
 
-    def _fail(self, message: str) -> None:
-        """Remember the error and re-read everything on the next tick."""
-        self.last_error = message
+    def _note_foreign(self, foreign) -> None:
+        """Foreign objects inside our ranges: reported, never touched."""
+        now = self.wallclock()
+        before = {str(f): since for f, since in self.foreign}
+        self.foreign = tuple((f, before.get(str(f), now)) for f in foreign)
+        for f, _since in self.foreign:
+            if str(f) not in before:
+                log.warning("foreign_object", kind=f.kind, protocol=f.protocol, object=str(f),
+                            note="inside an owned range; left alone")
+
+    def _refused(self, op: Op, exc: KernelOpError, now: float) -> None:
+        """The kernel refused `op` against a fresh view: remember it, retry it
+        with backoff; a foreign object in the way is a conflict to name."""
+        previous = self.failures.get(op)
+        foreign = bool(getattr(exc, "foreign", False))
+        failure = apply.refused(previous, op, str(exc), foreign, now)
+        self.failures[op] = failure
+        self.last_error, self.last_error_at = str(exc), self.wallclock()
+        if exc.errno == errno.ETIMEDOUT:
+            # The write may have happened: re-read when it is retried, and
+            # leave late replies behind with the old socket.
+            assert self.kernel is not None
+            old = self.kernel.replace_socket(AsyncIPRoute())
+            self.ipr = self.kernel.ipr
+            old.close()
+        if previous is None or previous.error != failure.error:
+            log.error("write_refused", op=apply.describe(op), error=str(exc),
+                      conflict=foreign, retry_s=round(failure.retry_at - now, 1))
+
+    def _fail(self, message: str, now: float, exc_info: BaseException | None = None) -> None:
+        """A pass failed as a whole: remember the error, re-read everything,
+        and hold off the same decision for a backoff (a new one goes at once)."""
+        self.last_error, self.last_error_at = message, self.wallclock()
         self.needs_resync = True
         self.kernel_view = None
         self.applied = None
-        log.error("reconcile_failed", error=message)
+        self.failed_desired = self.decision.desired if self.decision else None
+        self.hold_until = now + apply.backoff_s(self.consecutive_failures)
+        log.error("reconcile_failed", error=message, failures=self.reconcile_failures,
+                  retry_s=round(self.hold_until - now, 1), exc_info=exc_info)
 
     async def _reload(self, now: float) -> None:
         if not self.config_path:
@@ -459,9 +708,22 @@ class Daemon:
             return
         try:
             new = configmod.load_config(self.config_path)
+            if new.ownership != self.config.ownership:
+                raise configmod.ConfigError(
+                    new.source, "ownership",
+                    "the owned ranges or route protocol changed; a reload cannot move what "
+                    "linkpassd owns (objects left in the old ranges would stay ahead of the new "
+                    "ones): restore [ownership], or stop linkpassd, remove its objects and start it "
+                    "with the new ranges")
+            try:
+                allocation = alloc.allocate(new, self.allocation, await self._kernel_ids())
+            except alloc.AllocationError as exc:
+                raise configmod.ConfigError(new.source, None, str(exc)) from None
+            new = self._use_allocation(new, allocation)  # saved before the writes that use it
         except configmod.ConfigError as exc:
             self.reload_failures += 1
             self.last_error = f"reload rejected, running config kept: {exc}"
+            self.last_error_at = self.wallclock()
             log.error("reload_rejected", error=str(exc), failures=self.reload_failures)
             return
         old, self.config = self.config, new
@@ -469,14 +731,17 @@ class Daemon:
             self._replace_sensor()
         assert self.monitor is not None and self.bfd is not None
         self.monitor.watch(self.ports())
-        sync_bfd(self.bfd, new)
+        # A session whose spec changed starts anew: a bad verdict it gave is
+        # held until the new session proves the path (a reload keeps every
+        # verdict whose evidence is unchanged).
+        before, after = bfd_specs(old), bfd_specs(new)
+        self.health = {p: h for p, h in self.health.items() if p in self.ports()}
+        self._reset_signals(drop=before.keys() - after.keys(),
+                            restart={n for n in after if n in before and before[n] != after[n]})
+        self._sync_bfd(now)
         self._sync_echo()
         snap = await self.monitor.snapshot(self.ipr, "reload")
         self.links = {p: s for p, s in self.links.items() if p in self.ports()}
-        self.health = {p: replace(h, signals=replace(h.signals, probes=tuple(
-            (name, a) for name, a in h.signals.probes
-            if name in bfd_specs(new) or name == ECHO_SIGNAL)))
-            for p, h in self.health.items() if p in self.ports()}
         for sample in snap.samples.values():
             self._observe(sample, now)
         self.needs_resync = True
@@ -523,7 +788,24 @@ class Daemon:
             last_reconcile_at=self.last_reconcile_at,
             last_error=self.last_error,
             sensors=self.sensors(),
+            problems=self.problems(),
+            responder=self.echo.responder_counters() if self.echo is not None else None,
+            last_error_at=self.last_error_at,
+            reconcile_failures=self.reconcile_failures,
         )
+
+    def problems(self) -> tuple[Problem, ...]:
+        """What the daemon cannot do right now, each with since when."""
+        to_wall = self.started_wall - self.started_mono
+        out = [Problem("conflict" if f.foreign else "refused", apply.describe(f.op), f.error,
+                       f.since + to_wall, f.attempts)
+               for f in sorted(self.failures.values(), key=lambda f: f.since)]
+        out += [Problem("bfd", f"BFD session {name} on {spec.ifname}", error, since)
+                for name, (spec, error, since) in sorted(self.bfd_pending.items())]
+        out += list(self.state_problems.values())
+        out += [Problem("foreign", f.description, f"protocol {f.protocol}, inside an owned range",
+                        since) for f, since in self.foreign]
+        return tuple(out)
 
 
 def bfd_specs(config: Config) -> dict[str, PeerSpec]:
@@ -536,16 +818,23 @@ def bfd_specs(config: Config) -> dict[str, PeerSpec]:
     return {spec.key: spec for spec in specs}
 
 
-def sync_bfd(agent: BfdAgent, config: Config) -> None:
-    """Make the agent's sessions the config's: at start and on every reload.
-    A session whose port, address or timers changed is started anew."""
+def sync_bfd(agent: BfdAgent, config: Config) -> dict[str, tuple[PeerSpec, str]]:
+    """Make the agent's sessions the config's: at start, on every reload and
+    to retry. A session whose port, address or timers changed is started
+    anew. Returns the sessions that could not start (their port or address
+    is missing), with the reason; the others run regardless."""
     wanted = bfd_specs(config)
     for name, run in list(agent.runs.items()):
         if wanted.get(name) != run.spec:
             agent.remove(name)
+    failed = {}
     for name, spec in wanted.items():
         if name not in agent.runs:
-            agent.add(spec)
+            try:
+                agent.add(spec)
+            except OSError as exc:
+                failed[name] = (spec, f"{spec.ifname}: {exc.strerror or exc}")
+    return failed
 
 
 @dataclass(frozen=True)
@@ -557,6 +846,7 @@ class EchoSpec:
     port: int
     tos: int
     heartbeat_s: float | None
+    responder: ResponderPolicy  # what our responder answers (core.admission)
 
 
 def echo_spec(config: Config) -> EchoSpec | None:
@@ -571,8 +861,12 @@ def echo_spec(config: Config) -> EchoSpec | None:
                         burst_count=p.burst_count, burst_interval_s=p.burst_interval_ms / 1e3,
                         rise=p.rise, loss_window=p.loss_window, max_loss_ratio=p.max_loss_ratio,
                         clear_loss_ratio=p.clear_loss_ratio)
+    responder = ResponderPolicy.build(
+        (r.address for r in config.rails), p.fabric_prefixes,
+        (peer for r in config.rails for peer in r.probe_peers),
+        rate_pps=p.responder_rate_pps, burst=p.responder_burst)
     return EchoSpec(paths, probe, p.port, p.tos,
-                    p.lag_heartbeat_ms / 1e3 if p.lag_heartbeat_ms > 0 else None)
+                    p.lag_heartbeat_ms / 1e3 if p.lag_heartbeat_ms > 0 else None, responder)
 
 
 def make_sensor(config: Config) -> Sensor:

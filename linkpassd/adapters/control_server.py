@@ -247,6 +247,12 @@ def status_to_proto(status: DaemonStatus, *, served_at: float) -> pb.DaemonStatu
         netlink_writes=status.netlink_writes,
         last_reconcile_at=status.last_reconcile_at,
         last_error=status.last_error,
+        last_error_at=status.last_error_at,
+        reconcile_failures=status.reconcile_failures,
+        responder=(pb.ResponderCounters(**vars(status.responder))
+                        if status.responder is not None else None),
+        problems=[pb.Problem(kind=p.kind, what=p.what, detail=p.detail, since=p.since,
+                             attempts=p.attempts) for p in status.problems],
         served_at=served_at,
         sensors=[port_sensors_to_proto(s) for s in status.sensors],
     )

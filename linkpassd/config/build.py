@@ -21,6 +21,7 @@ from linkpassd.config.checks import (MAX_FILE_BYTES, RESERVED_RULE_PRIORITIES, R
                                      ConfigError, _count, _got, _Invalid, _parse_interface, _show)
 from linkpassd.config.schema import (BFD, DAEMON, HEALTH, MULTIPATH, OWNERSHIP, PROBES, RAIL,
                                      ROUTING, SCHEMA, SENSORS, TIMERS, Section)
+from linkpassd.core import alloc
 from linkpassd.core.model import (BfdSettings, Config, HealthPolicy, MultipathConfig, Ownership,
                                   ProbeSettings, RailConfig, SensorConfig, Timers)
 
@@ -224,6 +225,7 @@ class _Builder:
             bfd=BfdSettings(**bfd),
             probes=ProbeSettings(**probes),
             roce_rules=routing["roce_rules"],
+            auto_tables=self.auto_tables(rails, groups, probes["enabled"]),
             control_socket=daemon["control_socket"],
             run_dir=daemon["run_dir"],
             state_dir=daemon["state_dir"],
@@ -248,6 +250,11 @@ class _Builder:
             self.fail("probes.clear_loss_ratio", f"{probes['clear_loss_ratio']:g} must be below "
                       f"max_loss_ratio ({probes['max_loss_ratio']:g}), or a degraded path "
                       "oscillates")
+        for i, text in enumerate(probes["fabric_prefixes"]):
+            if ipaddress.IPv4Network(text).prefixlen == 0:
+                self.fail(f"probes.fabric_prefixes[{i}]", f"{_show(text)} would answer echo "
+                          "requests from the whole internet (an open reflector); list the "
+                          "fabric's own prefixes")
 
     def check_probe_peers(self, rails: list[dict[str, Any]], enabled: bool) -> None:
         addresses = {r["_iface"].ip: r["name"] for r in rails}
@@ -351,6 +358,13 @@ class _Builder:
                         f"{_show(group[key])} is already used by multipath[{seen[key, group[key]]}]",
                     )
                 seen[key, group[key]] = i
+            if ipaddress.ip_network(group["destination"]).prefixlen == 0:
+                # The group's rule would be `to all`: every packet bound to no
+                # rail (management, storage, DNS) would leave the main table.
+                self.fail(f"{path}.destination",
+                          f"{group['destination']} would take every packet not bound to a rail, "
+                          "management traffic included, away from the main table; list the "
+                          "fabric's prefixes instead")
             for j, member in enumerate(group["rails"]):
                 if member not in names:
                     self.fail(f"{path}.rails[{j}]", self._unknown_rail(member, names))
@@ -371,6 +385,9 @@ class _Builder:
 
     def check_capacity(self, own: dict[str, Any], n_rails: int, n_groups: int, roce_rules: bool,
                        probes: bool = False) -> None:
+        """Room for a fresh start (core.alloc lays rules out one slot per rail
+        from the bottom, groups from the top). Later, stable numbering can
+        leave gaps; core.alloc.allocate names the range when it runs out."""
         rules_per_rail = 1 + roce_rules + 2 * probes
         tables_per_rail = 1 + probes
         features = [name for name, on in (("roce_rules", roce_rules), ("probes", probes)) if on]
@@ -392,13 +409,29 @@ class _Builder:
                     f"{_count(n_groups, 'multipath group')} need {need} {plural}: {why}",
                 )
 
+    @staticmethod
+    def auto_tables(rails: list[dict[str, Any]], groups: list[dict[str, Any]],
+                    probes: bool) -> frozenset[str]:
+        """The tables the file leaves to linkpassd, by core.alloc's table keys."""
+        keys = {alloc.rail_table_key(r["name"]) for r in rails if r["table"] is None}
+        keys |= {alloc.group_table_key(g["name"]) for g in groups if g["table"] is None}
+        if probes:
+            keys |= {alloc.probe_table_key(r["name"]) for r in rails if r["probe_table"] is None}
+        return frozenset(keys)
+
     def allocate_tables(
         self, own: dict[str, Any], rails: list[dict[str, Any]], groups: list[dict[str, Any]],
         probes: bool = False,
     ) -> tuple[list[int], list[int], list[int | None]]:
         """Explicit tables first; then the lowest free ones: rails in order, then
         groups, then (with probes) the rails' probe tables. check_capacity
-        guarantees enough free tables."""
+        guarantees enough free tables.
+
+        This is what a fresh start uses (and what `--check-config` shows);
+        the same as core.alloc.allocate without a previous allocation. A
+        running daemon resolves the auto tables (Config.auto_tables) through
+        its allocation instead, so they keep their numbers by name when rails
+        or groups are added, removed or reordered."""
         lo, hi = own["table_min"], own["table_max"]
         wanted = [(f"rail[{i}].table", r, "table") for i, r in enumerate(rails)]
         wanted += [(f"multipath[{i}].table", g, "table") for i, g in enumerate(groups)]

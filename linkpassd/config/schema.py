@@ -285,9 +285,26 @@ PROBES = Section(
                "How often the event loop checks its own scheduling lag, so a stall of ours is "
                "not read as a dead path; 0 relies on the probes' own timers only.",
                (_between(0, 1000),)),
+        Option("fabric_prefixes", STR_LIST, (),
+               "Sources whose echo requests the responder answers, besides every rail's "
+               "`probe_peers` (e.g. the fabric's host space, so peers that probe us need no "
+               "config here). Empty: only configured probe peers get answers. Requests are "
+               "answered only on rail addresses, never on loopback or management addresses.",
+               (_each(IPV4_CIDR), UNIQUE)),
+        Option("responder_rate_pps", FLOAT, 5000.0,
+               "Requests per second answered per source address (token bucket); more are "
+               "dropped and counted. One peer address probing us over 4 paths at 10 ms while "
+               "each confirms a loss with 1 ms probes sends at most 4 x (100 + 1000) = 4400 "
+               "per second, so the default never limits a peer.",
+               (_between(1, 1e7),)),
+        Option("responder_burst", INT, 1000,
+               "Bucket size of `responder_rate_pps`: requests one source may send at once "
+               "(4 paths each sending a 32-probe burst at 0 ms spacing is 128).",
+               (_int_range(1, 1_000_000),)),
     ),
     rules=(
         "`timeout_ms` < `interval_ms`; `clear_loss_ratio` < `max_loss_ratio`",
+        "`fabric_prefixes` may not contain a /0 (it would answer the whole internet)",
         "`rail.probe_peers` requires `enabled = true`",
     ),
 )
@@ -321,10 +338,11 @@ RAIL = Section(
         Option("gateway", STR, REQUIRED,
                "Next hop on the rail (the leaf switch); inside the rail subnet.", (IPV4_ADDRESS,)),
         Option("table", INT, None,
-               "Routing table of the rail: inside the owned table range and not used twice. Set it "
-               "to keep it stable when rails are added or removed.",
+               "Routing table of the rail: inside the owned table range and not used twice. Left "
+               "out, linkpassd picks one and keeps it for this rail's name across reloads and "
+               "restarts (`allocation.json` in `state_dir`).",
                (_U32,),
-               default_doc="lowest free table of the owned range, in rail order"),
+               default_doc="lowest free table of the owned range (on a first start, in rail order)"),
         Option("backups", STR_LIST, (),
                "Other rails whose paths this rail's table uses when its own port is down, in "
                "order of preference.",
@@ -344,7 +362,8 @@ RAIL = Section(
                "Routing table that keeps the rail's own path for probes and replies, used when "
                "`[probes] enabled`: inside the owned table range and not used twice.",
                (_U32,),
-               default_doc="lowest free table after the rails' and groups' tables"),
+               default_doc="lowest free table (on a first start, after the rails' and groups' "
+                           "tables), kept by rail name"),
     ),
     rules=(
         "`name`, `port` and the host part of `address` are unique across rails",
@@ -362,14 +381,17 @@ MULTIPATH = Section(
     options=(
         Option("name", STR, REQUIRED, "Name used in logs and metrics; unique among groups.",
                (NAME,)),
-        Option("destination", STR, REQUIRED, "Destination routed through the group; unique.",
+        Option("destination", STR, REQUIRED,
+               "Destination routed through the group; unique. Not `0.0.0.0/0`: the group's rule "
+               "would take every packet bound to no rail away from the main table.",
                (IPV4_CIDR,)),
         Option("rails", STR_LIST, REQUIRED, "Member rails, in order of preference.",
                (NON_EMPTY, UNIQUE)),
         Option("table", INT, None,
                "Routing table of the group: inside the owned table range and not used twice.",
                (_U32,),
-               default_doc="lowest free table after the rails' tables"),
+               default_doc="lowest free table (on a first start, after the rails' tables), kept by "
+                           "group name"),
         Option("buckets", INT, 64,
                "Hash buckets of the resilient group; at least the number of rails. The kernel "
                "cannot change it on an existing group.",

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from linkpassd.core.model import (Assessment, CounterSample, LinkSample, OpticsReading,
                                   PortState, Timers, Unreadable, Verdict)
-from linkpassd.core.signals import HealthPolicy, Signals, worst
+from linkpassd.core.signals import CounterHistory, HealthPolicy, OpticsHistory, Signals, worst
 
 DEFAULT_POLICY = HealthPolicy()
 _RANK = {Verdict.UP: 0, Verdict.DEGRADED: 1, Verdict.DOWN: 2}
@@ -85,6 +85,10 @@ class PortHealth:
     good_worst: Verdict = Verdict.UP  # worst severity seen during the current better run
     last: LinkSample | None = None
     signals: Signals = field(default_factory=Signals)
+    # Signals that must say the port is healthy before it may recover: a
+    # verdict carried over a restart or a reload is held until the evidence
+    # that made it is refuted by a fresh reading, never because the daemon forgot.
+    awaiting: tuple[str, ...] = ()
 
     @property
     def phase(self) -> str:
@@ -102,6 +106,75 @@ def initial(sample: LinkSample, now: float) -> PortHealth:
     if sample.healthy:
         return PortHealth(sample.port, Verdict.UP, now, reason="healthy at start", last=sample)
     return PortHealth(sample.port, Verdict.DOWN, now, reason=describe_bad(sample), last=sample)
+
+
+def restore(state: PortHealth, verdict: Verdict, reason: str, awaiting, now: float) -> PortHealth:
+    """A port that was not trusted when the daemon last looked (a verdict file
+    from before a restart, or its table found on a backup rail at adoption)
+    starts as not trusted: with that verdict (or worse, if its link is bad
+    now) until every signal in `awaiting` has reported it healthy, then
+    `rise` good evaluations and the hold-down."""
+    if verdict is Verdict.UP:
+        return state
+    target = worst(verdict, state.verdict) or verdict
+    return replace(state, verdict=target, since=now, reason=reason, bad_streak=0, good_streak=0,
+                   awaiting=tuple(sorted(set(awaiting))))
+
+
+SENSOR_SIGNALS = ("counters", "optics")
+
+
+def reset_signals(state: PortHealth, policy: HealthPolicy = DEFAULT_POLICY, *,
+                  drop=(), restart=()) -> PortHealth:
+    """The one place signals are forgotten (reloads, a new sensor backend, a
+    new probe service).
+
+    `drop`: signals that no longer exist (a probe removed from the config):
+    their opinion and any proof awaited from them go. `restart`: signals
+    whose source starts anew (a new sensor, a new BFD session or echo
+    service): their history goes, and if their judgement was part of a bad
+    verdict, the port now awaits their proof instead, so the verdict holds."""
+    drop, restart = set(drop), set(restart)
+    judged = {a.signal: a for a in state.signals.assessments(policy)}
+    bad = {name for name in restart
+           if name in judged and judged[name].effective not in (None, Verdict.UP)}
+    signals = state.signals
+    if "counters" in drop | restart:
+        signals = replace(signals, counters=CounterHistory())
+    if "optics" in drop | restart:
+        signals = replace(signals, optics=OpticsHistory())
+    gone = (drop | restart) - set(SENSOR_SIGNALS)
+    signals = replace(signals, probes=tuple((n, a) for n, a in signals.probes if n not in gone))
+    awaiting = set(state.awaiting) - drop
+    if state.verdict is not Verdict.UP:
+        awaiting |= bad
+    return replace(state, signals=signals, awaiting=tuple(sorted(awaiting)))
+
+
+def bad_signals(state: PortHealth, policy: HealthPolicy = DEFAULT_POLICY) -> tuple[str, ...]:
+    """The signals behind a bad verdict (what a restart must see refuted)."""
+    judged = {a.signal for a in state.signals.assessments(policy)
+              if a.effective not in (None, Verdict.UP)}
+    return tuple(sorted(judged | set(state.awaiting)))
+
+
+EEPROM_QUIET_S = 2.0  # no module reads this long after a port's verdict changed
+
+
+def eeprom_paused(state: PortHealth | None, now: float) -> str | None:
+    """Why a module EEPROM read must wait, or None. Reads hold the kernel's
+    RTNL lock for milliseconds per page, which would delay our own route
+    writes exactly when a port is failing and its traffic is being moved; a
+    port without link tells nothing through its module anyway."""
+    if state is None:
+        return None
+    if state.last is not None and not state.last.healthy:
+        return "link down"
+    if state.phase == "FAILING":
+        return "port failing"
+    if now - state.since < EEPROM_QUIET_S:
+        return "verdict just changed"
+    return None
 
 
 def observe(state: PortHealth, sample: LinkSample, now: float, timers: Timers,
@@ -164,15 +237,25 @@ def evaluation(state: PortHealth, policy: HealthPolicy) -> tuple[Verdict, str]:
         return Verdict.DOWN, describe_bad(sample)
     judged = [a for a in state.signals.assessments(policy) if a.effective is not None]
     severity = worst(Verdict.UP, *(a.effective for a in judged)) or Verdict.UP
+    if state.awaiting and _RANK[severity] < _RANK[state.verdict]:
+        return state.verdict, f"awaiting proof from {', '.join(state.awaiting)}: {state.reason}"
     if severity is Verdict.UP:
         return Verdict.UP, "link healthy"
     return severity, "; ".join(f"{a.signal}: {a.detail}" for a in judged if a.effective is severity)
 
 
+def _proven(state: PortHealth, policy: HealthPolicy) -> PortHealth:
+    """Awaited signals that now say the port is healthy are proof given."""
+    if not state.awaiting:
+        return state
+    up = {a.signal for a in state.signals.assessments(policy) if a.effective is Verdict.UP}
+    return replace(state, awaiting=tuple(n for n in state.awaiting if n not in up))
+
+
 def _evaluate(state: PortHealth, now: float, timers: Timers, policy: HealthPolicy,
               reason: str | None = None) -> PortHealth:
     flaps = state.signals.flaps.decayed(now, policy)
-    state = replace(state, signals=replace(state.signals, flaps=flaps))
+    state = _proven(replace(state, signals=replace(state.signals, flaps=flaps)), policy)
     severity, why = evaluation(state, policy)
     reason = reason or why
     current = state.verdict
@@ -227,6 +310,9 @@ def port_state(state: PortHealth, now: float, timers: Timers,
     for a in state.signals.assessments(policy):
         pending = "" if a.confirmed else " (not yet confirmed)"
         evidence.append(f"{a.signal}: {a.status}{pending}" + (f": {a.detail}" if a.detail else ""))
+    if state.awaiting:
+        evidence.append(f"not trusted until {', '.join(state.awaiting)} "
+                        f"{'says' if len(state.awaiting) == 1 else 'say'} it is healthy")
     if state.phase == "RECOVERING":
         remaining = max(0.0, timers.hold_down_s - (now - state.good_since))
         evidence.append(f"recovering to {state.good_worst}: {state.good_streak}/{timers.rise} "

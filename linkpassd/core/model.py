@@ -118,6 +118,9 @@ class ProbeSettings:
     clear_loss_ratio: float = 0.10
     tos: int = 0
     lag_heartbeat_ms: float = 25.0
+    fabric_prefixes: tuple[str, ...] = ()  # sources answered besides the probe peers
+    responder_rate_pps: float = 5000.0  # per source
+    responder_burst: int = 1000
 
 
 @dataclass(frozen=True)
@@ -145,6 +148,11 @@ class Config:
     bfd: BfdSettings = field(default_factory=BfdSettings)
     probes: ProbeSettings = field(default_factory=ProbeSettings)
     roce_rules: bool = True
+    # Tables the config file left to linkpassd, by core.alloc's table keys
+    # ("rail:NAME", "probe:NAME", "group:NAME"). The builder fills them in as
+    # a fresh start would; the daemon keeps them stable by name across reloads
+    # and restarts through its allocation (core.alloc.resolve).
+    auto_tables: frozenset[str] = frozenset()
     control_socket: str = "/run/linkpass/linkpassd.sock"
     run_dir: str = "/run/linkpass"
     state_dir: str = "/var/lib/linkpass"
@@ -381,6 +389,25 @@ class Op:
         return f"{self.kind} {self.obj}"
 
 
+@dataclass(frozen=True, order=True)
+class ForeignObject:
+    """A kernel object inside linkpassd's owned ranges that linkpassd did not
+    make: another protocol, or (for a route) not through a nexthop object.
+    linkpassd never changes or deletes it; it is reported because it can
+    block what linkpassd wants to create there."""
+
+    kind: str  # "nexthop", "group", "route" or "rule"
+    protocol: int
+    description: str  # one line, ip(8)-like, e.g. "route 198.19.1.0/24 table 10100 ..."
+    id: int | None = None  # nexthop or group id
+    table: int | None = None  # route table, or the rule's lookup table
+    priority: int | None = None  # rule priority
+    dst: str | None = None  # route destination, CIDR
+
+    def __str__(self) -> str:
+        return self.description
+
+
 # --------------------------------------------------------------------------
 # What the daemon reports (control API, logs)
 # --------------------------------------------------------------------------
@@ -420,3 +447,29 @@ class DaemonStatus:
     last_reconcile_at: float  # unix time, 0 when none yet
     last_error: str = ""
     sensors: tuple[PortSensors, ...] = ()
+    problems: tuple["Problem", ...] = ()
+    last_error_at: float = 0.0  # unix time; 0 when there is no error
+    reconcile_failures: int = 0
+    responder: "ResponderCounters | None" = None  # None: probing is off
+
+
+@dataclass(frozen=True)
+class ResponderCounters:
+    """What the echo responder did with the datagrams it received since start."""
+
+    answered: int = 0
+    refused_address: int = 0  # sent to a local address that is no rail's
+    refused_source: int = 0  # source neither in fabric_prefixes nor a probe peer
+    rate_limited: int = 0  # over the source's responder_rate_pps
+    malformed: int = 0  # not an echo packet, or a reply (never answered)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something the daemon cannot do right now (see the control proto)."""
+
+    kind: str  # "conflict", "refused", "foreign", "bfd", "state"
+    what: str
+    detail: str
+    since: float  # unix time
+    attempts: int = 0

@@ -198,6 +198,12 @@ def active_path(rail: pb.RailStatus) -> str:
     return f"{rail.active_rail} ({role})"
 
 
+def echo_responder_text(c: pb.ResponderCounters) -> str:
+    return (f"{c.answered} answered; refused {c.refused_address} (not a rail address), "
+            f"{c.refused_source} (source not allowed); {c.rate_limited} rate-limited, "
+            f"{c.malformed} malformed")
+
+
 def render_status(st: pb.DaemonStatus) -> str:
     verdicts = {p.port: p.verdict for p in st.ports}
     if st.last_reconcile_at:
@@ -212,7 +218,11 @@ def render_status(st: pb.DaemonStatus) -> str:
             ("config", st.config_source),
             ("reconciles", f"{st.reconciles} ({last})"),
             ("netlink writes", str(st.netlink_writes)),
-            ("last error", _one_line(st.last_error) if st.last_error else "-"),
+            ("last error", (f"{_one_line(st.last_error)} ({duration(st.served_at - st.last_error_at)} ago)"
+                            if st.last_error and st.last_error_at else
+                            _one_line(st.last_error) if st.last_error else "-")),
+            *([("echo responder", echo_responder_text(st.responder))]
+              if st.HasField("responder") else []),
         ]
     )
     rails = table(
@@ -235,6 +245,12 @@ def render_status(st: pb.DaemonStatus) -> str:
         )
     else:
         parts.append("no multipath groups")
+    if st.problems:
+        parts.append(table(
+            ["PROBLEM", "WHAT", "SINCE", "DETAIL"],
+            [[p.kind, p.what, f"{duration(st.served_at - p.since)} ago"
+              + (f" ({p.attempts} attempts)" if p.attempts else ""), _one_line(p.detail)]
+             for p in st.problems]))
     return "\n\n".join(parts)
 
 
@@ -286,9 +302,16 @@ def _lane_values(values: Sequence[struct_pb2.Value]) -> list[float | None]:
     return [v.number_value if v.WhichOneof("kind") == "number_value" else None for v in values]
 
 
+def _unreadable_levels(levels: pb.Thresholds) -> bool:
+    """Four equal levels: a blank threshold block (core.signals.thresholds_unreadable)."""
+    values = [_opt(levels, f) for f in ("high_alarm", "high_warn", "low_warn", "low_alarm")]
+    return None not in values and len(set(values)) == 1
+
+
 def _mark(value: float, levels: pb.Thresholds | None) -> str:
-    """Same comparisons as the health signals: strictly past a level."""
-    if levels is None:
+    """Same comparisons as the health signals: strictly past a level, and
+    nothing against unreadable levels."""
+    if levels is None or _unreadable_levels(levels):
         return ""
     lo_alarm, lo_warn = _opt(levels, "low_alarm"), _opt(levels, "low_warn")
     hi_alarm, hi_warn = _opt(levels, "high_alarm"), _opt(levels, "high_warn")
@@ -315,6 +338,8 @@ def _levels(optics: pb.OpticsReading, quantity: str) -> pb.Thresholds | None:
 def _low_levels(levels: pb.Thresholds | None) -> str:
     if levels is None:
         return "-"
+    if _unreadable_levels(levels):
+        return "unreadable"
     warn, alarm = _opt(levels, "low_warn"), _opt(levels, "low_alarm")
     if warn is None and alarm is None:
         return "-"

@@ -135,6 +135,8 @@ MALFORMED = [
      "rail[1].gateway", "'198.18.0.300' is not an IPv4 address"),
     ("ipv6-address", edit('address = "198.18.0.1/24"', 'address = "fd00::1/64"'),
      "rail[0].address", "IPv6 is not supported yet"),
+    ("multipath-default-route", edit('destination = "198.18.128.0/17"', 'destination = "0.0.0.0/0"'),
+     "multipath[0].destination", "away from the main table"),
     ("ipv6-destination", edit('destinations = ["0.0.0.0/0"]', 'destinations = ["::/0"]'),
      "rail[0].destinations[0]", "IPv6 is not supported yet"),
     ("address-without-prefix", edit('address = "198.18.0.1/24"', 'address = "198.18.0.1"'),
@@ -159,6 +161,15 @@ MALFORMED = [
     ("destinations-repeated", edit('destinations = ["0.0.0.0/0"]',
                                    'destinations = ["0.0.0.0/0", "0.0.0.0/0"]'),
      "rail[0].destinations[1]", "listed twice"),
+    ("fabric-prefixes-everything", edit("interval_ms = 50.0",
+                                        'interval_ms = 50.0\nfabric_prefixes = ["0.0.0.0/0"]'),
+     "probes.fabric_prefixes[0]", "whole internet"),
+    ("fabric-prefixes-not-cidr", edit("interval_ms = 50.0",
+                                      'interval_ms = 50.0\nfabric_prefixes = ["198.18.0.0"]'),
+     "probes.fabric_prefixes[0]", "needs a prefix length"),
+    ("fabric-prefixes-repeated", edit("interval_ms = 50.0", 'interval_ms = 50.0\n'
+                                      'fabric_prefixes = ["198.18.0.0/16", "198.18.0.0/16"]'),
+     "probes.fabric_prefixes[1]", "listed twice"),
     ("probe-peers-without-probing", rail1('backups = ["rail0"]',
                                           'backups = ["rail0"]\nprobe_peers = ["198.18.3.1"]'),
      "rail[1].probe_peers", "[probes] enabled is false"),
@@ -325,6 +336,7 @@ def test_minimal_config_takes_model_defaults():
     assert config == Config(
         rails=(RailConfig(name="rail0", port="eth0", address="198.18.0.1", prefixlen=24,
                           gateway="198.18.0.254", table=10100),),
+        auto_tables=frozenset({"rail:rail0"}),  # the file left rail0's table to linkpassd
         source="min.toml",
     )
 

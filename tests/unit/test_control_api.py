@@ -35,7 +35,9 @@ from linkpassd.core.model import (
     Assessment,
     CounterSample,
     DaemonStatus,
+    Problem,
     GroupStatus,
+    ResponderCounters,
     LinkSample,
     ModuleIdentity,
     OpticsReading,
@@ -131,7 +133,13 @@ def realistic_status() -> DaemonStatus:
         netlink_writes=17,
         last_reconcile_at=WALL_NOW - 2,
         last_error="netlink: RTM_NEWROUTE table 10101: Network is unreachable",
+        last_error_at=WALL_NOW - 12,
+        reconcile_failures=2,
+        responder=ResponderCounters(answered=91234, refused_address=3, refused_source=150000,
+                                    rate_limited=12, malformed=7),
         sensors=realistic_sensors(),
+        problems=(Problem("conflict", "create nexthop 1000100 (eth0 via 198.18.0.254)",
+                          "a foreign nexthop (protocol 4) holds id 1000100", WALL_NOW - 40, 3),),
     )
 
 
@@ -245,13 +253,19 @@ def test_status_table(server: ControlServer, sock: Path) -> None:
         "config": "/etc/linkpass/linkpassd.toml",
         "reconciles": "4242 (last 2.0s ago)",
         "netlink writes": "17",
-        "last error": "netlink: RTM_NEWROUTE table 10101: Network is unreachable",
+        "last error": "netlink: RTM_NEWROUTE table 10101: Network is unreachable (12s ago)",
+        "echo responder": "91234 answered; refused 3 (not a rail address), 150000 (source not "
+                          "allowed); 12 rate-limited, 7 malformed",
     }
     rows = table_rows(out)
     assert ["RAIL", "PORT", "VERDICT", "TABLE", "ACTIVE PATH"] in rows
     assert ["rail0", "eth0", "UP", "10100", "rail0 (primary)"] in rows
     assert ["rail1", "eth1", "DOWN", "10101", "rail0 (backup)"] in rows
     assert ["gpu-fabric", "10.200.0.0/16", "10150", "1", "rail0"] in rows
+    # a conflict names what, since when, and why
+    assert ["PROBLEM", "WHAT", "SINCE", "DETAIL"] in rows
+    assert ["conflict", "create nexthop 1000100 (eth0 via 198.18.0.254)", "40s ago (3 attempts)",
+            "a foreign nexthop (protocol 4) holds id 1000100"] in rows
 
 
 def test_status_table_shows_no_path(sock: Path) -> None:

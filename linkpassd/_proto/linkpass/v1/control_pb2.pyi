@@ -195,7 +195,7 @@ class PortSensors(_message.Message):
     def __init__(self, port: _Optional[str] = ..., optics: _Optional[_Union[OpticsReading, _Mapping]] = ..., optics_unreadable: _Optional[str] = ..., counters: _Optional[_Union[CounterSample, _Mapping]] = ..., assessments: _Optional[_Iterable[_Union[Assessment, _Mapping]]] = ...) -> None: ...
 
 class DaemonStatus(_message.Message):
-    __slots__ = ("hostname", "version", "config_source", "started_at", "ports", "links", "rails", "groups", "reconciles", "netlink_writes", "last_reconcile_at", "last_error", "served_at", "sensors")
+    __slots__ = ("hostname", "version", "config_source", "started_at", "ports", "links", "rails", "groups", "reconciles", "netlink_writes", "last_reconcile_at", "last_error", "served_at", "sensors", "problems", "last_error_at", "reconcile_failures", "responder")
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CONFIG_SOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -210,6 +210,10 @@ class DaemonStatus(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     SERVED_AT_FIELD_NUMBER: _ClassVar[int]
     SENSORS_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_AT_FIELD_NUMBER: _ClassVar[int]
+    RECONCILE_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    RESPONDER_FIELD_NUMBER: _ClassVar[int]
     hostname: str
     version: str
     config_source: str
@@ -224,7 +228,39 @@ class DaemonStatus(_message.Message):
     last_error: str
     served_at: float
     sensors: _containers.RepeatedCompositeFieldContainer[PortSensors]
-    def __init__(self, hostname: _Optional[str] = ..., version: _Optional[str] = ..., config_source: _Optional[str] = ..., started_at: _Optional[float] = ..., ports: _Optional[_Iterable[_Union[PortState, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., rails: _Optional[_Iterable[_Union[RailStatus, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., reconciles: _Optional[int] = ..., netlink_writes: _Optional[int] = ..., last_reconcile_at: _Optional[float] = ..., last_error: _Optional[str] = ..., served_at: _Optional[float] = ..., sensors: _Optional[_Iterable[_Union[PortSensors, _Mapping]]] = ...) -> None: ...
+    problems: _containers.RepeatedCompositeFieldContainer[Problem]
+    last_error_at: float
+    reconcile_failures: int
+    responder: ResponderCounters
+    def __init__(self, hostname: _Optional[str] = ..., version: _Optional[str] = ..., config_source: _Optional[str] = ..., started_at: _Optional[float] = ..., ports: _Optional[_Iterable[_Union[PortState, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., rails: _Optional[_Iterable[_Union[RailStatus, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., reconciles: _Optional[int] = ..., netlink_writes: _Optional[int] = ..., last_reconcile_at: _Optional[float] = ..., last_error: _Optional[str] = ..., served_at: _Optional[float] = ..., sensors: _Optional[_Iterable[_Union[PortSensors, _Mapping]]] = ..., problems: _Optional[_Iterable[_Union[Problem, _Mapping]]] = ..., last_error_at: _Optional[float] = ..., reconcile_failures: _Optional[int] = ..., responder: _Optional[_Union[ResponderCounters, _Mapping]] = ...) -> None: ...
+
+class ResponderCounters(_message.Message):
+    __slots__ = ("answered", "refused_address", "refused_source", "rate_limited", "malformed")
+    ANSWERED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    RATE_LIMITED_FIELD_NUMBER: _ClassVar[int]
+    MALFORMED_FIELD_NUMBER: _ClassVar[int]
+    answered: int
+    refused_address: int
+    refused_source: int
+    rate_limited: int
+    malformed: int
+    def __init__(self, answered: _Optional[int] = ..., refused_address: _Optional[int] = ..., refused_source: _Optional[int] = ..., rate_limited: _Optional[int] = ..., malformed: _Optional[int] = ...) -> None: ...
+
+class Problem(_message.Message):
+    __slots__ = ("kind", "what", "detail", "since", "attempts")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    WHAT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPTS_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    what: str
+    detail: str
+    since: float
+    attempts: int
+    def __init__(self, kind: _Optional[str] = ..., what: _Optional[str] = ..., detail: _Optional[str] = ..., since: _Optional[float] = ..., attempts: _Optional[int] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()
