@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import errno
 import signal
-import socket
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -38,22 +37,20 @@ from linkpassd import logs
 from linkpassd.adapters import sdnotify
 from linkpassd.adapters.bfd import BfdAgent, BfdEvent, PeerSpec
 from linkpassd.adapters.control_server import ControlServer
-from linkpassd.adapters.echo import EchoService, ProbePath
-from linkpassd.adapters.ethtool import EthtoolSensor
+from linkpassd.adapters.echo import EchoService
 from linkpassd.adapters.kernel import KernelAdapter, KernelOpError
 from linkpassd.adapters.links import LinkEvent, LinkMonitor, LinkSnapshot
 from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.sensor import Sensor
-from linkpassd.adapters.simsensor import SimulatedSensor
 from linkpassd.adapters.watchdog import Watchdog
+from linkpassd.status import StatusReport
+from linkpassd.wiring import EchoSpec, bfd_specs, echo_spec, make_sensor, sync_bfd
 from linkpassd.adapters.statefile import StateFileError, read_json, write_json_atomic
-from linkpassd.core import alloc, apply, bfd, carried, explain, health, plan, policy
-from linkpassd.core.admission import ResponderPolicy
-from linkpassd.core.probe import ProbeConfig, rail_assessment
+from linkpassd.core import alloc, apply, bfd, carried, health, plan, policy
+from linkpassd.core.probe import rail_assessment
 from linkpassd.core.signals import bfd_assessment
-from linkpassd.core.model import (Assessment, Config, CounterSample, DaemonStatus, KernelState,
-                                  LinkSample, Op, OpticsReading, PortSensors, PortState, Problem,
-                                  Unreadable, Verdict)
+from linkpassd.core.model import (Assessment, Config, CounterSample, KernelState, LinkSample, Op,
+                                  OpticsReading, PortState, Problem, Unreadable, Verdict)
 
 log = structlog.get_logger("linkpassd")
 
@@ -105,7 +102,7 @@ class ShutdownRequested(Exception):
     pass
 
 
-class Daemon:
+class Daemon(StatusReport):
     def __init__(self, config: Config, config_path: str | None = None,
                  clock=time.monotonic, wallclock=time.time):
         self.config = config
@@ -543,6 +540,16 @@ class Daemon:
         spec = echo_spec(self.config)
         if spec == self.echo_spec:
             return
+        if (self.echo is not None and spec is not None and self.echo_spec is not None
+                and replace(spec, paths=(), responder=None)
+                == replace(self.echo_spec, paths=(), responder=None)):
+            # Only peers or who may be answered changed: paths that stay keep
+            # their probers (verdict, loss window), new ones start never up.
+            self.echo.set_paths(spec.paths)
+            self.echo.set_responder_policy(spec.responder)
+            self.echo_spec = spec
+            log.info("echo_peers_changed", paths=len(spec.paths))
+            return
         if self.echo is not None:
             self._log_echo_counters("reloaded")
             self.echo.close()
@@ -746,133 +753,6 @@ class Daemon:
             self._observe(sample, now)
         self.needs_resync = True
         log.info("reloaded", config=new.source, rails=len(new.rails))
-
-    # ---------------------------------------------------------------- status
-
-    def _unix_port_states(self, now: float) -> dict[str, PortState]:
-        to_wall = self.started_wall - self.started_mono
-        return {p: replace(s, since=s.since + to_wall) for p, s in self.port_states(now).items()}
-
-    def explain(self, port: str) -> explain.Explanation | None:
-        if self.decision is None:
-            return None
-        return explain.explain(self.config, self.decision, self._unix_port_states(self.clock()), port)
-
-    def sensors(self) -> tuple[PortSensors, ...]:
-        out = []
-        for port, h in self.health.items():
-            sig = h.signals
-            reading = sig.optics.reading
-            out.append(PortSensors(
-                port=port,
-                optics=reading if isinstance(reading, OpticsReading) else None,
-                optics_unreadable=reading.reason if isinstance(reading, Unreadable) else "",
-                counters=sig.counters.samples[-1][1] if sig.counters.samples else None,
-                assessments=sig.assessments(self.config.health)))
-        return tuple(out)
-
-    def status(self) -> DaemonStatus:
-        now = self.clock()
-        ports = tuple(self._unix_port_states(now).values())
-        return DaemonStatus(
-            hostname=socket.gethostname(),
-            version=linkpassd.__version__,
-            config_source=self.config.source,
-            started_at=self.started_wall,
-            ports=ports,
-            links=tuple(self.links.values()),
-            rails=self.decision.rails if self.decision else (),
-            groups=self.decision.groups if self.decision else (),
-            reconciles=self.reconciles,
-            netlink_writes=self.kernel.writes if self.kernel else 0,
-            last_reconcile_at=self.last_reconcile_at,
-            last_error=self.last_error,
-            sensors=self.sensors(),
-            problems=self.problems(),
-            responder=self.echo.responder_counters() if self.echo is not None else None,
-            last_error_at=self.last_error_at,
-            reconcile_failures=self.reconcile_failures,
-        )
-
-    def problems(self) -> tuple[Problem, ...]:
-        """What the daemon cannot do right now, each with since when."""
-        to_wall = self.started_wall - self.started_mono
-        out = [Problem("conflict" if f.foreign else "refused", apply.describe(f.op), f.error,
-                       f.since + to_wall, f.attempts)
-               for f in sorted(self.failures.values(), key=lambda f: f.since)]
-        out += [Problem("bfd", f"BFD session {name} on {spec.ifname}", error, since)
-                for name, (spec, error, since) in sorted(self.bfd_pending.items())]
-        out += list(self.state_problems.values())
-        out += [Problem("foreign", f.description, f"protocol {f.protocol}, inside an owned range",
-                        since) for f, since in self.foreign]
-        return tuple(out)
-
-
-def bfd_specs(config: Config) -> dict[str, PeerSpec]:
-    """One BFD session per rail that asks for it, with the rail's gateway."""
-    interval_us = config.bfd.interval_ms * 1000
-    timers = bfd.SessionConfig(desired_min_tx_us=interval_us, required_min_rx_us=interval_us,
-                               detect_mult=config.bfd.detect_mult)
-    specs = (PeerSpec(ifname=r.port, local=r.address, peer=r.gateway, config=timers,
-                      name=f"bfd:{r.gateway}") for r in config.rails if r.bfd)
-    return {spec.key: spec for spec in specs}
-
-
-def sync_bfd(agent: BfdAgent, config: Config) -> dict[str, tuple[PeerSpec, str]]:
-    """Make the agent's sessions the config's: at start, on every reload and
-    to retry. A session whose port, address or timers changed is started
-    anew. Returns the sessions that could not start (their port or address
-    is missing), with the reason; the others run regardless."""
-    wanted = bfd_specs(config)
-    for name, run in list(agent.runs.items()):
-        if wanted.get(name) != run.spec:
-            agent.remove(name)
-    failed = {}
-    for name, spec in wanted.items():
-        if name not in agent.runs:
-            try:
-                agent.add(spec)
-            except OSError as exc:
-                failed[name] = (spec, f"{spec.ifname}: {exc.strerror or exc}")
-    return failed
-
-
-@dataclass(frozen=True)
-class EchoSpec:
-    """What the echo service is made of; a change means a new service."""
-
-    paths: tuple[ProbePath, ...]
-    probe: ProbeConfig
-    port: int
-    tos: int
-    heartbeat_s: float | None
-    responder: ResponderPolicy  # what our responder answers (core.admission)
-
-
-def echo_spec(config: Config) -> EchoSpec | None:
-    """None when probing is off. On, the responder runs even without peers:
-    other hosts may probe us."""
-    p = config.probes
-    if not p.enabled:
-        return None
-    paths = tuple(ProbePath(port=r.port, source=r.address, peer=peer)
-                  for r in config.rails for peer in r.probe_peers)
-    probe = ProbeConfig(interval_s=p.interval_ms / 1e3, timeout_s=p.timeout_ms / 1e3,
-                        burst_count=p.burst_count, burst_interval_s=p.burst_interval_ms / 1e3,
-                        rise=p.rise, loss_window=p.loss_window, max_loss_ratio=p.max_loss_ratio,
-                        clear_loss_ratio=p.clear_loss_ratio)
-    responder = ResponderPolicy.build(
-        (r.address for r in config.rails), p.fabric_prefixes,
-        (peer for r in config.rails for peer in r.probe_peers),
-        rate_pps=p.responder_rate_pps, burst=p.responder_burst)
-    return EchoSpec(paths, probe, p.port, p.tos,
-                    p.lag_heartbeat_ms / 1e3 if p.lag_heartbeat_ms > 0 else None, responder)
-
-
-def make_sensor(config: Config) -> Sensor:
-    if config.sensors.backend == "sim":
-        return SimulatedSensor(config.sensors.sim_dir)
-    return EthtoolSensor(min_module_interval_s=min(1.0, config.sensors.optics_interval_s))
 
 
 def main(argv: list[str] | None = None) -> int:
