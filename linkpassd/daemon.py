@@ -168,8 +168,9 @@ class Daemon(StatusReport):
         self.bfd = BfdAgent(self.queue.put_nowait, lag=self.looplag)
         self._sync_bfd(self.clock())
         self._sync_echo()
-        await self._load_allocation()
-        await self._adopt()
+        observed = await self._observe_at_start()
+        self._load_allocation(observed)
+        self._adopt(observed)
         control = ControlServer(self.config.control_socket, self.status,
                                 explain_provider=self.explain)
         await control.start()
@@ -200,7 +201,18 @@ class Daemon(StatusReport):
             self.ipr.close()
             log.info("stopped", note="routes left as they are (fail-static)")
 
-    async def _adopt(self) -> None:
+    async def _observe_at_start(self) -> KernelState | None:
+        """One read of what we own, for the allocation and adoption; None when
+        it fails (the first reconcile reads it again)."""
+        try:
+            assert self.kernel is not None
+            return await self.kernel.observe(self.config.ownership)
+        except Exception as exc:  # noqa: BLE001 - see above
+            log.error("start_kernel_read_failed", error=repr(exc),
+                      note="no adoption of failed-over tables; allocation from the file only")
+            return None
+
+    def _adopt(self, observed: KernelState | None) -> None:
         """What the last daemon knew: its verdict file, and rail tables the
         kernel still routes through a backup. Such ports start as not trusted
         (see core.carried); anything unreadable is reported and skipped."""
@@ -211,13 +223,7 @@ class Daemon(StatusReport):
                 self.carried = carried.decode(doc, self.wallclock())
         except (StateFileError, carried.CarriedError) as exc:
             self._state_problem(path, f"verdict file unusable, ignored: {exc}")
-        try:
-            assert self.kernel is not None
-            self.kernel_view = await self.kernel.observe(self.config.ownership)
-        except Exception as exc:  # noqa: BLE001 - the first reconcile reads it again
-            log.error("adoption_failed", error=repr(exc))
-            return
-        for port, why in carried.failed_over(self.config, self.kernel_view).items():
+        for port, why in (carried.failed_over(self.config, observed) if observed else {}).items():
             known = self.carried.get(port)
             if known is None:
                 self.carried[port] = carried.Carried(
@@ -243,7 +249,7 @@ class Daemon(StatusReport):
         self.saved_verdicts = verdicts
         self.state_problems.pop(path, None)
 
-    async def _load_allocation(self) -> None:
+    def _load_allocation(self, observed: KernelState | None) -> None:
         """Nexthop ids, rule priorities and auto tables by name (core.alloc),
         from allocation.json; without a usable file, from what the kernel
         shows, so a host upgraded from positional numbering renumbers nothing.
@@ -257,12 +263,6 @@ class Daemon(StatusReport):
         except (StateFileError, alloc.AllocationFileError) as exc:
             self._state_problem(path, f"allocation file unusable, derived from the kernel "
                                       f"instead: {exc}")
-        observed = None
-        try:
-            assert self.kernel is not None
-            observed = await self.kernel.observe(self.config.ownership)
-        except Exception as exc:  # noqa: BLE001 - the first reconcile reads it again
-            log.error("allocation_kernel_read_failed", error=repr(exc))
         if previous is None and observed is not None:
             previous = alloc.derive(self.config, observed)
         reserved = alloc.kernel_ids(observed) if observed is not None else frozenset()

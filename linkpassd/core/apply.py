@@ -22,7 +22,7 @@ view, the failures remembered so far and `now`; the daemon does the writes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from linkpassd.core.model import KernelState, Nexthop, NexthopGroup, Op, OpKind, Route
 from linkpassd.core.plan import KernelSemanticsError, simulate
@@ -101,8 +101,3 @@ def describe(op: Op) -> str:
 def next_retry(failures: dict[Op, Failure]) -> float | None:
     return min((f.retry_at for f in failures.values()), default=None)
 
-
-def without_backoff(failures: dict[Op, Failure], now: float) -> dict[Op, Failure]:
-    """The same failures, due now (after the view was found stale: the next
-    attempt is against a fresh view, not a punishment)."""
-    return {op: replace(f, retry_at=now) for op, f in failures.items()}

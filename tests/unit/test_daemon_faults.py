@@ -286,7 +286,7 @@ def test_verdicts_are_written_on_change_and_carried_into_the_next_start(tmp_path
     # a restart: a new daemon, the same state dir, carrier back on eth0
     kernel.state = kernel.state  # fail-static: the kernel keeps its routes
     again, clock2 = make(tmp_path, kernel)
-    run(again._adopt())
+    again._adopt(kernel.state)
     start(again, ["eth0", "eth1", "eth2"])
     eth0 = again.health["eth0"]
     assert eth0.verdict is Verdict.DOWN and "before restart" in eth0.reason
