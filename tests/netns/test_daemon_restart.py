@@ -46,6 +46,25 @@ def blackhole(lab, rail, table: str) -> None:
                  "}\n")
 
 
+def unblackhole(lab, table: str) -> None:
+    """Remove the blackhole, whether or not it was put in place (declaring
+    the table first makes the delete safe in one nft transaction)."""
+    lab.leaf.nft(f"table inet {table} {{}}\ndelete table inet {table}\n")
+
+
+def failed_over_by_blackhole(lab, probed, nft_table: str) -> tuple[int, int, int]:
+    """Echo up on rail0, then rail0 blackholed until its table is on its
+    backup: (rail0's table, its own nexthop, the backup's nexthop)."""
+    rail0 = lab.rails[0]
+    table0 = table_of(probed.status(), "rail0")
+    wait_for_sync(lambda: assessment(probed.status(), rail0.port, "echo").get("status") == "ok",
+                  5.0, "echo up on rail0")
+    own, backup = nexthop_of(lab.host, rail0.port), nexthop_of(lab.host, lab.rails[1].port)
+    blackhole(lab, rail0, nft_table)
+    wait_for_sync(lambda: lab.host.route_nhid(table0) == backup, 5.0, "rail0 on its backup")
+    return table0, own, backup
+
+
 def stays(pred, seconds: float, what: str) -> None:
     """`pred` holds at every look for `seconds` (a negative claim needs a window)."""
     deadline = time.monotonic() + seconds
@@ -61,14 +80,8 @@ def test_a_restart_during_a_silent_blackhole_keeps_the_rail_on_its_backup(lab, e
     nft_table = f"lp_rsthole{os.getpid()}"
     with EchoPeerProcess(lab.leaf.name, duration=90):
         probed = echo_daemon()
-        st = probed.status()
-        table0 = table_of(st, "rail0")
-        wait_for_sync(lambda: assessment(probed.status(), rail0.port, "echo").get("status") == "ok",
-                      5.0, "echo up on rail0")
-        own, backup = nexthop_of(lab.host, rail0.port), nexthop_of(lab.host, lab.rails[1].port)
         try:
-            blackhole(lab, rail0, nft_table)
-            wait_for_sync(lambda: lab.host.route_nhid(table0) == backup, 5.0, "rail0 on its backup")
+            table0, own, backup = failed_over_by_blackhole(lab, probed, nft_table)
             probed.stop()
             if memory == "kernel-only":  # no verdict file: only the kernel remembers
                 os.unlink(tmp_path / "state" / "verdicts.json")
@@ -80,7 +93,7 @@ def test_a_restart_during_a_silent_blackhole_keeps_the_rail_on_its_backup(lab, e
             stays(lambda: lab.host.route_nhid(table0) == backup, QUIET_S,
                   "rail0 went back onto the blackholed path after the restart")
         finally:
-            lab.leaf.nft(f"delete table inet {nft_table}\n")
+            unblackhole(lab, nft_table)
         # its own probes prove it: then, and only then, it returns
         wait_for_sync(lambda: lab.host.route_nhid(table0) == own, 15.0, "rail0 back on its path")
         assert port_state(again.status(), rail0.port)["verdict"] == "VERDICT_UP"
@@ -91,13 +104,8 @@ def test_a_reload_that_restarts_the_probes_keeps_a_blackholed_rail_on_its_backup
     nft_table = f"lp_rldhole{os.getpid()}"
     with EchoPeerProcess(lab.leaf.name, duration=90):
         probed = echo_daemon()
-        table0 = table_of(probed.status(), "rail0")
-        wait_for_sync(lambda: assessment(probed.status(), rail0.port, "echo").get("status") == "ok",
-                      5.0, "echo up on rail0")
-        own, backup = nexthop_of(lab.host, rail0.port), nexthop_of(lab.host, lab.rails[1].port)
         try:
-            blackhole(lab, rail0, nft_table)
-            wait_for_sync(lambda: lab.host.route_nhid(table0) == backup, 5.0, "rail0 on its backup")
+            table0, own, backup = failed_over_by_blackhole(lab, probed, nft_table)
             # new probe timers: the echo service starts anew, its paths never up
             text = probed.config_path.read_text()
             assert "interval_ms = 50" in text
@@ -109,7 +117,7 @@ def test_a_reload_that_restarts_the_probes_keeps_a_blackholed_rail_on_its_backup
             eth0 = port_state(probed.status(), rail0.port)
             assert eth0["verdict"] == "VERDICT_DOWN", eth0
         finally:
-            lab.leaf.nft(f"delete table inet {nft_table}\n")
+            unblackhole(lab, nft_table)
         wait_for_sync(lambda: lab.host.route_nhid(table0) == own, 15.0, "rail0 back on its path")
 
 
