@@ -38,7 +38,8 @@ from linkpassd.adapters import sdnotify
 from linkpassd.adapters.bfd import BfdAgent, BfdEvent, PeerSpec
 from linkpassd.adapters.control_server import ControlServer
 from linkpassd.adapters.echo import EchoService
-from linkpassd.adapters.kernel import KernelAdapter, KernelOpError
+from linkpassd.adapters.kernel import (KernelAdapter, KernelOpError, KernelReadError,
+                                       KernelReadTimeout, KernelSocketError)
 from linkpassd.adapters.links import LinkEvent, LinkMonitor, LinkSnapshot
 from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.sensor import Sensor
@@ -627,7 +628,11 @@ class Daemon(StatusReport):
             except Exception as exc:  # noqa: BLE001 - kernel trouble must not kill the daemon
                 self.consecutive_failures += 1
                 self.reconcile_failures += 1
-                self._fail(f"reading kernel state failed: {exc}", now)
+                broken = isinstance(exc, (KernelSocketError, KernelReadTimeout))
+                self._fail(f"reading kernel state failed: {exc}", now,
+                           exc_info=exc if broken or not isinstance(exc, KernelReadError) else None)
+                if broken:
+                    self._renew_socket()  # a failed socket fails every later use
                 return
         ops = plan.plan(decision.desired, self.kernel_view)
         self.failures = apply.prune(self.failures, ops)
@@ -689,13 +694,18 @@ class Daemon(StatusReport):
         if exc.errno == errno.ETIMEDOUT:
             # The write may have happened: re-read when it is retried, and
             # leave late replies behind with the old socket.
-            assert self.kernel is not None
-            old = self.kernel.replace_socket(AsyncIPRoute())
-            self.ipr = self.kernel.ipr
-            old.close()
+            self._renew_socket()
         if previous is None or previous.error != failure.error:
             log.error("write_refused", op=apply.describe(op), error=str(exc),
                       conflict=foreign, retry_s=round(failure.retry_at - now, 1))
+
+    def _renew_socket(self) -> None:
+        """Continue on a fresh netlink socket; late replies, a stuck send or
+        an error pyroute2 keeps on the old one stay behind with it."""
+        assert self.kernel is not None
+        old = self.kernel.replace_socket(AsyncIPRoute())
+        self.ipr = self.kernel.ipr
+        old.close()
 
     def _fail(self, message: str, now: float, exc_info: BaseException | None = None) -> None:
         """A pass failed as a whole: remember the error, re-read everything,

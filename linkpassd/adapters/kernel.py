@@ -51,6 +51,7 @@ from linkpassd.adapters.nlrequest import (
     DumpInterrupted,
     KernelReadError,
     KernelReadTimeout,
+    KernelSocketError,
     kernel_message,
 )
 from linkpassd.core.model import (
@@ -73,6 +74,7 @@ __all__ = [
     "KernelOpError",
     "KernelReadError",
     "KernelReadTimeout",
+    "KernelSocketError",
     "Observation",
 ]
 

@@ -58,6 +58,12 @@ class KernelReadTimeout(KernelReadError):
     """A dump got no complete answer within ``timeout_s``."""
 
 
+class KernelSocketError(KernelReadError):
+    """The netlink socket itself failed (an OSError, not a kernel reply).
+    pyroute2 keeps such an error on the socket and raises it again on every
+    later use, so the caller must continue on a fresh socket."""
+
+
 class _ThreadSentRequest(NetlinkRequest):
     """A NetlinkRequest whose sendmsg runs on the given worker thread."""
 
@@ -139,6 +145,8 @@ class BoundedNetlink:
                 ) from None
             except NetlinkError as e:
                 raise KernelReadError(f"{what}: {kernel_message(e)}", e.code) from e
+            except OSError as e:
+                raise KernelSocketError(f"{what}: netlink socket failed: {e}", e.errno) from e
             if not any(r["header"]["flags"] & NLM_F_DUMP_INTR for r in replies):
                 return replies
         raise DumpInterrupted(f"{what} (type {msg_type}) interrupted {DUMP_ATTEMPTS} times")

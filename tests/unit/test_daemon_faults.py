@@ -15,7 +15,7 @@ import errno
 
 import pytest
 
-from linkpassd.adapters.kernel import KernelOpError, Observation
+from linkpassd.adapters.kernel import KernelOpError, KernelSocketError, Observation
 from linkpassd.adapters.links import LinkEvent, LinkSnapshot
 from linkpassd.core import plan
 from linkpassd.core.model import KernelState, LinkSample, Op, Verdict
@@ -34,18 +34,27 @@ class FakeKernel:
         self.refuse = lambda op, n: False
         self.unexpected = lambda op, n: False
         self.observe_fails = False
+        self.socket_broken = False  # like pyroute2: a failed socket fails every use
+        self.sockets_replaced = 0
+        self.ipr = None
         self.foreign: tuple = ()
 
     async def observe(self, ownership) -> KernelState:
         if self.observe_fails:
             raise OSError(errno.EIO, "injected: netlink dump failed")
+        if self.socket_broken:
+            raise KernelSocketError("link dump: netlink socket failed: [Errno 22] Invalid argument",
+                                    errno.EINVAL)
         return self.state
 
     async def observe_with_foreign(self, ownership) -> Observation:
         return Observation(await self.observe(ownership), self.foreign)
 
     def replace_socket(self, ipr):
-        return ipr
+        self.sockets_replaced += 1
+        self.socket_broken = False
+        old, self.ipr = self.ipr, ipr
+        return old if old is not None else ipr
 
     async def apply(self, op: Op) -> None:
         self.attempts += 1
@@ -260,6 +269,22 @@ def test_unexpected_errors_and_unreadable_kernel_are_failed_reconciles_not_the_e
     kernel.observe_fails = False
     run(converge(daemon, clock))
     assert kernel.state == desired_now(daemon) and daemon.last_error == ""
+
+
+def test_a_failed_netlink_socket_is_replaced_and_the_next_pass_reads_through_a_fresh_one(tmp_path):
+    daemon, clock, kernel = converged(tmp_path)
+    kernel.socket_broken = True
+    clock.t += 31.0  # resync due: the read fails on the broken socket
+    run(daemon.handle([Tick()]))
+    assert daemon.reconcile_failures == 1 and "netlink socket failed" in daemon.last_error
+    assert kernel.sockets_replaced == 1 and not kernel.socket_broken
+    run(converge(daemon, clock))
+    assert daemon.last_error == "" and kernel.state == desired_now(daemon)
+    # a kernel refusal of a dump is not a socket failure: the socket stays
+    kernel.observe_fails = True
+    clock.t += 31.0
+    run(daemon.handle([Tick()]))
+    assert kernel.sockets_replaced == 1
 
 
 def test_a_failed_pass_is_retried_with_backoff_but_a_new_decision_goes_at_once(tmp_path):
