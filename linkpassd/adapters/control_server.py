@@ -19,7 +19,7 @@ Sensor readings keep "not reported" apart from zero: a model None becomes an
 unset `optional` field or sub-message, never 0 (see control.proto).
 
 The standard grpc.health.v1 service is registered too: SERVING for "" and
-"linkpass.v1.Control" while running, NOT_SERVING once stop() begins.
+"linkpass.v1.ControlService" while running, NOT_SERVING once stop() begins.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ log = structlog.get_logger("linkpassd.control")
 
 SOCKET_MODE = 0o660
 SOCKET_DIR_MODE = 0o755
-SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Control"].full_name
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ControlService"].full_name
 
 # Explicit, so a new model verdict fails loudly here instead of going out as
 # VERDICT_UNSPECIFIED.
@@ -222,8 +222,8 @@ def consequence_to_proto(c: Consequence) -> pb.Consequence:
     )
 
 
-def explanation_to_proto(e: Explanation, *, served_at: float) -> pb.Explanation:
-    return pb.Explanation(
+def explanation_to_proto(e: Explanation, *, served_at: float) -> pb.ExplainPortResponse:
+    return pb.ExplainPortResponse(
         port=e.port,
         rail=e.rail,
         state=port_state_to_proto(e.state),
@@ -296,7 +296,7 @@ def links_to_proto(status: DaemonStatus, *, served_at: float) -> pb.ListLinksRes
 ExplainProvider = Callable[[str], Explanation | None]
 
 
-class _ControlServicer(pb_grpc.ControlServicer):
+class _ControlServicer(pb_grpc.ControlServiceServicer):
     def __init__(
         self,
         status_provider: Callable[[], DaemonStatus],
@@ -323,7 +323,7 @@ class _ControlServicer(pb_grpc.ControlServicer):
         status = await self._snapshot(context)
         return links_to_proto(status, served_at=self._wall_clock())
 
-    async def ExplainPort(self, request: pb.ExplainPortRequest, context: grpc.aio.ServicerContext) -> pb.Explanation:
+    async def ExplainPort(self, request: pb.ExplainPortRequest, context: grpc.aio.ServicerContext) -> pb.ExplainPortResponse:
         port = request.port
         if self._explain_provider is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this linkpassd serves no port explanations")
@@ -386,7 +386,7 @@ class ControlServer:
             raise RuntimeError("control server already started")
         _prepare_socket_path(self.socket_path)
         server = grpc.aio.server()
-        pb_grpc.add_ControlServicer_to_server(self._servicer, server)
+        pb_grpc.add_ControlServiceServicer_to_server(self._servicer, server)
         self._health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 from linkpassd.config.checks import (MAX_FILE_BYTES, RESERVED_RULE_PRIORITIES, RESERVED_TABLES,
                                      ConfigError, _count, _got, _Invalid, _parse_interface, _show)
-from linkpassd.config.schema import (BFD, DAEMON, HEALTH, MULTIPATH, OWNERSHIP, PROBES, RAIL,
+from linkpassd.config.schema import (BFD, DAEMON, HEALTH, METRICS, MULTIPATH, OWNERSHIP, PROBES, RAIL,
                                      ROUTING, SCHEMA, SENSORS, TIMERS, Section)
 from linkpassd.core import alloc
 from linkpassd.core.model import (BfdSettings, Config, HealthPolicy, MultipathConfig, Ownership,
@@ -231,6 +231,10 @@ class _Builder:
             state_dir=daemon["state_dir"],
             log_format=daemon["log_format"],
             log_level=daemon["log_level"],
+            control_group=daemon["control_group"],
+            admin_group=daemon["admin_group"],
+            event_buffer=daemon["event_buffer"],
+            metrics_listen=self.section(doc, METRICS)["listen"],
             source=self.source,
         )
 

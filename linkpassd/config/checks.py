@@ -313,6 +313,33 @@ def _ifname(value: str) -> None:
 IFNAME = _Check(f"Linux interface name (≤ {IFNAMSIZ - 1} bytes, no `/`, `:` or spaces)", _ifname)
 
 
+def _listen_address() -> _Check:
+    """"" (off) or IP:PORT, an IPv6 address in brackets ([::1]:9469)."""
+    def run(value: str) -> None:
+        if value == "":
+            return
+        host, sep, port = value.rpartition(":")
+        if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise _Invalid(f"{_show(value)} is not IP:PORT (e.g. 127.0.0.1:9469) with a port "
+                           "in 1..65535")
+        bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        try:
+            ipaddress.ip_address(bare)
+        except ValueError:
+            raise _Invalid(f"{_show(host)} is not an IP address (a name is not resolved here)") \
+                from None
+
+    return _Check("empty (off) or IP:PORT", run)
+
+
+def _group_name() -> _Check:
+    def run(value: str) -> None:
+        if value and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?", value):
+            raise _Invalid(f"{_show(value)} is not a valid group name")
+
+    return _Check("a group name, or empty", run)
+
+
 def _abs_path(max_bytes: int | None = None) -> _Check:
     def run(value: str) -> None:
         if not value.startswith("/"):

@@ -13,7 +13,8 @@ from linkpassd.config.checks import (BOOL, FLOAT, IFNAME, INT, IPV4_ADDRESS, IPV
                                      IPV4_INTERFACE, NAME, NH_TIMER_MAX_S, NON_EMPTY,
                                      ROUTE_PROTOCOL, STR, STR_LIST, SUN_PATH_MAX, U32_MAX, UNIQUE,
                                      _abs_path, _at_least, _between, _Check, _each, _greater_than,
-                                     _int_range, _one_of, _Type)
+                                     _group_name, _int_range, _listen_address, _one_of,
+                                     _Type)
 
 # --------------------------------------------------------------------------
 # The schema: every option, once
@@ -83,6 +84,32 @@ DAEMON = Section(
                (_one_of("kv", "json"),)),
         Option("log_level", STR, "info", "Lowest level that is logged.",
                (_one_of("debug", "info", "warning", "error"),)),
+        Option("control_group", STR, "linkpass",
+               "Group of the control socket: its members may read (`linkpassctl status`, "
+               "`events`, `links`, `explain`). If the group does not exist the socket stays "
+               "root's alone, and the daemon says so at start.",
+               (_group_name(),)),
+        Option("admin_group", STR, "",
+               "Members of this group may also change things (`linkpassctl drain`, `undrain`); "
+               "root always may. Empty: root only. Checked against the caller's credentials on "
+               "the socket (SO_PEERCRED), not the socket's permissions.",
+               (_group_name(),)),
+        Option("event_buffer", INT, 2048,
+               "Events held in memory for `linkpassctl events` and the event stream; older ones "
+               "are dropped, and a reader that falls that far behind is told how many it missed.",
+               (_int_range(16, 1_000_000),)),
+    ),
+)
+
+METRICS = Section(
+    "metrics",
+    array=False,
+    help="Prometheus metrics over HTTP (`/metrics`). Off unless `listen` is set; keep it on a "
+         "loopback address and let the node's scraper or exporter reach it there.",
+    options=(
+        Option("listen", STR, "",
+               "Address to serve metrics on, e.g. `127.0.0.1:9469`; empty: no metrics.",
+               (_listen_address(),)),
     ),
 )
 
@@ -415,5 +442,5 @@ MULTIPATH = Section(
     ),
 )
 
-SCHEMA: tuple[Section, ...] = (DAEMON, OWNERSHIP, TIMERS, HEALTH, SENSORS, BFD, PROBES, ROUTING,
+SCHEMA: tuple[Section, ...] = (DAEMON, METRICS, OWNERSHIP, TIMERS, HEALTH, SENSORS, BFD, PROBES, ROUTING,
                                RAIL, MULTIPATH)

@@ -158,6 +158,10 @@ class Config:
     state_dir: str = "/var/lib/linkpass"
     log_format: str = "kv"
     log_level: str = "info"
+    control_group: str = "linkpass"  # may read over the control socket
+    admin_group: str = ""  # may also drain/undrain; root always may
+    event_buffer: int = 2048
+    metrics_listen: str = ""  # "" : no metrics endpoint
     source: str = "<memory>"  # the file this came from, for messages
 
     def rail(self, name: str) -> RailConfig:
@@ -212,6 +216,23 @@ class PortState:
     phase: str  # the health state machine's state, e.g. "RECOVERING"
     since: float  # when the verdict last changed: daemon clock in the core, unix time in DaemonStatus
     evidence: tuple[str, ...] = ()
+    drain: "Drain | None" = None  # set while an operator has the port drained
+
+
+@dataclass(frozen=True)
+class Drain:
+    """An operator's drain of a port (see core.drain).  Times are unix time:
+    the intent outlives the daemon and its monotonic clock."""
+
+    port: str
+    reason: str
+    by: str  # who asked: "root (uid 0)", or "alice (uid 1000)"
+    at: float  # unix time it began
+    until: float | None = None  # unix time it ends by itself; None: until undrained
+
+    def describe(self) -> str:
+        text = f"drained by {self.by}: {self.reason}"
+        return text if self.until is None else f"{text} (until {self.until:.0f})"
 
 
 # --------------------------------------------------------------------------
@@ -451,6 +472,8 @@ class DaemonStatus:
     last_error_at: float = 0.0  # unix time; 0 when there is no error
     reconcile_failures: int = 0
     responder: "ResponderCounters | None" = None  # None: probing is off
+    boot_id: str = ""  # this start of the daemon (core.events)
+    last_event_seq: int = 0
 
 
 @dataclass(frozen=True)

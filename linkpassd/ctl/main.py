@@ -49,12 +49,12 @@ class Target:
     socket_path: str
     timeout: float
 
-    def call(self, method: Callable[[pb_grpc.ControlStub], Callable[..., R]], request: Message) -> R:
+    def call(self, method: Callable[[pb_grpc.ControlServiceStub], Callable[..., R]], request: Message) -> R:
         """Make one unary call, turning every failure into one CtlError line."""
         self._check_socket()
         try:
             with grpc.insecure_channel(f"unix:{os.path.abspath(self.socket_path)}") as channel:
-                return method(pb_grpc.ControlStub(channel))(request, timeout=self.timeout)
+                return method(pb_grpc.ControlServiceStub(channel))(request, timeout=self.timeout)
         except grpc.RpcError as exc:
             raise CtlError(self._describe(exc)) from None
 
@@ -423,7 +423,7 @@ def render_signals(sensors: Sequence[pb.PortSensors]) -> str:
     return "SIGNALS\n" + table(["PORT", "SIGNAL", "STATUS", "SEVERITY", "DETAIL"], rows)
 
 
-def render_explanation(e: pb.Explanation) -> str:
+def render_explanation(e: pb.ExplainPortResponse) -> str:
     state = e.state
     evidence = list(state.evidence) or ["-"]
     head = key_values(

@@ -225,7 +225,7 @@ def test_refuses_to_steal_a_live_socket(sock: Path) -> None:
 def test_health_service_reports_serving(server: ControlServer, sock: Path) -> None:
     with grpc.insecure_channel(f"unix:{sock}") as channel:
         stub = health_pb2_grpc.HealthStub(channel)
-        for service in ("", "linkpass.v1.Control"):
+        for service in ("", "linkpass.v1.ControlService"):
             resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
             assert resp.status == health_pb2.HealthCheckResponse.SERVING
 

@@ -394,7 +394,7 @@ def test_explain_unknown_port_is_one_line_naming_it(server, sock: Path) -> None:
     assert_one_line_error(proc, "unknown port 'eth9'; configured rail ports: eth0, eth1, veth2")
     with grpc.insecure_channel(f"unix:{sock}") as channel:
         with pytest.raises(grpc.RpcError) as err:
-            pb_grpc.ControlStub(channel).ExplainPort(pb.ExplainPortRequest(port="eth9"), timeout=5)
+            pb_grpc.ControlServiceStub(channel).ExplainPort(pb.ExplainPortRequest(port="eth9"), timeout=5)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
 
 
@@ -420,7 +420,7 @@ def test_explain_without_provider_is_unimplemented(sock: Path) -> None:
         result = run_ctl(sock, "explain", "eth0")
         with grpc.insecure_channel(f"unix:{sock}") as channel:
             with pytest.raises(grpc.RpcError) as err:
-                pb_grpc.ControlStub(channel).ExplainPort(pb.ExplainPortRequest(port="eth0"), timeout=5)
+                pb_grpc.ControlServiceStub(channel).ExplainPort(pb.ExplainPortRequest(port="eth0"), timeout=5)
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert result.exit_code == 1
     assert result.stderr == "linkpassctl: linkpassd answered UNIMPLEMENTED: this linkpassd serves no port explanations\n"
@@ -430,7 +430,7 @@ def test_explain_without_provider_is_unimplemented(sock: Path) -> None:
 def test_explain_empty_port_is_invalid(server, sock: Path) -> None:
     with grpc.insecure_channel(f"unix:{sock}") as channel:
         with pytest.raises(grpc.RpcError) as err:
-            pb_grpc.ControlStub(channel).ExplainPort(pb.ExplainPortRequest(), timeout=5)
+            pb_grpc.ControlServiceStub(channel).ExplainPort(pb.ExplainPortRequest(), timeout=5)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 

@@ -1,4 +1,7 @@
+import datetime
+
 from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -14,26 +17,82 @@ class Verdict(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     VERDICT_UP: _ClassVar[Verdict]
     VERDICT_DEGRADED: _ClassVar[Verdict]
     VERDICT_DOWN: _ClassVar[Verdict]
+
+class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    EVENT_KIND_UNSPECIFIED: _ClassVar[EventKind]
+    EVENT_KIND_STARTED: _ClassVar[EventKind]
+    EVENT_KIND_STOPPED: _ClassVar[EventKind]
+    EVENT_KIND_VERDICT: _ClassVar[EventKind]
+    EVENT_KIND_RAIL_PATH: _ClassVar[EventKind]
+    EVENT_KIND_GROUP_MEMBERS: _ClassVar[EventKind]
+    EVENT_KIND_DRAIN: _ClassVar[EventKind]
+    EVENT_KIND_UNDRAIN: _ClassVar[EventKind]
+    EVENT_KIND_RELOAD: _ClassVar[EventKind]
+    EVENT_KIND_RELOAD_REFUSED: _ClassVar[EventKind]
+    EVENT_KIND_CONFLICT: _ClassVar[EventKind]
+    EVENT_KIND_RESYNC: _ClassVar[EventKind]
+    EVENT_KIND_RECONCILE_FAILED: _ClassVar[EventKind]
+    EVENT_KIND_SIGNAL: _ClassVar[EventKind]
+
+class Severity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SEVERITY_UNSPECIFIED: _ClassVar[Severity]
+    SEVERITY_INFO: _ClassVar[Severity]
+    SEVERITY_WARNING: _ClassVar[Severity]
+    SEVERITY_ERROR: _ClassVar[Severity]
 VERDICT_UNSPECIFIED: Verdict
 VERDICT_UP: Verdict
 VERDICT_DEGRADED: Verdict
 VERDICT_DOWN: Verdict
+EVENT_KIND_UNSPECIFIED: EventKind
+EVENT_KIND_STARTED: EventKind
+EVENT_KIND_STOPPED: EventKind
+EVENT_KIND_VERDICT: EventKind
+EVENT_KIND_RAIL_PATH: EventKind
+EVENT_KIND_GROUP_MEMBERS: EventKind
+EVENT_KIND_DRAIN: EventKind
+EVENT_KIND_UNDRAIN: EventKind
+EVENT_KIND_RELOAD: EventKind
+EVENT_KIND_RELOAD_REFUSED: EventKind
+EVENT_KIND_CONFLICT: EventKind
+EVENT_KIND_RESYNC: EventKind
+EVENT_KIND_RECONCILE_FAILED: EventKind
+EVENT_KIND_SIGNAL: EventKind
+SEVERITY_UNSPECIFIED: Severity
+SEVERITY_INFO: Severity
+SEVERITY_WARNING: Severity
+SEVERITY_ERROR: Severity
 
 class PortState(_message.Message):
-    __slots__ = ("port", "verdict", "carrier", "phase", "since", "evidence")
+    __slots__ = ("port", "verdict", "carrier", "phase", "since", "evidence", "drain")
     PORT_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     CARRIER_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     SINCE_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
     port: str
     verdict: Verdict
     carrier: bool
     phase: str
     since: float
     evidence: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, port: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., carrier: _Optional[bool] = ..., phase: _Optional[str] = ..., since: _Optional[float] = ..., evidence: _Optional[_Iterable[str]] = ...) -> None: ...
+    drain: DrainInfo
+    def __init__(self, port: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., carrier: _Optional[bool] = ..., phase: _Optional[str] = ..., since: _Optional[float] = ..., evidence: _Optional[_Iterable[str]] = ..., drain: _Optional[_Union[DrainInfo, _Mapping]] = ...) -> None: ...
+
+class DrainInfo(_message.Message):
+    __slots__ = ("reason", "by", "since", "until")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    BY_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    by: str
+    since: _timestamp_pb2.Timestamp
+    until: _timestamp_pb2.Timestamp
+    def __init__(self, reason: _Optional[str] = ..., by: _Optional[str] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class LinkSample(_message.Message):
     __slots__ = ("port", "present", "ifindex", "admin_up", "carrier", "operstate", "carrier_up_count", "carrier_down_count")
@@ -195,7 +254,7 @@ class PortSensors(_message.Message):
     def __init__(self, port: _Optional[str] = ..., optics: _Optional[_Union[OpticsReading, _Mapping]] = ..., optics_unreadable: _Optional[str] = ..., counters: _Optional[_Union[CounterSample, _Mapping]] = ..., assessments: _Optional[_Iterable[_Union[Assessment, _Mapping]]] = ...) -> None: ...
 
 class DaemonStatus(_message.Message):
-    __slots__ = ("hostname", "version", "config_source", "started_at", "ports", "links", "rails", "groups", "reconciles", "netlink_writes", "last_reconcile_at", "last_error", "served_at", "sensors", "problems", "last_error_at", "reconcile_failures", "responder")
+    __slots__ = ("hostname", "version", "config_source", "started_at", "ports", "links", "rails", "groups", "reconciles", "netlink_writes", "last_reconcile_at", "last_error", "served_at", "boot_id", "last_event_seq", "sensors", "problems", "last_error_at", "reconcile_failures", "responder")
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CONFIG_SOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -209,6 +268,8 @@ class DaemonStatus(_message.Message):
     LAST_RECONCILE_AT_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     SERVED_AT_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
     SENSORS_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_AT_FIELD_NUMBER: _ClassVar[int]
@@ -227,12 +288,14 @@ class DaemonStatus(_message.Message):
     last_reconcile_at: float
     last_error: str
     served_at: float
+    boot_id: str
+    last_event_seq: int
     sensors: _containers.RepeatedCompositeFieldContainer[PortSensors]
     problems: _containers.RepeatedCompositeFieldContainer[Problem]
     last_error_at: float
     reconcile_failures: int
     responder: ResponderCounters
-    def __init__(self, hostname: _Optional[str] = ..., version: _Optional[str] = ..., config_source: _Optional[str] = ..., started_at: _Optional[float] = ..., ports: _Optional[_Iterable[_Union[PortState, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., rails: _Optional[_Iterable[_Union[RailStatus, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., reconciles: _Optional[int] = ..., netlink_writes: _Optional[int] = ..., last_reconcile_at: _Optional[float] = ..., last_error: _Optional[str] = ..., served_at: _Optional[float] = ..., sensors: _Optional[_Iterable[_Union[PortSensors, _Mapping]]] = ..., problems: _Optional[_Iterable[_Union[Problem, _Mapping]]] = ..., last_error_at: _Optional[float] = ..., reconcile_failures: _Optional[int] = ..., responder: _Optional[_Union[ResponderCounters, _Mapping]] = ...) -> None: ...
+    def __init__(self, hostname: _Optional[str] = ..., version: _Optional[str] = ..., config_source: _Optional[str] = ..., started_at: _Optional[float] = ..., ports: _Optional[_Iterable[_Union[PortState, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., rails: _Optional[_Iterable[_Union[RailStatus, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., reconciles: _Optional[int] = ..., netlink_writes: _Optional[int] = ..., last_reconcile_at: _Optional[float] = ..., last_error: _Optional[str] = ..., served_at: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_event_seq: _Optional[int] = ..., sensors: _Optional[_Iterable[_Union[PortSensors, _Mapping]]] = ..., problems: _Optional[_Iterable[_Union[Problem, _Mapping]]] = ..., last_error_at: _Optional[float] = ..., reconcile_failures: _Optional[int] = ..., responder: _Optional[_Union[ResponderCounters, _Mapping]] = ...) -> None: ...
 
 class ResponderCounters(_message.Message):
     __slots__ = ("answered", "refused_address", "refused_source", "rate_limited", "malformed")
@@ -320,7 +383,7 @@ class Consequence(_message.Message):
     detail: str
     def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., table: _Optional[int] = ..., role: _Optional[str] = ..., carries_port: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
 
-class Explanation(_message.Message):
+class ExplainPortResponse(_message.Message):
     __slots__ = ("port", "rail", "state", "consequences", "summary", "served_at")
     PORT_FIELD_NUMBER: _ClassVar[int]
     RAIL_FIELD_NUMBER: _ClassVar[int]
@@ -335,3 +398,140 @@ class Explanation(_message.Message):
     summary: str
     served_at: float
     def __init__(self, port: _Optional[str] = ..., rail: _Optional[str] = ..., state: _Optional[_Union[PortState, _Mapping]] = ..., consequences: _Optional[_Iterable[_Union[Consequence, _Mapping]]] = ..., summary: _Optional[str] = ..., served_at: _Optional[float] = ...) -> None: ...
+
+class Event(_message.Message):
+    __slots__ = ("boot_id", "seq", "time", "monotonic_s", "kind", "severity", "name", "port", "rail", "message", "fields")
+    class FieldsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    MONOTONIC_S_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SEVERITY_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    boot_id: str
+    seq: int
+    time: _timestamp_pb2.Timestamp
+    monotonic_s: float
+    kind: EventKind
+    severity: Severity
+    name: str
+    port: str
+    rail: str
+    message: str
+    fields: _containers.ScalarMap[str, str]
+    def __init__(self, boot_id: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., monotonic_s: _Optional[float] = ..., kind: _Optional[_Union[EventKind, str]] = ..., severity: _Optional[_Union[Severity, str]] = ..., name: _Optional[str] = ..., port: _Optional[str] = ..., rail: _Optional[str] = ..., message: _Optional[str] = ..., fields: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class ListEventsRequest(_message.Message):
+    __slots__ = ("after_seq", "limit")
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    after_seq: int
+    limit: int
+    def __init__(self, after_seq: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListEventsResponse(_message.Message):
+    __slots__ = ("events", "missed", "boot_id", "last_seq")
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    MISSED_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEQ_FIELD_NUMBER: _ClassVar[int]
+    events: _containers.RepeatedCompositeFieldContainer[Event]
+    missed: int
+    boot_id: str
+    last_seq: int
+    def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., missed: _Optional[int] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ...) -> None: ...
+
+class WatchEventsRequest(_message.Message):
+    __slots__ = ("after_seq",)
+    AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    after_seq: int
+    def __init__(self, after_seq: _Optional[int] = ...) -> None: ...
+
+class WatchEventsResponse(_message.Message):
+    __slots__ = ("event", "missed")
+    EVENT_FIELD_NUMBER: _ClassVar[int]
+    MISSED_FIELD_NUMBER: _ClassVar[int]
+    event: Event
+    missed: int
+    def __init__(self, event: _Optional[_Union[Event, _Mapping]] = ..., missed: _Optional[int] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("port", "reason", "duration_s")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    port: str
+    reason: str
+    duration_s: float
+    def __init__(self, port: _Optional[str] = ..., reason: _Optional[str] = ..., duration_s: _Optional[float] = ...) -> None: ...
+
+class DrainResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: PortState
+    def __init__(self, state: _Optional[_Union[PortState, _Mapping]] = ...) -> None: ...
+
+class UndrainRequest(_message.Message):
+    __slots__ = ("port",)
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    port: str
+    def __init__(self, port: _Optional[str] = ...) -> None: ...
+
+class UndrainResponse(_message.Message):
+    __slots__ = ("state",)
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    state: PortState
+    def __init__(self, state: _Optional[_Union[PortState, _Mapping]] = ...) -> None: ...
+
+class WatchHealthRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PortHealth(_message.Message):
+    __slots__ = ("port", "rail", "rdma_device", "rdma_port", "verdict", "since", "reason", "drained", "usable")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    RDMA_DEVICE_FIELD_NUMBER: _ClassVar[int]
+    RDMA_PORT_FIELD_NUMBER: _ClassVar[int]
+    VERDICT_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
+    USABLE_FIELD_NUMBER: _ClassVar[int]
+    port: str
+    rail: str
+    rdma_device: str
+    rdma_port: int
+    verdict: Verdict
+    since: _timestamp_pb2.Timestamp
+    reason: str
+    drained: bool
+    usable: bool
+    def __init__(self, port: _Optional[str] = ..., rail: _Optional[str] = ..., rdma_device: _Optional[str] = ..., rdma_port: _Optional[int] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., since: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., reason: _Optional[str] = ..., drained: _Optional[bool] = ..., usable: _Optional[bool] = ...) -> None: ...
+
+class WatchHealthResponse(_message.Message):
+    __slots__ = ("hostname", "boot_id", "generation", "written_at", "valid_until", "ports")
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    WRITTEN_AT_FIELD_NUMBER: _ClassVar[int]
+    VALID_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    hostname: str
+    boot_id: str
+    generation: int
+    written_at: _timestamp_pb2.Timestamp
+    valid_until: _timestamp_pb2.Timestamp
+    ports: _containers.RepeatedCompositeFieldContainer[PortHealth]
+    def __init__(self, hostname: _Optional[str] = ..., boot_id: _Optional[str] = ..., generation: _Optional[int] = ..., written_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., valid_until: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., ports: _Optional[_Iterable[_Union[PortHealth, _Mapping]]] = ...) -> None: ...

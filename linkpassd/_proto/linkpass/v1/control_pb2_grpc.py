@@ -25,8 +25,16 @@ if _version_not_supported:
     )
 
 
-class ControlStub:
-    """Control is the local operator interface of one linkpassd.
+class ControlServiceStub:
+    """ControlService is the local operator interface of one linkpassd.
+    (Named `Control` before 0.2.0; see proto/README.md for the compatibility
+    check against the last release.)
+
+    Who may call what: the daemon reads the caller's credentials from the Unix
+    socket (SO_PEERCRED). Reading needs access to the socket (its group,
+    [control] group, default "linkpass"). Drain and Undrain need root or
+    membership of [control] admin_group; others get PERMISSION_DENIED with a
+    message that names the rule.
     """
 
     def __init__(self, channel):
@@ -36,24 +44,57 @@ class ControlStub:
             channel: A grpc.Channel.
         """
         self.GetStatus = channel.unary_unary(
-                '/linkpass.v1.Control/GetStatus',
+                '/linkpass.v1.ControlService/GetStatus',
                 request_serializer=linkpass_dot_v1_dot_control__pb2.GetStatusRequest.SerializeToString,
                 response_deserializer=linkpass_dot_v1_dot_control__pb2.GetStatusResponse.FromString,
                 _registered_method=True)
         self.ListLinks = channel.unary_unary(
-                '/linkpass.v1.Control/ListLinks',
+                '/linkpass.v1.ControlService/ListLinks',
                 request_serializer=linkpass_dot_v1_dot_control__pb2.ListLinksRequest.SerializeToString,
                 response_deserializer=linkpass_dot_v1_dot_control__pb2.ListLinksResponse.FromString,
                 _registered_method=True)
         self.ExplainPort = channel.unary_unary(
-                '/linkpass.v1.Control/ExplainPort',
+                '/linkpass.v1.ControlService/ExplainPort',
                 request_serializer=linkpass_dot_v1_dot_control__pb2.ExplainPortRequest.SerializeToString,
-                response_deserializer=linkpass_dot_v1_dot_control__pb2.Explanation.FromString,
+                response_deserializer=linkpass_dot_v1_dot_control__pb2.ExplainPortResponse.FromString,
+                _registered_method=True)
+        self.ListEvents = channel.unary_unary(
+                '/linkpass.v1.ControlService/ListEvents',
+                request_serializer=linkpass_dot_v1_dot_control__pb2.ListEventsRequest.SerializeToString,
+                response_deserializer=linkpass_dot_v1_dot_control__pb2.ListEventsResponse.FromString,
+                _registered_method=True)
+        self.WatchEvents = channel.unary_stream(
+                '/linkpass.v1.ControlService/WatchEvents',
+                request_serializer=linkpass_dot_v1_dot_control__pb2.WatchEventsRequest.SerializeToString,
+                response_deserializer=linkpass_dot_v1_dot_control__pb2.WatchEventsResponse.FromString,
+                _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/linkpass.v1.ControlService/Drain',
+                request_serializer=linkpass_dot_v1_dot_control__pb2.DrainRequest.SerializeToString,
+                response_deserializer=linkpass_dot_v1_dot_control__pb2.DrainResponse.FromString,
+                _registered_method=True)
+        self.Undrain = channel.unary_unary(
+                '/linkpass.v1.ControlService/Undrain',
+                request_serializer=linkpass_dot_v1_dot_control__pb2.UndrainRequest.SerializeToString,
+                response_deserializer=linkpass_dot_v1_dot_control__pb2.UndrainResponse.FromString,
+                _registered_method=True)
+        self.WatchHealth = channel.unary_stream(
+                '/linkpass.v1.ControlService/WatchHealth',
+                request_serializer=linkpass_dot_v1_dot_control__pb2.WatchHealthRequest.SerializeToString,
+                response_deserializer=linkpass_dot_v1_dot_control__pb2.WatchHealthResponse.FromString,
                 _registered_method=True)
 
 
-class ControlServicer:
-    """Control is the local operator interface of one linkpassd.
+class ControlServiceServicer:
+    """ControlService is the local operator interface of one linkpassd.
+    (Named `Control` before 0.2.0; see proto/README.md for the compatibility
+    check against the last release.)
+
+    Who may call what: the daemon reads the caller's credentials from the Unix
+    socket (SO_PEERCRED). Reading needs access to the socket (its group,
+    [control] group, default "linkpass"). Drain and Undrain need root or
+    membership of [control] admin_group; others get PERMISSION_DENIED with a
+    message that names the rule.
     """
 
     def GetStatus(self, request, context):
@@ -85,8 +126,51 @@ class ControlServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListEvents(self, request, context):
+        """ListEvents returns the events the daemon still holds (the last
+        [daemon] event_buffer of this boot) after a sequence number.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
-def add_ControlServicer_to_server(servicer, server):
+    def WatchEvents(self, request, context):
+        """WatchEvents streams the held events after a sequence number, then every
+        new one as it happens, in sequence order. A reader too slow to keep up
+        is told how many it missed (`missed`), never silently skipped.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drain(self, request, context):
+        """Drain takes a port out of service: it is judged DEGRADED (traffic leaves
+        it while a healthy alternative exists) until Undrain or `duration`
+        passes. Persisted: a restart keeps it. Draining a drained port replaces
+        the drain. Errors: NOT_FOUND (not a rail's port), INVALID_ARGUMENT (no
+        reason, bad duration), PERMISSION_DENIED (see above).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Undrain(self, request, context):
+        """Undrain ends a drain. NOT_FOUND when the port is not drained.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchHealth(self, request, context):
+        """WatchHealth sends the host's health document (what /run/linkpass/
+        health.json holds) now, then again on every change.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -101,18 +185,51 @@ def add_ControlServicer_to_server(servicer, server):
             'ExplainPort': grpc.unary_unary_rpc_method_handler(
                     servicer.ExplainPort,
                     request_deserializer=linkpass_dot_v1_dot_control__pb2.ExplainPortRequest.FromString,
-                    response_serializer=linkpass_dot_v1_dot_control__pb2.Explanation.SerializeToString,
+                    response_serializer=linkpass_dot_v1_dot_control__pb2.ExplainPortResponse.SerializeToString,
+            ),
+            'ListEvents': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListEvents,
+                    request_deserializer=linkpass_dot_v1_dot_control__pb2.ListEventsRequest.FromString,
+                    response_serializer=linkpass_dot_v1_dot_control__pb2.ListEventsResponse.SerializeToString,
+            ),
+            'WatchEvents': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchEvents,
+                    request_deserializer=linkpass_dot_v1_dot_control__pb2.WatchEventsRequest.FromString,
+                    response_serializer=linkpass_dot_v1_dot_control__pb2.WatchEventsResponse.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=linkpass_dot_v1_dot_control__pb2.DrainRequest.FromString,
+                    response_serializer=linkpass_dot_v1_dot_control__pb2.DrainResponse.SerializeToString,
+            ),
+            'Undrain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Undrain,
+                    request_deserializer=linkpass_dot_v1_dot_control__pb2.UndrainRequest.FromString,
+                    response_serializer=linkpass_dot_v1_dot_control__pb2.UndrainResponse.SerializeToString,
+            ),
+            'WatchHealth': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchHealth,
+                    request_deserializer=linkpass_dot_v1_dot_control__pb2.WatchHealthRequest.FromString,
+                    response_serializer=linkpass_dot_v1_dot_control__pb2.WatchHealthResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
-            'linkpass.v1.Control', rpc_method_handlers)
+            'linkpass.v1.ControlService', rpc_method_handlers)
     server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('linkpass.v1.Control', rpc_method_handlers)
+    server.add_registered_method_handlers('linkpass.v1.ControlService', rpc_method_handlers)
 
 
  # This class is part of an EXPERIMENTAL API.
-class Control:
-    """Control is the local operator interface of one linkpassd.
+class ControlService:
+    """ControlService is the local operator interface of one linkpassd.
+    (Named `Control` before 0.2.0; see proto/README.md for the compatibility
+    check against the last release.)
+
+    Who may call what: the daemon reads the caller's credentials from the Unix
+    socket (SO_PEERCRED). Reading needs access to the socket (its group,
+    [control] group, default "linkpass"). Drain and Undrain need root or
+    membership of [control] admin_group; others get PERMISSION_DENIED with a
+    message that names the rule.
     """
 
     @staticmethod
@@ -129,7 +246,7 @@ class Control:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/linkpass.v1.Control/GetStatus',
+            '/linkpass.v1.ControlService/GetStatus',
             linkpass_dot_v1_dot_control__pb2.GetStatusRequest.SerializeToString,
             linkpass_dot_v1_dot_control__pb2.GetStatusResponse.FromString,
             options,
@@ -156,7 +273,7 @@ class Control:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/linkpass.v1.Control/ListLinks',
+            '/linkpass.v1.ControlService/ListLinks',
             linkpass_dot_v1_dot_control__pb2.ListLinksRequest.SerializeToString,
             linkpass_dot_v1_dot_control__pb2.ListLinksResponse.FromString,
             options,
@@ -183,9 +300,144 @@ class Control:
         return grpc.experimental.unary_unary(
             request,
             target,
-            '/linkpass.v1.Control/ExplainPort',
+            '/linkpass.v1.ControlService/ExplainPort',
             linkpass_dot_v1_dot_control__pb2.ExplainPortRequest.SerializeToString,
-            linkpass_dot_v1_dot_control__pb2.Explanation.FromString,
+            linkpass_dot_v1_dot_control__pb2.ExplainPortResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/linkpass.v1.ControlService/ListEvents',
+            linkpass_dot_v1_dot_control__pb2.ListEventsRequest.SerializeToString,
+            linkpass_dot_v1_dot_control__pb2.ListEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchEvents(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/linkpass.v1.ControlService/WatchEvents',
+            linkpass_dot_v1_dot_control__pb2.WatchEventsRequest.SerializeToString,
+            linkpass_dot_v1_dot_control__pb2.WatchEventsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/linkpass.v1.ControlService/Drain',
+            linkpass_dot_v1_dot_control__pb2.DrainRequest.SerializeToString,
+            linkpass_dot_v1_dot_control__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Undrain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/linkpass.v1.ControlService/Undrain',
+            linkpass_dot_v1_dot_control__pb2.UndrainRequest.SerializeToString,
+            linkpass_dot_v1_dot_control__pb2.UndrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchHealth(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/linkpass.v1.ControlService/WatchHealth',
+            linkpass_dot_v1_dot_control__pb2.WatchHealthRequest.SerializeToString,
+            linkpass_dot_v1_dot_control__pb2.WatchHealthResponse.FromString,
             options,
             channel_credentials,
             insecure,
