@@ -11,9 +11,12 @@ Pure: the daemon's adapters write the file and give the times.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
-from linkpassd.core.model import Verdict
+from linkpassd.core.model import PortState, RailConfig, Verdict
 
 FORMAT_VERSION = 1
 
@@ -44,3 +47,236 @@ class HealthDoc:
     valid_until: float  # unix time; later than this without a newer one: stale
     pid: int  # the daemon's
     ports: tuple[PortHealthRow, ...]
+
+
+class HealthDocError(ValueError):
+    """A health document is not usable; the message names the bad field."""
+
+
+# --------------------------------------------------------------------------
+# Building (the daemon)
+# --------------------------------------------------------------------------
+
+
+def build(hostname: str, boot_id: str, generation: int, written_at: float, valid_s: float,
+          pid: int, rails: Sequence[RailConfig], states: Mapping[str, PortState],
+          rdma: Mapping[str, tuple[str, int]]) -> HealthDoc:
+    """The document for the port states the policy acts on right now.
+
+    `states` are keyed by netdev and carry `since` in unix time and `drain`
+    for drained ports (core.drain.apply), so a launcher sees exactly the
+    verdicts that move the host's traffic.  One row per rail, in config order
+    (the order an operator wrote, which is also the order NCCL_IB_HCA lists
+    them).  A rail whose port has no state yet is listed unjudged (verdict
+    None, not usable) rather than left out, so a reader can tell "not judged
+    yet" from "not a rail".
+    """
+    if not valid_s > 0 or not math.isfinite(valid_s):
+        raise ValueError(f"valid_s must be a positive number of seconds, not {valid_s!r}")
+    rows = []
+    for rail in rails:
+        state = states.get(rail.port)
+        device, device_port = rdma.get(rail.port, ("", 0))
+        if state is None:
+            rows.append(PortHealthRow(port=rail.port, rail=rail.name, rdma_device=device,
+                                      rdma_port=device_port, verdict=None, since=0.0,
+                                      reason="not judged yet", drained=False))
+            continue
+        rows.append(PortHealthRow(port=rail.port, rail=rail.name, rdma_device=device,
+                                  rdma_port=device_port, verdict=state.verdict, since=state.since,
+                                  reason=state.evidence[0] if state.evidence else state.phase,
+                                  drained=state.drain is not None))
+    return HealthDoc(hostname=hostname, boot_id=boot_id, generation=generation,
+                     written_at=written_at, valid_until=written_at + valid_s, pid=pid,
+                     ports=tuple(rows))
+
+
+def stopped(doc: HealthDoc, now: float) -> HealthDoc:
+    """The last document a cleanly stopping daemon writes: the same rows, but
+    already past its validity (valid_until == written_at == now), so readers
+    refuse it at once instead of trusting it until the old valid_until.  It
+    is a newer document, so its generation is one more."""
+    return replace(doc, generation=doc.generation + 1, written_at=now, valid_until=now)
+
+
+# --------------------------------------------------------------------------
+# JSON (health.json): what launchers read without a socket
+# --------------------------------------------------------------------------
+
+
+def to_json(doc: HealthDoc) -> dict[str, Any]:
+    """The document as JSON-ready values.  `usable` is derived but written out,
+    so a launcher reading the file with jq needs none of linkpass's rules."""
+    return {
+        "format": FORMAT_VERSION,
+        "hostname": doc.hostname,
+        "boot_id": doc.boot_id,
+        "generation": doc.generation,
+        "written_at": doc.written_at,
+        "valid_until": doc.valid_until,
+        "pid": doc.pid,
+        "ports": [{
+            "port": row.port,
+            "rail": row.rail,
+            "rdma_device": row.rdma_device,
+            "rdma_port": row.rdma_port,
+            "verdict": None if row.verdict is None else row.verdict.value,
+            "since": row.since,
+            "reason": row.reason,
+            "drained": row.drained,
+            "usable": row.usable,
+        } for row in doc.ports],
+    }
+
+
+def from_json(obj: object) -> HealthDoc:
+    """A document read back (by linkpassctl nccl-env, or any tool); HealthDocError
+    naming the bad field otherwise.  Keys it does not know are ignored (a newer
+    daemon of the same format may add some); a newer format is refused."""
+    if not isinstance(obj, dict):
+        raise HealthDocError(f"expected a JSON object, got {type(obj).__name__}")
+    fmt = _field(obj, "format", int)
+    if fmt != FORMAT_VERSION:
+        raise HealthDocError(f"format: {fmt} is not the format this version reads ({FORMAT_VERSION})")
+    ports = _field(obj, "ports", list)
+    rows = tuple(_row(item, f"ports[{i}]") for i, item in enumerate(ports))
+    seen: set[str] = set()
+    for i, row in enumerate(rows):
+        if row.rail in seen:
+            raise HealthDocError(f"ports[{i}].rail: {row.rail!r} is listed twice")
+        seen.add(row.rail)
+    generation = _field(obj, "generation", int)
+    if generation < 0:
+        raise HealthDocError(f"generation: must not be negative, got {generation}")
+    return HealthDoc(hostname=_field(obj, "hostname", str), boot_id=_field(obj, "boot_id", str),
+                     generation=generation, written_at=_field(obj, "written_at", float),
+                     valid_until=_field(obj, "valid_until", float), pid=_field(obj, "pid", int),
+                     ports=rows)
+
+
+def _row(item: object, where: str) -> PortHealthRow:
+    if not isinstance(item, dict):
+        raise HealthDocError(f"{where}: expected an object, got {type(item).__name__}")
+    verdict_text = _field(item, "verdict", str, where, nullable=True)
+    if verdict_text is None:
+        verdict = None
+    else:
+        try:
+            verdict = Verdict(verdict_text)
+        except ValueError:
+            raise HealthDocError(f"{where}.verdict: {verdict_text!r} is not one of "
+                                 f"{', '.join(v.value for v in Verdict)} or null") from None
+    port = _field(item, "port", str, where)
+    if not port:
+        raise HealthDocError(f"{where}.port: must not be empty")
+    rdma_port = _field(item, "rdma_port", int, where)
+    if rdma_port < 0:
+        raise HealthDocError(f"{where}.rdma_port: must not be negative, got {rdma_port}")
+    return PortHealthRow(port=port, rail=_field(item, "rail", str, where),
+                         rdma_device=_field(item, "rdma_device", str, where), rdma_port=rdma_port,
+                         verdict=verdict, since=_field(item, "since", float, where),
+                         reason=_field(item, "reason", str, where),
+                         drained=_field(item, "drained", bool, where))
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false",
+               list: "a list"}
+
+
+def _field(obj: dict, key: str, kind: type, where: str = "", nullable: bool = False) -> Any:
+    """obj[key] checked against `kind` (bool is not a number here; an int is a
+    float; a float must be finite), HealthDocError naming `where.key` otherwise."""
+    name = f"{where}.{key}" if where else key
+    if key not in obj:
+        raise HealthDocError(f"{name}: missing")
+    value = obj[key]
+    if value is None and nullable:
+        return None
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        value = float(value) if ok else value
+    if not ok:
+        expected = _TYPE_NAMES[kind] + (" or null" if nullable else "")
+        raise HealthDocError(f"{name}: expected {expected}, got {value!r}"[:200])
+    return value
+
+
+# --------------------------------------------------------------------------
+# Reading (launchers)
+# --------------------------------------------------------------------------
+
+
+def staleness(doc: HealthDoc, now: float, pid_alive: bool | None) -> str | None:
+    """Why `doc` must not be trusted at `now`, or None when it is fresh.
+
+    Two rules, either suffices: the daemon promised a newer document before
+    `valid_until` and none came (it is gone, stuck, or stopped cleanly, which
+    writes valid_until == written_at); or the process that wrote it is gone
+    (`pid_alive` False: seen at once, without waiting for valid_until).
+    `pid_alive` None means the reader cannot tell (another PID namespace, say);
+    the time rule still holds.
+    """
+    if doc.valid_until <= doc.written_at:
+        return f"linkpassd stopped at {doc.written_at:.0f} (unix time); its health data is not current"
+    if pid_alive is False:
+        return f"written by linkpassd pid {doc.pid}, which is no longer running"
+    if now > doc.valid_until:
+        return (f"not rewritten for {now - doc.written_at:.1f}s (valid until {doc.valid_until:.0f}, "
+                f"now {now:.0f}, unix time): linkpassd is gone or stuck")
+    return None
+
+
+def nccl_env(doc: HealthDoc) -> dict[str, str]:
+    """NCCL_IB_HCA and NCCL_SOCKET_IFNAME listing only the usable ports, in rail order.
+
+    NCCL's documented syntax (NCCL user guide, "Environment Variables"): both
+    take a comma-separated list of name prefixes; a leading `^` makes it an
+    exclude list; a leading `=` makes every token an exact name instead of a
+    prefix, and `device:port` selects one port of an HCA.  Without `=`,
+    `mlx5_1` also selects mlx5_10..mlx5_19, so we always write `=`:
+    `NCCL_IB_HCA==mlx5_0:1,mlx5_3:1` and `NCCL_SOCKET_IFNAME==eth0,eth3`.
+
+    An empty list is never written: NCCL parses it to zero entries and then
+    matches *every* device (matchIfList: "no user list is defined" -> true),
+    i.e. `NCCL_IB_HCA==` would hand the job the bad NICs too.  So when no port
+    is usable, or the host has RDMA ports and none of them is usable, this
+    returns {} and `nccl_env_refusal` says why; the caller must not start the
+    job on this advice (linkpassctl nccl-env exits NO_USABLE).  On a host
+    without any RDMA device only NCCL_SOCKET_IFNAME is given.
+    """
+    if nccl_env_refusal(doc) is not None:
+        return {}
+    usable = [row for row in doc.ports if row.usable]
+    env = {}
+    hcas = [f"{row.rdma_device}:{row.rdma_port}" for row in usable if row.rdma_device]
+    if hcas:
+        env["NCCL_IB_HCA"] = "=" + ",".join(_unique(hcas))
+    env["NCCL_SOCKET_IFNAME"] = "=" + ",".join(_unique([row.port for row in usable]))
+    return env
+
+
+def nccl_env_refusal(doc: HealthDoc) -> str | None:
+    """Why `nccl_env` gives nothing (None when it gives a device list): one
+    line naming every port and what is wrong with it."""
+    usable = [row for row in doc.ports if row.usable]
+    if not usable:
+        detail = "; ".join(f"{row.port} {_state_text(row)}" for row in doc.ports) or "no rail ports"
+        return f"no usable port on {doc.hostname}: {detail}"
+    if any(row.rdma_device for row in doc.ports) and not any(row.rdma_device for row in usable):
+        detail = "; ".join(f"{row.rdma_device}:{row.rdma_port} ({row.port}) {_state_text(row)}"
+                           for row in doc.ports if row.rdma_device)
+        return f"no usable RDMA port on {doc.hostname}: {detail}"
+    return None
+
+
+def _state_text(row: PortHealthRow) -> str:
+    if row.verdict is None:
+        return "not judged yet"
+    state = f"{row.verdict.value}, drained" if row.drained else row.verdict.value
+    return f"{state} ({row.reason})" if row.reason else state
+
+
+def _unique(items: list[str]) -> list[str]:
+    """In order, without repeats (two rails may share a port)."""
+    return list(dict.fromkeys(items))

@@ -1,0 +1,94 @@
+"""`linkpassctl nccl-env`: the NCCL device lists a launcher starts a job with.
+
+Reads health.json, not the control socket, so a launcher running as any user
+(or in a container with /run/linkpass mounted) needs no group membership.
+It refuses rather than guesses: a missing, unreadable or stale file exits
+STALE (the launcher falls back to its static NIC list, linkpass being
+absent), and a host with no usable port exits NO_USABLE with nothing on
+stdout (every NIC is bad: do not start here).  See docs/launchers.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import time
+
+import click
+
+from linkpassd.adapters.healthfile import HealthFile, HealthFileError
+from linkpassd.core import healthdoc
+from linkpassd.ctl.exitcodes import ExitCode
+
+DEFAULT_HEALTH_FILE = "/run/linkpass/health.json"
+
+
+class NcclEnvError(click.ClickException):
+    """One line on stderr and the exit code a launcher branches on."""
+
+    def __init__(self, message: str, exit_code: ExitCode) -> None:
+        super().__init__(message)
+        self.exit_code = int(exit_code)
+
+    def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
+        click.echo(f"linkpassctl: nccl-env: {self.format_message()}", err=True)
+
+
+def pid_alive(pid: int) -> bool | None:
+    """Whether process `pid` exists here; None when this process cannot tell."""
+    if pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else (root)
+    except OSError:
+        return None
+    return True
+
+
+def render(env: dict[str, str], doc: healthdoc.HealthDoc, fmt: str) -> str:
+    """The variables as `NAME=value` lines, `export NAME=value` lines (shell-quoted),
+    or one JSON object with the document they came from."""
+    if fmt == "json":
+        return json.dumps({"env": env, "hostname": doc.hostname, "boot_id": doc.boot_id,
+                           "generation": doc.generation, "written_at": doc.written_at},
+                          sort_keys=True)
+    if fmt == "export":
+        return "\n".join(f"export {name}={shlex.quote(value)}" for name, value in env.items())
+    return "\n".join(f"{name}={value}" for name, value in env.items())
+
+
+@click.command("nccl-env")
+@click.option("--file", "path", metavar="PATH", default=DEFAULT_HEALTH_FILE, show_default=True,
+              envvar="LINKPASS_HEALTH_FILE", show_envvar=True, help="linkpassd's health document.")
+@click.option("--format", "fmt", type=click.Choice(["env", "export", "json"]), default="env",
+              show_default=True,
+              help="env: NAME=value lines; export: for eval in a shell; json: for programs.")
+@click.option("--no-pid-check", is_flag=True,
+              help="Do not check that the daemon's pid is alive (this process is in another "
+                   "PID namespace); the file's valid_until still applies.")
+def nccl_env(path: str, fmt: str, no_pid_check: bool) -> None:
+    """NCCL_IB_HCA and NCCL_SOCKET_IFNAME naming only this host's usable ports.
+
+    Exact-match syntax (a leading '='), in rail order, e.g.
+    NCCL_IB_HCA==mlx5_0:1,mlx5_3:1 and NCCL_SOCKET_IFNAME==eth0,eth3.
+    Use before starting a job: eval "$(linkpassctl nccl-env --format export)".
+    Exits 6 when the health file is missing, unreadable or stale (linkpassd gone),
+    7 when no port is usable (stdout stays empty).
+    """
+    try:
+        doc = HealthFile(path).read()
+    except HealthFileError as exc:
+        raise NcclEnvError(str(exc), ExitCode.STALE) from None
+    alive = None if no_pid_check else pid_alive(doc.pid)
+    stale = healthdoc.staleness(doc, time.time(), alive)
+    if stale is not None:
+        raise NcclEnvError(f"{path}: {stale}", ExitCode.STALE)
+    env = healthdoc.nccl_env(doc)
+    if not env:
+        raise NcclEnvError(healthdoc.nccl_env_refusal(doc) or "no usable port", ExitCode.NO_USABLE)
+    click.echo(render(env, doc, fmt))

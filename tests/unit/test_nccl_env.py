@@ -1,0 +1,149 @@
+"""`linkpassctl nccl-env` through the real CLI, on health files written here."""
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import replace
+
+import pytest
+from click.testing import CliRunner
+
+from linkpassd.adapters.healthfile import HealthFile
+from linkpassd.core import drain as drains
+from linkpassd.core import healthdoc
+from linkpassd.core.model import Drain, PortState, Verdict
+from linkpassd.ctl import main as ctl
+from linkpassd.ctl.exitcodes import ExitCode
+from tests.unit.corefixtures import ports, rails_config
+
+RDMA = {"eth0": ("mlx5_0", 1), "eth1": ("mlx5_1", 1), "eth2": ("mlx5_3", 1)}
+
+
+def write_doc(path, states=None, rdma=RDMA, written_at=None, valid_s=300.0, pid=None, n=3):
+    config = rails_config(n)
+    doc = healthdoc.build("gpu17", "boot-1", 3, time.time() if written_at is None else written_at,
+                          valid_s, os.getpid() if pid is None else pid, config.rails,
+                          ports(config) if states is None else states, rdma)
+    HealthFile(str(path)).write(doc)
+    return doc
+
+
+def run(*args, env=None):
+    return CliRunner().invoke(ctl.cli, ["nccl-env", *args], env=env)
+
+
+def down(name, reason="carrier lost"):
+    return PortState(name, Verdict.DOWN, False, "DOWN", since=1.0, evidence=(reason,))
+
+
+def test_prints_exact_match_lists_of_the_usable_ports(tmp_path):
+    path = tmp_path / "health.json"
+    config = rails_config(3)
+    write_doc(path, states=ports(config, eth1=down("eth1")))
+    result = run("--file", str(path))
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "NCCL_IB_HCA==mlx5_0:1,mlx5_3:1\nNCCL_SOCKET_IFNAME==eth0,eth2\n"
+    assert result.stderr == ""
+
+
+def test_a_drained_port_is_left_out(tmp_path):
+    path = tmp_path / "health.json"
+    config = rails_config(3)
+    states = drains.apply(ports(config), {"eth0": Drain("eth0", "optic swap", "root (uid 0)", 1.0)})
+    write_doc(path, states=states)
+    assert run("--file", str(path)).stdout == ("NCCL_IB_HCA==mlx5_1:1,mlx5_3:1\n"
+                                               "NCCL_SOCKET_IFNAME==eth1,eth2\n")
+
+
+def test_export_format_survives_a_real_shell_eval(tmp_path):
+    path = tmp_path / "health.json"
+    config = rails_config(2)
+    odd = "eth$(touch x)'1"  # not a real netdev name; the quoting must hold anyway
+    states = {"eth0": ports(config)["eth0"], odd: PortState(odd, Verdict.UP, True, "UP", 1.0)}
+    rails = (config.rails[0], replace(config.rails[1], port=odd))
+    doc = healthdoc.build("gpu17", "b", 1, time.time(), 300.0, os.getpid(), rails, states, RDMA)
+    HealthFile(str(path)).write(doc)
+    result = run("--file", str(path), "--format", "export")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("export NCCL_IB_HCA==mlx5_0:1\nexport NCCL_SOCKET_IFNAME=")
+    shell = subprocess.run(["bash", "-c", 'eval "$1"; printf "%s|%s" "$NCCL_IB_HCA" "$NCCL_SOCKET_IFNAME"',
+                            "-", result.stdout], capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert shell.stdout == f"=mlx5_0:1|=eth0,{odd}"
+    assert not (tmp_path / "x").exists()
+
+
+def test_json_format_names_the_document(tmp_path):
+    path = tmp_path / "health.json"
+    doc = write_doc(path)
+    result = run("--file", str(path), "--format", "json")
+    assert json.loads(result.stdout) == {
+        "env": {"NCCL_IB_HCA": "=mlx5_0:1,mlx5_1:1,mlx5_3:1", "NCCL_SOCKET_IFNAME": "=eth0,eth1,eth2"},
+        "hostname": "gpu17", "boot_id": "boot-1", "generation": 3, "written_at": doc.written_at}
+
+
+def test_the_file_can_be_named_by_environment(tmp_path):
+    path = tmp_path / "elsewhere.json"
+    write_doc(path)
+    result = run(env={"LINKPASS_HEALTH_FILE": str(path)})
+    assert result.exit_code == 0 and "NCCL_SOCKET_IFNAME==eth0,eth1,eth2" in result.stdout
+
+
+def test_no_usable_port_exits_no_usable_with_nothing_on_stdout(tmp_path):
+    path = tmp_path / "health.json"
+    config = rails_config(2)
+    write_doc(path, states=ports(config, eth0=down("eth0"), eth1=down("eth1", "probe loss 40%")), n=2)
+    result = run("--file", str(path))
+    assert result.exit_code == ExitCode.NO_USABLE == 7
+    assert result.stdout == ""
+    assert result.stderr == ("linkpassctl: nccl-env: no usable port on gpu17: eth0 DOWN (carrier lost); "
+                             "eth1 DOWN (probe loss 40%)\n")
+
+
+def test_a_file_past_valid_until_is_refused_as_stale(tmp_path):
+    path = tmp_path / "health.json"
+    write_doc(path, written_at=time.time() - 100, valid_s=5.0)
+    result = run("--file", str(path))
+    assert result.exit_code == ExitCode.STALE == 6
+    assert result.stdout == ""
+    assert result.stderr.startswith(f"linkpassctl: nccl-env: {path}: not rewritten for ")
+    assert result.stderr.count("\n") == 1
+
+
+def test_a_file_of_a_dead_daemon_is_stale_at_once_unless_the_pid_cannot_be_checked(tmp_path):
+    path = tmp_path / "health.json"
+    gone = subprocess.Popen(["true"])
+    gone.wait(timeout=30)
+    write_doc(path, pid=gone.pid)
+    result = run("--file", str(path))
+    assert result.exit_code == ExitCode.STALE
+    assert f"pid {gone.pid}, which is no longer running" in result.stderr
+    # In another PID namespace the pid means nothing: only valid_until applies.
+    assert run("--file", str(path), "--no-pid-check").exit_code == 0
+
+
+def test_a_file_marked_stopped_is_refused(tmp_path):
+    path = tmp_path / "health.json"
+    hf = HealthFile(str(path))
+    hf.mark_stopped(write_doc(path))
+    result = run("--file", str(path))
+    assert result.exit_code == ExitCode.STALE and "linkpassd stopped at" in result.stderr
+
+
+@pytest.mark.parametrize("content, named", [
+    (None, "no such file"),
+    (b"not json", "not JSON"),
+    (b'{"format": 1, "hostname": "h"}', "ports: missing"),
+])
+def test_a_missing_or_unreadable_file_exits_stale_naming_why(tmp_path, content, named):
+    path = tmp_path / "health.json"
+    if content is not None:
+        path.write_bytes(content)
+    result = run("--file", str(path))
+    assert result.exit_code == ExitCode.STALE
+    assert result.stdout == ""
+    assert str(path) in result.stderr and named in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_a_bad_format_option_is_a_usage_error(tmp_path):
+    assert run("--format", "yaml").exit_code == ExitCode.USAGE
