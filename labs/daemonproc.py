@@ -22,11 +22,13 @@ def rail_config_toml(socket_path: str, run_dir: str, rails: Iterable, *, rise: i
                      multipath: str | None = "198.18.128.0/17", buckets: int = 8,
                      log_level: str = "info", extra: str = "", bfd: bool = False,
                      probe_peers: Sequence[Sequence[str]] = (),
-                     multipath_rails: Sequence[int] | None = None) -> str:
+                     multipath_rails: Sequence[int] | None = None,
+                     daemon_extra: str = "") -> str:
     """A linkpassd config for rails with .port/.address/.gateway/.prefixlen;
     every rail backs up the others, in order. `extra` is more TOML (sections);
     `probe_peers[i]` are rail i's echo peers (`[probes]` goes in `extra`);
-    the multipath group spans `multipath_rails` (indexes; default: all)."""
+    the multipath group spans `multipath_rails` (indexes; default: all);
+    `daemon_extra` is more `[daemon]` keys."""
     rails = list(rails)
     names = [f"rail{i}" for i in range(len(rails))]
     out = [
@@ -35,6 +37,7 @@ def rail_config_toml(socket_path: str, run_dir: str, rails: Iterable, *, rise: i
         f'run_dir = "{run_dir}"',
         f'state_dir = "{run_dir}/state"',
         f'log_level = "{log_level}"',
+        *([daemon_extra.strip()] if daemon_extra.strip() else []),
         "[timers]",
         f"rise = {rise}",
         f"hold_down_s = {hold_down_s}",

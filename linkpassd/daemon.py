@@ -44,10 +44,12 @@ from linkpassd.adapters.links import LinkEvent, LinkMonitor, LinkSnapshot
 from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.sensor import Sensor
 from linkpassd.adapters.watchdog import Watchdog
+from linkpassd.operations import DrainCommand, Operations, cause_of
+from linkpassd.persist import ECHO_SIGNAL, StateFiles
 from linkpassd.status import StatusReport
 from linkpassd.wiring import EchoSpec, bfd_specs, echo_spec, make_sensor, sync_bfd
-from linkpassd.adapters.statefile import StateFileError, read_json, write_json_atomic
-from linkpassd.core import alloc, apply, bfd, carried, health, plan, policy
+from linkpassd.core import alloc, apply, bfd, carried, drain, health, plan, policy
+from linkpassd.core.events import EventKind, Severity
 from linkpassd.core.probe import rail_assessment
 from linkpassd.core.signals import bfd_assessment
 from linkpassd.core.model import (Assessment, Config, CounterSample, KernelState, LinkSample, Op,
@@ -56,8 +58,6 @@ from linkpassd.core.model import (Assessment, Config, CounterSample, KernelState
 log = structlog.get_logger("linkpassd")
 
 DEFAULT_CONFIG = "/etc/linkpass/linkpassd.toml"
-VERDICT_FILE = "verdicts.json"  # in the state directory
-ALLOCATION_FILE = "allocation.json"  # in the state directory: ids, priorities, tables by name
 BFD_RETRY_S = 1.0  # a BFD session that could not start (port missing) is retried this often
 SENSOR_RETIRE_S = 30.0  # a replaced sensor is closed this long after the reload
 
@@ -86,7 +86,6 @@ class EchoChange:
     port: str
 
 
-ECHO_SIGNAL = "echo"  # the health signal that combines a rail's echo paths
 
 
 @dataclass(frozen=True)
@@ -103,7 +102,7 @@ class ShutdownRequested(Exception):
     pass
 
 
-class Daemon(StatusReport):
+class Daemon(StateFiles, Operations, StatusReport):
     def __init__(self, config: Config, config_path: str | None = None,
                  clock=time.monotonic, wallclock=time.time):
         self.config = config
@@ -151,6 +150,7 @@ class Daemon(StatusReport):
         self.watchdog = Watchdog.from_environment(clock)  # WatchdogSec= from systemd, if any
         self.allocation: alloc.Allocation | None = None  # None: a fresh start's numbering
         self.saved_allocation: alloc.Allocation | None = None  # what allocation.json says now
+        self._init_operations()
 
     # ------------------------------------------------------------------ tasks
 
@@ -172,11 +172,21 @@ class Daemon(StatusReport):
         observed = await self._observe_at_start()
         self._load_allocation(observed)
         self._adopt(observed)
+        self._load_drains()
+        self._refresh_rdma()
+        self._open_health_file()
+        self._start_metrics(loop)
         control = ControlServer(self.config.control_socket, self.status,
-                                explain_provider=self.explain)
+                                explain_provider=self.explain, events=self.events,
+                                health=self.health_doc, drains=self,
+                                group=self.config.control_group,
+                                admin_group=self.config.admin_group)
         await control.start()
-        log.info("started", version=linkpassd.__version__, config=self.config.source,
-                 rails=len(self.config.rails), multipath=len(self.config.multipath))
+        self._emit(EventKind.STARTED, "started", message=f"linkpassd {linkpassd.__version__} started",
+                   version=linkpassd.__version__, config=self.config.source,
+                   rails=len(self.config.rails), multipath=len(self.config.multipath),
+                   boot_id=self.events.boot_id, drained=sorted(self.drains) or "none")
+        self._flush_events()
         try:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self.monitor.run(), name="links")
@@ -190,7 +200,13 @@ class Daemon(StatusReport):
             pass
         finally:
             sdnotify.notify("STOPPING=1")
+            self._emit(EventKind.STOPPED, "stopped", message="linkpassd stopped; routes left as "
+                       "they are (fail-static)")
+            self._flush_events()
+            self._health_stopped()
             await control.stop(0.5)
+            if self.metrics is not None:
+                self.metrics.close()
             self.sensor.close()
             # AdminDown tells the switch "shut down on purpose", not a path
             # failure (RFC 5882): our routes stay as they are (fail-static).
@@ -200,7 +216,6 @@ class Daemon(StatusReport):
                 self.echo.close()
             self.kernel.close()
             self.ipr.close()
-            log.info("stopped", note="routes left as they are (fail-static)")
 
     async def _observe_at_start(self) -> KernelState | None:
         """One read of what we own, for the allocation and adoption; None when
@@ -212,98 +227,6 @@ class Daemon(StatusReport):
             log.error("start_kernel_read_failed", error=repr(exc),
                       note="no adoption of failed-over tables; allocation from the file only")
             return None
-
-    def _adopt(self, observed: KernelState | None) -> None:
-        """What the last daemon knew: its verdict file, and rail tables the
-        kernel still routes through a backup. Such ports start as not trusted
-        (see core.carried); anything unreadable is reported and skipped."""
-        path = f"{self.config.state_dir}/{VERDICT_FILE}"
-        try:
-            doc = read_json(path)
-            if doc is not None:
-                self.carried = carried.decode(doc, self.wallclock())
-        except (StateFileError, carried.CarriedError) as exc:
-            self._state_problem(path, f"verdict file unusable, ignored: {exc}")
-        for port, why in (carried.failed_over(self.config, observed) if observed else {}).items():
-            known = self.carried.get(port)
-            if known is None:
-                self.carried[port] = carried.Carried(
-                    Verdict.DOWN, why, carried.probe_signals(self.config, port, ECHO_SIGNAL))
-        for port, c in self.carried.items():
-            log.warning("verdict_carried", port=port, rail=self._rail_of(port), verdict=str(c.verdict),
-                        awaiting=",".join(c.awaiting) or "-", reason=c.reason)
-
-    def _save_verdicts(self) -> None:
-        """Write the verdict file when a verdict (or what it awaits) changed:
-        after the kernel writes, so it never delays a failover."""
-        verdicts = {p: (h.verdict, h.reason, health.bad_signals(h, self.config.health)
-                        if h.verdict is not Verdict.UP else ())
-                    for p, h in self.health.items()}
-        if verdicts == self.saved_verdicts:
-            return
-        path = f"{self.config.state_dir}/{VERDICT_FILE}"
-        try:
-            write_json_atomic(path, carried.encode(verdicts, self.wallclock()))
-        except OSError as exc:
-            self._state_problem(path, f"cannot write the verdict file: {exc}")
-            return
-        self.saved_verdicts = verdicts
-        self.state_problems.pop(path, None)
-
-    def _load_allocation(self, observed: KernelState | None) -> None:
-        """Nexthop ids, rule priorities and auto tables by name (core.alloc),
-        from allocation.json; without a usable file, from what the kernel
-        shows, so a host upgraded from positional numbering renumbers nothing.
-        New numbers never take an id still in the kernel."""
-        path = f"{self.config.state_dir}/{ALLOCATION_FILE}"
-        previous = None
-        try:
-            doc = read_json(path)
-            if doc is not None:
-                previous = self.saved_allocation = alloc.Allocation.from_json(doc)
-        except (StateFileError, alloc.AllocationFileError) as exc:
-            self._state_problem(path, f"allocation file unusable, derived from the kernel "
-                                      f"instead: {exc}")
-        if previous is None and observed is not None:
-            previous = alloc.derive(self.config, observed)
-        reserved = alloc.kernel_ids(observed) if observed is not None else frozenset()
-        try:
-            allocation = alloc.allocate(self.config, previous, reserved)
-        except alloc.AllocationError as exc:
-            # What was kept no longer fits; numbering afresh beats not running
-            # (the config check guarantees a fresh start fits).
-            log.error("allocation_renumbered", error=str(exc))
-            allocation = alloc.allocate(self.config, None)
-        self.config = self._use_allocation(self.config, allocation)
-
-    async def _kernel_ids(self) -> frozenset[int]:
-        """Owned ids in the kernel now (a fresh dump; our view if that fails)."""
-        assert self.kernel is not None
-        try:
-            return alloc.kernel_ids(await self.kernel.observe(self.config.ownership))
-        except Exception as exc:  # noqa: BLE001 - fall back to what we know
-            log.warning("allocation_kernel_read_failed", error=repr(exc), fallback="last view")
-            return alloc.kernel_ids(self.kernel_view) if self.kernel_view else frozenset()
-
-    def _use_allocation(self, config: Config, allocation: alloc.Allocation) -> Config:
-        """Adopt `allocation`, write allocation.json if it changed (before any
-        kernel write that uses it), and return `config` with its auto tables
-        resolved. A write that fails is reported; the daemon goes on."""
-        self.allocation = allocation
-        path = f"{config.state_dir}/{ALLOCATION_FILE}"
-        if allocation != self.saved_allocation:
-            try:
-                write_json_atomic(path, allocation.to_json())
-                self.saved_allocation = allocation
-                self.state_problems.pop(path, None)
-            except OSError as exc:
-                self._state_problem(path, f"cannot write the allocation file: {exc}")
-        return alloc.resolve(config, allocation)
-
-    def _state_problem(self, path: str, detail: str) -> None:
-        if path not in self.state_problems:
-            log.error("state_file_problem", path=path, error=detail)
-            self.state_problems[path] = Problem("state", path, detail, self.wallclock())
 
     def _sync_bfd(self, now: float) -> None:
         """Sessions as the config says. One whose port is missing (a NIC fell
@@ -385,6 +308,11 @@ class Daemon(StatusReport):
             self._fail(f"unexpected {type(exc).__name__}: {exc}", now, exc_info=exc)
         finally:
             self._flush_logs()
+            self._flush_events()
+            self._publish_health(now)
+            for event in events:
+                if isinstance(event, DrainCommand) and not event.done.done():
+                    event.done.set_result(None)
 
     async def _handle(self, events: list, now: float) -> None:
         for event in events:
@@ -393,9 +321,13 @@ class Daemon(StatusReport):
                 raise ShutdownRequested
             if isinstance(event, Reload):
                 await self._reload(now)
+            elif isinstance(event, DrainCommand):
+                self._apply_drain_command(event)
             elif isinstance(event, LinkSnapshot):
                 if event.reason != "start":
                     self.needs_resync = True
+                    self._emit(EventKind.RESYNC, "links_resync", severity=Severity.WARNING,
+                               message=f"every link re-read ({event.reason})", reason=event.reason)
                 for sample in event.samples.values():
                     self._observe(sample, now)
             elif isinstance(event, LinkEvent):
@@ -405,6 +337,7 @@ class Daemon(StatusReport):
                     self._observe(sample, now)
                 if self.bfd_pending and now >= self.next_bfd_retry:
                     self._sync_bfd(now)
+                self._expire_drains()
             elif isinstance(event, (CounterReading, OpticsRead)):
                 self._observe_sensor(event, now)
             elif isinstance(event, BfdEvent):
@@ -486,9 +419,10 @@ class Daemon(StatusReport):
         judged = bfd_assessment(event.name, change.new.name, ever_up=change.ever_up, diag=diag,
                                 peer_state=change.remote_state.name,
                                 detection_s=event.detection_time_s, max_lag_s=event.max_lag_s)
-        self._later("bfd_session", port=port, rail=self._rail_of(port), peer=event.spec.peer,
-                    state=str(change.new), previous=str(change.old), diag=diag,
-                    judged=judged.status, lag_ms=round(event.max_lag_s * 1e3, 1))
+        self._emit(EventKind.SIGNAL, "bfd_session", port=port, rail=self._rail_of(port),
+                   message=f"BFD {event.name} on {port}: {change.old} -> {change.new} ({diag})",
+                   peer=event.spec.peer, state=str(change.new), previous=str(change.old),
+                   diag=diag, judged=judged.status, lag_ms=round(event.max_lag_s * 1e3, 1))
         before = self.health.get(port)
         if before is None:
             # The session changed before the port's first link sample: keep
@@ -511,8 +445,10 @@ class Daemon(StatusReport):
         # otherwise. Suspicions are counted per path (`echo_counters`).
         if judged.status != "suspect" and judged.status != self.echo_logged.get(port):
             self.echo_logged[port] = judged.status
-            self._later("echo_paths", port=port, rail=self._rail_of(port), judged=judged.status,
-                        detail=judged.detail, paths={a.signal: a.detail for a in paths})
+            self._emit(EventKind.SIGNAL, "echo_paths", port=port, rail=self._rail_of(port),
+                       message=f"echo paths of {port}: {judged.status}", judged=judged.status,
+                       detail=judged.detail,
+                       paths=" ".join(f"{a.signal}={a.detail!r}" for a in paths))
         self._set_health(before, health.observe_probe(before, ECHO_SIGNAL, judged, now,
                                                       self.config.timers, self.config.health))
 
@@ -588,12 +524,20 @@ class Daemon(StatusReport):
     def _set_health(self, before: health.PortHealth | None, after: health.PortHealth) -> None:
         self.health[after.port] = after
         if before is None or before.verdict != after.verdict:
-            self._later("port_verdict", port=after.port, rail=self._rail_of(after.port),
-                        verdict=str(after.verdict), phase=after.phase, reason=after.reason)
+            bad = after.verdict is not Verdict.UP
+            self._emit(EventKind.VERDICT, "port_verdict", port=after.port,
+                       rail=self._rail_of(after.port),
+                       severity=Severity.WARNING if bad else Severity.INFO,
+                       message=f"{after.port} is {after.verdict} ({after.reason})",
+                       verdict=str(after.verdict), phase=after.phase, reason=after.reason,
+                       previous=str(before.verdict) if before else "none",
+                       evidence=" | ".join(health.port_state(after, self.clock(), self.config.timers,
+                                                             self.config.health).evidence))
 
     def port_states(self, now: float) -> dict[str, PortState]:
-        return {p: health.port_state(h, now, self.config.timers, self.config.health)
-                for p, h in self.health.items()}
+        """As the policy sees them: a drained port is DEGRADED (core.drain)."""
+        return drain.apply({p: health.port_state(h, now, self.config.timers, self.config.health)
+                            for p, h in self.health.items()}, self.drains)
 
     def _rail_of(self, port: str) -> str:
         return next((r.name for r in self.config.rails if r.port == port), "")
@@ -603,15 +547,24 @@ class Daemon(StatusReport):
         for rail in new.rails:
             prev = old.get(rail.name)
             if prev is None or prev.active_rail != rail.active_rail:
-                self._later("rail_path", rail=rail.name, port=rail.port, table=rail.table,
-                         path=rail.active_rail or "none",
-                         previous=prev.active_rail if prev else "unknown")
+                moved = rail.active_rail != rail.name
+                h = self.health.get(rail.port)
+                self._emit(EventKind.RAIL_PATH, "rail_path", rail=rail.name, port=rail.port,
+                           severity=Severity.WARNING if moved else Severity.INFO,
+                           message=f"{rail.name} table {rail.table} via "
+                                   f"{rail.active_rail or 'no path'}",
+                           table=rail.table, path=rail.active_rail or "none",
+                           previous=prev.active_rail if prev else "unknown",
+                           cause=cause_of(h.reason if h else "", rail.port in self.drains))
         old_groups = {g.name: g for g in self.decision.groups} if self.decision else {}
         for group in new.groups:
             prev = old_groups.get(group.name)
             if prev is None or prev.members != group.members:
-                self._later("group_members", group=group.name, destination=group.destination,
-                         members=",".join(group.members) or "none")
+                self._emit(EventKind.GROUP_MEMBERS, "group_members",
+                           message=f"group {group.name} ({group.destination}): "
+                                   f"{','.join(group.members) or 'no members'}",
+                           group=group.name, destination=group.destination,
+                           members=",".join(group.members) or "none")
 
     async def _reconcile(self, decision: policy.Decision, now: float) -> None:
         """Apply the plan one object at a time (core.apply): a write the
@@ -619,6 +572,7 @@ class Daemon(StatusReport):
         backoff, so one foreign object or refused write never holds up the
         failover of another rail."""
         assert self.kernel is not None
+        started, writes_before = self.clock(), self.kernel.writes
         reread = self.needs_resync or self.kernel_view is None
         if reread:
             try:
@@ -664,6 +618,8 @@ class Daemon(StatusReport):
             self.next_resync = now + self.config.timers.resync_interval_s
         self.reconciles += 1
         self.consecutive_failures = 0
+        if self.metrics is not None:
+            self.metrics.on_reconcile(self.clock() - started, self.kernel.writes - writes_before)
         self.last_reconcile_at = self.wallclock()
         if not self.failures and self.last_error:
             log.info("error_cleared", error=self.last_error, note="every write succeeded")
@@ -680,8 +636,9 @@ class Daemon(StatusReport):
         self.foreign = tuple((f, before.get(str(f), now)) for f in foreign)
         for f, _since in self.foreign:
             if str(f) not in before:
-                log.warning("foreign_object", kind=f.kind, protocol=f.protocol, object=str(f),
-                            note="inside an owned range; left alone")
+                self._emit(EventKind.CONFLICT, "foreign_object", severity=Severity.WARNING,
+                           message=f"foreign {f.kind} inside an owned range, left alone: {f}",
+                           kind=f.kind, protocol=f.protocol, object=str(f))
 
     def _refused(self, op: Op, exc: KernelOpError, now: float) -> None:
         """The kernel refused `op` against a fresh view: remember it, retry it
@@ -698,6 +655,10 @@ class Daemon(StatusReport):
         if previous is None or previous.error != failure.error:
             log.error("write_refused", op=apply.describe(op), error=str(exc),
                       conflict=foreign, retry_s=round(failure.retry_at - now, 1))
+            if foreign:
+                self._emit(EventKind.CONFLICT, "write_conflict", severity=Severity.ERROR,
+                           message=f"{apply.describe(op)}: a foreign object is in the way",
+                           op=apply.describe(op), error=str(exc))
 
     def _renew_socket(self) -> None:
         """Continue on a fresh netlink socket; late replies, a stuck send or
@@ -718,6 +679,9 @@ class Daemon(StatusReport):
         self.hold_until = now + apply.backoff_s(self.consecutive_failures)
         log.error("reconcile_failed", error=message, failures=self.reconcile_failures,
                   retry_s=round(self.hold_until - now, 1), exc_info=exc_info)
+        if self.consecutive_failures <= 1:  # the first of a run: later ones are in the log
+            self._emit(EventKind.RECONCILE_FAILED, "reconcile_failed", severity=Severity.ERROR,
+                       message=message, error=message)
 
     async def _reload(self, now: float) -> None:
         if not self.config_path:
@@ -741,9 +705,16 @@ class Daemon(StatusReport):
             self.reload_failures += 1
             self.last_error = f"reload rejected, running config kept: {exc}"
             self.last_error_at = self.wallclock()
-            log.error("reload_rejected", error=str(exc), failures=self.reload_failures)
+            self._emit(EventKind.RELOAD_REFUSED, "reload_rejected", severity=Severity.ERROR,
+                       message=f"reload refused, running config kept: {exc}", error=str(exc),
+                       failures=self.reload_failures)
             return
         old, self.config = self.config, new
+        for key in ("control_socket", "control_group", "admin_group", "metrics_listen",
+                    "event_buffer", "run_dir"):
+            if getattr(old, key) != getattr(new, key):
+                log.warning("reload_needs_restart", key=key, running=getattr(old, key),
+                            note="takes effect when linkpassd restarts")
         if new.sensors != old.sensors:
             self._replace_sensor()
         assert self.monitor is not None and self.bfd is not None
@@ -762,7 +733,9 @@ class Daemon(StatusReport):
         for sample in snap.samples.values():
             self._observe(sample, now)
         self.needs_resync = True
-        log.info("reloaded", config=new.source, rails=len(new.rails))
+        self._refresh_rdma()
+        self._emit(EventKind.RELOAD, "reloaded", message=f"config {new.source} in use",
+                   config=new.source, rails=len(new.rails))
 
 
 def main(argv: list[str] | None = None) -> int:

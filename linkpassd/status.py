@@ -59,6 +59,8 @@ class StatusReport:
             responder=self.echo.responder_counters() if self.echo is not None else None,
             last_error_at=self.last_error_at,
             reconcile_failures=self.reconcile_failures,
+            boot_id=self.events.boot_id,
+            last_event_seq=self.events.log.last_seq,
         )
 
     def problems(self) -> tuple[Problem, ...]:

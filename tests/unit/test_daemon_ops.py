@@ -1,0 +1,136 @@
+"""The daemon's operator side without a kernel: drains move traffic and
+survive a restart, events record each decision once and in order, and the
+health document follows every change."""
+
+import asyncio
+import json
+
+from linkpassd.adapters.healthfile import HealthFile
+from linkpassd.core.events import EventKind
+from linkpassd.core.model import Drain, Verdict
+from linkpassd.daemon import Tick
+from linkpassd.operations import DrainCommand
+
+from test_daemon_faults import FakeKernel, link, make, run, start
+from linkpassd.adapters.links import LinkEvent
+
+PORTS = ["eth0", "eth1", "eth2"]
+
+
+def table_port(daemon, kernel, port: str) -> str:
+    """The port the kernel routes `port`'s rail table through."""
+    rail = next(r for r in daemon.config.rails if r.port == port)
+    route = next(r for r in kernel.state.routes if r.table == rail.table)
+    return next(n.port for n in kernel.state.nexthops if n.id == route.nhid)
+
+
+def drain_cmd(port: str, until: float | None = None) -> DrainCommand:
+    async def make_cmd():
+        done = asyncio.get_running_loop().create_future()
+        return DrainCommand(port, Drain(port, "optic swap", "alice (uid 1000)", 1.8e9, until),
+                            "alice (uid 1000)", done)
+    return asyncio.run(make_cmd())
+
+
+def started(tmp_path):
+    kernel = FakeKernel()
+    daemon, clock = make(tmp_path, kernel)
+    start(daemon, PORTS)
+    return daemon, clock, kernel
+
+
+def kinds(daemon, after: int = 0) -> list[tuple[int, str, str]]:
+    events, missed = daemon.events.log.after(after)
+    assert missed == 0
+    return [(e.seq, str(e.kind), e.port) for e in events]
+
+
+def test_a_drain_moves_the_rails_table_off_the_port_and_an_undrain_brings_it_back(tmp_path):
+    daemon, clock, kernel = started(tmp_path)
+    assert table_port(daemon, kernel, "eth0") == "eth0"
+    seen = daemon.events.log.last_seq
+    run(daemon.handle([drain_cmd("eth0")]))
+    assert table_port(daemon, kernel, "eth0") != "eth0"
+    state = daemon.port_states(clock.t)["eth0"]
+    assert state.verdict is Verdict.DEGRADED and state.drain.by == "alice (uid 1000)"
+    assert daemon.health["eth0"].verdict is Verdict.UP  # its health is untouched
+    assert [k for _, k, _ in kinds(daemon, seen)][:2] == ["drain", "rail_path"]
+    saved = json.loads((tmp_path / "state" / "drains.json").read_text())
+    assert [d["port"] for d in saved["drains"]] == ["eth0"]
+
+    cmd = DrainCommand("eth0", None, "root (uid 0)", drain_cmd("eth0").done)
+    run(daemon.handle([cmd]))
+    assert table_port(daemon, kernel, "eth0") == "eth0"
+    assert json.loads((tmp_path / "state" / "drains.json").read_text())["drains"] == []
+
+
+def test_a_drain_survives_a_restart(tmp_path):
+    daemon, clock, kernel = started(tmp_path)
+    run(daemon.handle([drain_cmd("eth0")]))
+    again, _ = make(tmp_path, kernel)  # same state dir, same kernel (fail-static)
+    again._load_drains()
+    start(again, PORTS)
+    assert again.port_states(again.clock())["eth0"].verdict is Verdict.DEGRADED
+    assert table_port(again, kernel, "eth0") != "eth0"
+
+
+def test_a_drain_for_a_duration_expires_by_itself(tmp_path):
+    daemon, clock, kernel = started(tmp_path)
+    until = 1.8e9 + clock.t + 60.0
+    run(daemon.handle([drain_cmd("eth0", until=until)]))
+    clock.t += 59.0
+    run(daemon.handle([Tick()]))
+    assert table_port(daemon, kernel, "eth0") != "eth0"
+    seen = daemon.events.log.last_seq
+    clock.t += 1.0
+    run(daemon.handle([Tick()]))
+    assert table_port(daemon, kernel, "eth0") == "eth0"
+    expired = [e for e in daemon.events.log.after(seen)[0] if e.kind is EventKind.UNDRAIN]
+    assert [e.field("how") for e in expired] == ["expired"]
+
+
+def test_a_cable_pull_is_recorded_as_verdict_then_path_in_sequence(tmp_path):
+    daemon, clock, kernel = started(tmp_path)
+    seen = daemon.events.log.last_seq
+    clock.t += 0.1
+    run(daemon.handle([LinkEvent(link("eth1", carrier=False))]))
+    events, missed = daemon.events.log.after(seen)
+    assert missed == 0 and [e.seq for e in events] == list(range(seen + 1, seen + 1 + len(events)))
+    verdict = next(e for e in events if e.kind is EventKind.VERDICT)
+    path = next(e for e in events if e.kind is EventKind.RAIL_PATH and e.port == "eth1")
+    assert verdict.port == "eth1" and verdict.field("verdict") == "DOWN"
+    assert verdict.seq < path.seq and path.field("cause") == "carrier"
+    assert path.wall == 1.8e9 + clock.t
+
+
+def test_the_health_document_follows_each_change_and_is_written(tmp_path):
+    daemon, clock, kernel = started(tmp_path)
+    daemon.health_file = HealthFile(str(tmp_path / "run" / "health.json"))
+    clock.t += 0.1
+    run(daemon.handle([Tick()]))  # due: the first document
+    first = daemon.health_doc.generation
+    run(daemon.handle([LinkEvent(link("eth1", carrier=False))]))
+    assert daemon.health_doc.generation == first + 1
+    doc = json.loads((tmp_path / "run" / "health.json").read_text())
+    usable = {p["port"]: p["usable"] for p in doc["ports"]}
+    assert usable == {"eth0": True, "eth1": False, "eth2": True}
+    clock.t += 0.1
+    run(daemon.handle([Tick()]))  # nothing changed, refresh not due: no new document
+    assert daemon.health_doc.generation == first + 1
+
+
+def test_the_control_api_drain_returns_after_the_pass_that_moved_the_traffic(tmp_path):
+    daemon, clock, kernel = started(tmp_path)
+
+    async def scenario():
+        loop_task = asyncio.create_task(daemon._reconcile_loop())
+        try:
+            state = await daemon.drain("eth2", "flapping optic", 3600.0, "root (uid 0)")
+            assert table_port(daemon, kernel, "eth2") != "eth2"  # already moved on return
+            return state
+        finally:
+            loop_task.cancel()
+
+    state = asyncio.run(scenario())
+    assert state.verdict is Verdict.DEGRADED and state.drain.reason == "flapping optic"
+    assert state.drain.until == state.drain.at + 3600.0
