@@ -21,9 +21,14 @@ netns: bootstrap
 proto: bootstrap
 	./scripts/gen_proto.sh
 
-## Regenerates the gRPC stubs into a scratch tree and fails on any difference.
+## Regenerates the gRPC stubs into a scratch tree and fails on any difference;
+## then buf: lint, and no breaking change against the last released API
+## (the newest proto/releases/*.binpb; see proto/README.md).
+BUF := .tools/node_modules/.bin/buf
 proto-check: bootstrap
 	./scripts/gen_proto.sh --check
+	$(BUF) lint proto
+	$(BUF) breaking proto --against "$$(ls proto/releases/*.binpb | sort -V | tail -n 1)"
 
 ## make demo: the dualrail lab, a cable pull and a silent blackhole, measured (root)
 demo: bootstrap

@@ -1,291 +1,99 @@
-"""The local control API: a grpc.aio server on a Unix socket.
+"""The local control API: a grpc.aio server behind a credential proxy.
 
 The server owns no state. Each call asks `status_provider` for a fresh
-`DaemonStatus` snapshot and maps it to protobuf, so the daemon never has to
-push anything here and a slow client cannot hold the daemon's state.
+`DaemonStatus` snapshot and maps it to protobuf (adapters/control_convert.py),
+so the daemon never has to push anything here and a slow client cannot hold
+the daemon's state.  Streams (WatchEvents, WatchHealth) read the daemon's
+feeds (adapters/feeds.py), where each reader keeps its own position: a slow
+reader is told what it missed and never holds the daemon back.
 
 Usage from the daemon (inside its running event loop):
 
-    server = ControlServer(config.control_socket, daemon.status, daemon.explain)
+    server = ControlServer(config.control_socket, daemon.status, daemon.explain,
+                           events=feed, health=latest_health, drains=daemon,
+                           group=config.control_group, admin_group=config.admin_group)
     await server.start()
     ...
     await server.stop(grace=1.0)
 
-ExplainPort asks `explain_provider(port)` the same way; None from it means
-the port is not a configured rail's port (NOT_FOUND). Without a provider the
-RPC answers UNIMPLEMENTED.
+Who may do what (adapters/control_access.py): the public socket is mode 0660
+with group `group` (root-only, 0600, with a warning when that group does not
+exist); reading needs access to it.  Drain and Undrain need uid 0 or
+membership of `admin_group`, decided from the caller's kernel credentials.
 
-Sensor readings keep "not reported" apart from zero: a model None becomes an
-unset `optional` field or sub-message, never 0 (see control.proto).
-
-The standard grpc.health.v1 service is registered too: SERVING for "" and
-"linkpass.v1.ControlService" while running, NOT_SERVING once stop() begins.
+Without a provider (explain, events, health, drains) its RPCs answer
+UNIMPLEMENTED.  The standard grpc.health.v1 service is registered too
+(SERVING for "" and "linkpass.v1.ControlService" while running, NOT_SERVING
+once stop() begins), and gRPC server reflection, so grpcurl needs no .proto.
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import math
 import os
 import socket
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 import grpc
 import structlog
-from google.protobuf import struct_pb2
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health as grpc_health
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
 
 from linkpassd._proto.linkpass.v1 import control_pb2 as pb
 from linkpassd._proto.linkpass.v1 import control_pb2_grpc as pb_grpc
-from linkpassd.core.explain import Consequence, Explanation
-from linkpassd.core.model import (
-    Assessment,
-    CounterSample,
-    DaemonStatus,
-    GroupStatus,
-    LinkSample,
-    ModuleIdentity,
-    OpticsReading,
-    PortSensors,
-    PortState,
-    RailStatus,
-    Thresholds,
-    Verdict,
+from linkpassd.adapters.control_access import (
+    GRPC_SOCKET_NAME,
+    MAX_CONNECTIONS,
+    AccessError,
+    CredentialProxy,
+    caller_from_peer,
+    group_gid,
+    prepare_private_dir,
 )
+from linkpassd.adapters.control_convert import (  # noqa: F401 - re-exported: tests and callers use them here
+    event_to_proto,
+    explanation_to_proto,
+    health_to_proto,
+    links_to_proto,
+    port_state_to_proto,
+    status_to_proto,
+)
+from linkpassd.adapters.feeds import EventFeed, Latest
+from linkpassd.core.drain import DrainError, NotDrained, UnknownPort
+from linkpassd.core.explain import Explanation
+from linkpassd.core.healthdoc import HealthDoc
+from linkpassd.core.model import DaemonStatus, PortState
 
 log = structlog.get_logger("linkpassd.control")
 
 SOCKET_MODE = 0o660
+ROOT_ONLY_SOCKET_MODE = 0o600
 SOCKET_DIR_MODE = 0o755
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["ControlService"].full_name
 
-# Explicit, so a new model verdict fails loudly here instead of going out as
-# VERDICT_UNSPECIFIED.
-_VERDICTS: dict[Verdict, int] = {
-    Verdict.UP: pb.VERDICT_UP,
-    Verdict.DEGRADED: pb.VERDICT_DEGRADED,
-    Verdict.DOWN: pb.VERDICT_DOWN,
-}
+T = TypeVar("T")
 
 
 class ControlSocketError(RuntimeError):
     """The control socket path cannot be (safely) bound."""
 
 
-# --------------------------------------------------------------------------
-# model -> proto (pure; tested directly)
-# --------------------------------------------------------------------------
+class DrainControl(Protocol):
+    """What the daemon offers for Drain and Undrain.  `by` is the caller as
+    the server identified it ("alice (uid 1000)").  Raise core.drain's
+    UnknownPort or NotDrained (answered NOT_FOUND) or DrainError
+    (INVALID_ARGUMENT), with a message that names the bad input."""
 
+    async def drain(self, port: str, reason: str, duration_s: float | None, by: str) -> PortState: ...
 
-def port_state_to_proto(state: PortState) -> pb.PortState:
-    return pb.PortState(
-        port=state.port,
-        verdict=_VERDICTS[state.verdict],
-        carrier=state.carrier,
-        phase=state.phase,
-        since=state.since,
-        evidence=list(state.evidence),
-    )
-
-
-def link_sample_to_proto(sample: LinkSample) -> pb.LinkSample:
-    return pb.LinkSample(
-        port=sample.port,
-        present=sample.present,
-        ifindex=sample.ifindex,
-        admin_up=sample.admin_up,
-        carrier=sample.carrier,
-        operstate=sample.operstate,
-        carrier_up_count=sample.carrier_up_count,
-        carrier_down_count=sample.carrier_down_count,
-    )
-
-
-def rail_status_to_proto(rail: RailStatus) -> pb.RailStatus:
-    return pb.RailStatus(
-        name=rail.name,
-        port=rail.port,
-        address=rail.address,
-        table=rail.table,
-        active_rail=rail.active_rail or "",  # None (no path) -> "", see proto
-        active_port=rail.active_port or "",
-    )
-
-
-def group_status_to_proto(group: GroupStatus) -> pb.GroupStatus:
-    return pb.GroupStatus(
-        name=group.name,
-        destination=group.destination,
-        table=group.table,
-        members=list(group.members),
-        min_paths=group.min_paths,
-    )
-
-
-def _present(**fields: object) -> dict[str, object]:
-    """Only the fields that have a value: None stays unset ('not reported')."""
-    return {name: value for name, value in fields.items() if value is not None}
-
-
-def _lanes(values: tuple[float | None, ...]) -> list[struct_pb2.Value]:
-    """Per-lane readings as number-or-null Values; a non-finite reading (which
-    JSON cannot carry) counts as not reported."""
-    return [
-        struct_pb2.Value(number_value=v)
-        if v is not None and math.isfinite(v)
-        else struct_pb2.Value(null_value=struct_pb2.NULL_VALUE)
-        for v in values
-    ]
-
-
-def thresholds_to_proto(t: Thresholds) -> pb.Thresholds:
-    return pb.Thresholds(
-        **_present(high_alarm=t.high_alarm, high_warn=t.high_warn, low_warn=t.low_warn, low_alarm=t.low_alarm)
-    )
-
-
-def module_identity_to_proto(identity: ModuleIdentity) -> pb.ModuleIdentity:
-    return pb.ModuleIdentity(
-        spec=identity.spec,
-        form_factor=identity.form_factor,
-        vendor=identity.vendor,
-        part=identity.part,
-        serial=identity.serial,
-        revision=identity.revision,
-        spec_revision=identity.spec_revision,
-    )
-
-
-def optics_to_proto(reading: OpticsReading) -> pb.OpticsReading:
-    return pb.OpticsReading(
-        identity=module_identity_to_proto(reading.identity),
-        **_present(temperature_c=reading.temperature_c, voltage_v=reading.voltage_v),
-        tx_bias_ma=_lanes(reading.tx_bias_ma),
-        tx_power_dbm=_lanes(reading.tx_power_dbm),
-        rx_power_dbm=_lanes(reading.rx_power_dbm),
-        # Later pairs win, as in OpticsReading.threshold().
-        thresholds={quantity: thresholds_to_proto(t) for quantity, t in reading.thresholds},
-        flags=sorted(reading.flags),
-    )
-
-
-def counters_to_proto(sample: CounterSample) -> pb.CounterSample:
-    return pb.CounterSample(
-        port=sample.port,
-        **_present(
-            rx_crc_errors=sample.rx_crc_errors,
-            symbol_errors=sample.symbol_errors,
-            length_errors=sample.length_errors,
-            rx_missed=sample.rx_missed,
-            fec_corrected=sample.fec_corrected,
-            fec_uncorrectable=sample.fec_uncorrectable,
-            link_down_events=sample.link_down_events,
-            ext_state=sample.ext_state,
-            ext_substate=sample.ext_substate,
-        ),
-    )
-
-
-def assessment_to_proto(a: Assessment) -> pb.Assessment:
-    return pb.Assessment(
-        signal=a.signal,
-        **_present(severity=None if a.severity is None else _VERDICTS[a.severity]),
-        status=a.status,
-        detail=a.detail,
-        confirmed=a.confirmed,
-    )
-
-
-def port_sensors_to_proto(sensors: PortSensors) -> pb.PortSensors:
-    return pb.PortSensors(
-        port=sensors.port,
-        **_present(
-            optics=None if sensors.optics is None else optics_to_proto(sensors.optics),
-            counters=None if sensors.counters is None else counters_to_proto(sensors.counters),
-        ),
-        optics_unreadable=sensors.optics_unreadable,
-        assessments=[assessment_to_proto(a) for a in sensors.assessments],
-    )
-
-
-def consequence_to_proto(c: Consequence) -> pb.Consequence:
-    return pb.Consequence(
-        kind=c.kind,
-        name=c.name,
-        table=c.table,
-        role=c.role,
-        carries_port=c.carries_port,
-        detail=c.detail,
-    )
-
-
-def explanation_to_proto(e: Explanation, *, served_at: float) -> pb.ExplainPortResponse:
-    return pb.ExplainPortResponse(
-        port=e.port,
-        rail=e.rail,
-        state=port_state_to_proto(e.state),
-        consequences=[consequence_to_proto(c) for c in e.consequences],
-        summary=e.summary,
-        served_at=served_at,
-    )
-
-
-def status_to_proto(status: DaemonStatus, *, served_at: float) -> pb.DaemonStatus:
-    return pb.DaemonStatus(
-        hostname=status.hostname,
-        version=status.version,
-        config_source=status.config_source,
-        started_at=status.started_at,
-        ports=[port_state_to_proto(p) for p in status.ports],
-        links=[link_sample_to_proto(s) for s in status.links],
-        rails=[rail_status_to_proto(r) for r in status.rails],
-        groups=[group_status_to_proto(g) for g in status.groups],
-        reconciles=status.reconciles,
-        netlink_writes=status.netlink_writes,
-        last_reconcile_at=status.last_reconcile_at,
-        last_error=status.last_error,
-        last_error_at=status.last_error_at,
-        reconcile_failures=status.reconcile_failures,
-        responder=(pb.ResponderCounters(**vars(status.responder))
-                        if status.responder is not None else None),
-        problems=[pb.Problem(kind=p.kind, what=p.what, detail=p.detail, since=p.since,
-                             attempts=p.attempts) for p in status.problems],
-        served_at=served_at,
-        sensors=[port_sensors_to_proto(s) for s in status.sensors],
-    )
-
-
-def links_to_proto(status: DaemonStatus, *, served_at: float) -> pb.ListLinksResponse:
-    """One row per port: rail ports in config order, then any other reported port.
-
-    All sub-messages are always set (a missing sample reads as present=false,
-    a missing verdict as VERDICT_UNSPECIFIED, missing sensors as just the
-    port) so JSON output has fixed keys.
-    """
-    order: dict[str, None] = {}
-    for name in ([r.port for r in status.rails] + [p.port for p in status.ports] + [s.port for s in status.links]
-                 + [s.port for s in status.sensors]):
-        order.setdefault(name, None)
-    samples = {s.port: s for s in status.links}
-    states = {p.port: p for p in status.ports}
-    sensors = {s.port: s for s in status.sensors}
-    rows = []
-    for port in order:
-        sample = samples.get(port) or LinkSample.missing(port)
-        state = port_state_to_proto(states[port]) if port in states else pb.PortState(port=port)
-        rows.append(
-            pb.Link(
-                port=port,
-                rails=[r.name for r in status.rails if r.port == port],
-                link=link_sample_to_proto(sample),
-                state=state,
-                sensors=port_sensors_to_proto(sensors.get(port) or PortSensors(port=port)),
-            )
-        )
-    return pb.ListLinksResponse(links=rows, served_at=served_at)
+    async def undrain(self, port: str, by: str) -> PortState: ...
 
 
 # --------------------------------------------------------------------------
@@ -302,10 +110,35 @@ class _ControlServicer(pb_grpc.ControlServiceServicer):
         status_provider: Callable[[], DaemonStatus],
         explain_provider: ExplainProvider | None,
         wall_clock: Callable[[], float],
+        *,
+        events: EventFeed | None,
+        health_doc: Latest[HealthDoc] | None,
+        drains: DrainControl | None,
+        private_dir: Path,
+        admin_group: str,
     ) -> None:
         self._status_provider = status_provider
         self._explain_provider = explain_provider
         self._wall_clock = wall_clock
+        self._events = events
+        self._health_doc = health_doc
+        self._drains = drains
+        self._private_dir = private_dir
+        self._admin_group = admin_group
+        self.stopping = asyncio.Event()  # set by ControlServer.stop(): streams end cleanly
+
+    async def _until_stopped(self, waiting: Awaitable[T]) -> tuple[bool, T | None]:
+        """(True, result) of `waiting`, or (False, None) once the server stops."""
+        task = asyncio.ensure_future(waiting)
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                return True, task.result()
+            return False, None
+        finally:  # also when the client goes away (this coroutine is cancelled)
+            task.cancel()
+            stop.cancel()
 
     async def _snapshot(self, context: grpc.aio.ServicerContext) -> DaemonStatus:
         try:
@@ -340,6 +173,110 @@ class _ControlServicer(pb_grpc.ControlServiceServicer):
             await context.abort(code, message)
         return explanation_to_proto(explanation, served_at=self._wall_clock())
 
+    # -- events ------------------------------------------------------------
+
+    async def _feed(self, context: grpc.aio.ServicerContext) -> EventFeed:
+        if self._events is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this linkpassd keeps no events")
+        assert self._events is not None
+        return self._events
+
+    async def ListEvents(self, request: pb.ListEventsRequest, context: grpc.aio.ServicerContext) -> pb.ListEventsResponse:
+        feed = await self._feed(context)
+        events, missed = feed.log.after(request.after_seq, request.limit or None)
+        return pb.ListEventsResponse(events=[event_to_proto(e) for e in events], missed=missed,
+                                     boot_id=feed.boot_id, last_seq=feed.log.last_seq)
+
+    async def WatchEvents(self, request: pb.WatchEventsRequest,
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WatchEventsResponse]:
+        feed = await self._feed(context)
+        seq = request.after_seq
+        if seq > feed.log.last_seq:  # would wait, silently, for events this boot may never reach
+            await context.abort(grpc.StatusCode.OUT_OF_RANGE,
+                                f"after_seq {seq} is past this boot's newest event ({feed.log.last_seq}, "
+                                f"boot {feed.boot_id}); a sequence number of an earlier boot?")
+        while True:
+            running, got = await self._until_stopped(feed.wait_after(seq))
+            if not running or got is None:
+                return
+            events, missed = got
+            for i, event in enumerate(events):
+                yield pb.WatchEventsResponse(event=event_to_proto(event), missed=missed if i == 0 else 0)
+            seq = events[-1].seq if events else seq + missed
+
+    # -- drains ------------------------------------------------------------
+
+    async def _admin_caller(self, context: grpc.aio.ServicerContext, action: str) -> str:
+        """The caller's name for Drain.by; PERMISSION_DENIED saying the rule
+        unless it is root or in admin_group (as the credential proxy saw it)."""
+        caller = caller_from_peer(context.peer(), self._private_dir)
+        who = "an unidentified caller" if caller is None else await asyncio.to_thread(caller.describe)
+        if caller is not None and caller.admin:
+            return who
+        if self._admin_group:
+            why = f"{action} needs root or membership of group {self._admin_group} (admin_group); you are {who}"
+        else:
+            why = f"admin_group is not set: only root may {action}; you are {who}"
+        log.warning("control_refused", action=action, caller=who, peer=context.peer())
+        await context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+        raise AssertionError("unreachable: abort raises")
+
+    async def _drain_call(self, context: grpc.aio.ServicerContext, port: str,
+                          change: Callable[[], Awaitable[PortState]]) -> PortState:
+        try:
+            return await change()
+        except (UnknownPort, NotDrained) as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except DrainError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Exception as exc:  # a provider bug is INTERNAL, not the caller's fault
+            log.exception("control_drain_failed", port=port, error=str(exc))
+            await context.abort(grpc.StatusCode.INTERNAL, f"drain of {port!r} failed: {exc}")
+        raise AssertionError("unreachable: abort raises")
+
+    async def Drain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.DrainResponse:
+        drains = self._drains
+        if drains is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this linkpassd takes no drains")
+        by = await self._admin_caller(context, "drain")
+        if not request.port:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no port given")
+        d = request.duration_s
+        if not math.isfinite(d) or d < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"duration_s must be 0 (until undrained) or more, not {d!r}")
+        state = await self._drain_call(context, request.port, lambda: drains.drain(
+            request.port, request.reason, d or None, by))
+        log.info("control_drain", port=request.port, by=by, reason=request.reason, duration_s=d or None)
+        return pb.DrainResponse(state=port_state_to_proto(state))
+
+    async def Undrain(self, request: pb.UndrainRequest, context: grpc.aio.ServicerContext) -> pb.UndrainResponse:
+        drains = self._drains
+        if drains is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this linkpassd takes no drains")
+        by = await self._admin_caller(context, "undrain")
+        if not request.port:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no port given")
+        state = await self._drain_call(context, request.port, lambda: drains.undrain(request.port, by))
+        log.info("control_undrain", port=request.port, by=by)
+        return pb.UndrainResponse(state=port_state_to_proto(state))
+
+    # -- health ------------------------------------------------------------
+
+    async def WatchHealth(self, request: pb.WatchHealthRequest,
+                          context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WatchHealthResponse]:
+        latest = self._health_doc
+        if latest is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this linkpassd publishes no health document")
+        assert latest is not None
+        generation = 0  # so the current document goes out at once
+        while True:
+            running, got = await self._until_stopped(latest.wait_newer(generation))
+            if not running or got is None:
+                return
+            generation, doc = got
+            yield health_to_proto(doc)
+
     def _why_no_explanation(self, port: str) -> tuple[grpc.StatusCode, str]:
         """NOT_FOUND naming the rail ports, unless `port` is one of them (then
         the daemon has not judged it yet)."""
@@ -358,13 +295,18 @@ class _ControlServicer(pb_grpc.ControlServiceServicer):
 
 
 class ControlServer:
-    """gRPC control API on a Unix socket (mode 0660).
+    """gRPC control API on a Unix socket, behind the credential proxy.
 
     The providers' times must be unix seconds, PortState.since included (the
     proto says so; the daemon converts from its monotonic clock).
     `explain_provider(port)` returns None for a port that is not a configured
-    rail's port; without one, ExplainPort answers UNIMPLEMENTED. `wall_clock`
-    stamps each answer's `served_at`; tests inject a fixed one.
+    rail's port.  `events`, `health` and `drains` serve the RPCs of their
+    names; without one, those answer UNIMPLEMENTED.  `wall_clock` stamps each
+    answer's `served_at`; tests inject a fixed one.
+
+    gRPC itself listens on `<private_dir>/grpc.sock`; `private_dir` (0700,
+    next to the socket) is named after the public socket, e.g.
+    /run/linkpass/linkpassd.private for /run/linkpass/linkpassd.sock.
     """
 
     def __init__(
@@ -373,56 +315,125 @@ class ControlServer:
         status_provider: Callable[[], DaemonStatus],
         explain_provider: ExplainProvider | None = None,
         *,
+        events: EventFeed | None = None,
+        health: Latest[HealthDoc] | None = None,
+        drains: DrainControl | None = None,
+        group: str = "linkpass",
+        admin_group: str = "",
         wall_clock: Callable[[], float] = time.time,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.socket_path = Path(socket_path).absolute()
-        self._servicer = _ControlServicer(status_provider, explain_provider, wall_clock)
+        self.private_dir = self.socket_path.with_name(self.socket_path.stem + ".private")
+        self.group = group
+        self.admin_group = admin_group
+        self._max_connections = max_connections
+        self._servicer = _ControlServicer(status_provider, explain_provider, wall_clock, events=events,
+                                          health_doc=health, drains=drains, private_dir=self.private_dir,
+                                          admin_group=admin_group)
         self._server: grpc.aio.Server | None = None
-        self._health: health.aio.HealthServicer | None = None
+        self._proxy: CredentialProxy | None = None
+        self._health: grpc_health.aio.HealthServicer | None = None
         self._socket_inode: tuple[int, int] | None = None
+
+    @property
+    def grpc_socket(self) -> Path:
+        return self.private_dir / GRPC_SOCKET_NAME
 
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError("control server already started")
         _prepare_socket_path(self.socket_path)
+        try:
+            prepare_private_dir(self.private_dir)
+        except (AccessError, OSError) as exc:
+            raise ControlSocketError(str(exc)) from exc
+        # NSS may be slow (LDAP): resolve the groups once, off the loop.
+        control_gid = await asyncio.to_thread(group_gid, self.group)
+        admin_gid = await asyncio.to_thread(group_gid, self.admin_group)
+        if self.admin_group and admin_gid is None:
+            log.warning("control_admin_group_missing", group=self.admin_group,
+                        consequence="only root may drain or undrain")
         server = grpc.aio.server()
         pb_grpc.add_ControlServiceServicer_to_server(self._servicer, server)
-        self._health = health.aio.HealthServicer()
+        self._health = grpc_health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (SERVICE_NAME, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+            server)
         await self._health.set(SERVICE_NAME, health_pb2.HealthCheckResponse.SERVING)
+        public: socket.socket | None = None
         try:
             # add_insecure_port raises RuntimeError when binding fails.
-            server.add_insecure_port(f"unix:{self.socket_path}")
+            server.add_insecure_port(f"unix:{self.grpc_socket}")
             await server.start()
-            # The socket appears with umask permissions (owner-only for write,
-            # so nobody else can connect meanwhile); open it to the group now.
-            os.chmod(self.socket_path, SOCKET_MODE)
+            public = _bind_public_socket(self.socket_path, self.group, control_gid)
             st = os.stat(self.socket_path)
+            proxy = CredentialProxy(public, self.private_dir, self.grpc_socket, admin_gid,
+                                    max_connections=self._max_connections)
+            await proxy.start()
         except BaseException:
+            if public is not None:
+                public.close()
             await server.stop(None)
             raise
         self._socket_inode = (st.st_dev, st.st_ino)
         self._server = server
+        self._proxy = proxy
 
     async def stop(self, grace: float | None = 1.0) -> None:
-        """Answer in-flight calls for up to `grace` seconds, then close and
-        remove our socket file (only if it is still the one we bound)."""
+        """End the streams, answer in-flight calls for up to `grace` seconds,
+        then close and remove our socket file (only if it is still the one
+        we bound)."""
         server, self._server = self._server, None
+        proxy, self._proxy = self._proxy, None
         if server is None:
             return
+        self._servicer.stopping.set()
         if self._health is not None:
             await self._health.enter_graceful_shutdown()
+        if proxy is not None:
+            proxy.stop_accepting()
         await server.stop(grace)
+        if proxy is not None:
+            await proxy.close()
         try:
             st = os.stat(self.socket_path)
             if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == self._socket_inode:
                 os.unlink(self.socket_path)
         except FileNotFoundError:
             pass
+        for leftover in (self.grpc_socket, self.private_dir):
+            try:
+                leftover.rmdir() if leftover.is_dir() else leftover.unlink()
+            except OSError:
+                pass  # gone already, or not empty: harmless, cleared at the next start
 
     async def wait_for_termination(self) -> None:
         if self._server is not None:
             await self._server.wait_for_termination()
+
+
+def _bind_public_socket(path: Path, group: str, gid: int | None) -> socket.socket:
+    """The socket callers connect to: bound, given its group and mode, and
+    only then listening (connect(2) is refused until listen(), so nobody gets
+    in through the umask's permissions meanwhile)."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(str(path))
+        if gid is not None:
+            os.chown(path, -1, gid)
+            os.chmod(path, SOCKET_MODE)
+        else:
+            os.chmod(path, ROOT_ONLY_SOCKET_MODE)
+            log.warning("control_group_missing", group=group or "(none)", socket=str(path),
+                        consequence="only root can use linkpassctl; create the group and restart")
+        sock.listen(128)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise ControlSocketError(f"cannot bind {path}: {exc.strerror or exc}") from exc
+    return sock
 
 
 def _prepare_socket_path(path: Path) -> None:

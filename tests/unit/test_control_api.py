@@ -10,14 +10,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import datetime
 import enum
 import json
 import os
 import re
+import shutil
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,13 +31,14 @@ from click.testing import CliRunner, Result
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from linkpassd._proto.linkpass.v1 import control_pb2 as pb
-from linkpassd.adapters import control_server
+from linkpassd.adapters import control_convert
 from linkpassd.adapters.control_server import ControlServer, ControlSocketError
 from linkpassd.core.explain import Explanation
 from linkpassd.core.model import (
     Assessment,
     CounterSample,
     DaemonStatus,
+    Drain,
     Problem,
     GroupStatus,
     ResponderCounters,
@@ -111,7 +115,9 @@ def realistic_status() -> DaemonStatus:
             PortState(port="eth0", verdict=Verdict.UP, carrier=True, phase="UP", since=WALL_NOW - 3600,
                       evidence=("carrier up", "3/3 good samples")),
             PortState(port="eth1", verdict=Verdict.DOWN, carrier=False, phase="DOWN", since=WALL_NOW - 42,
-                      evidence=("carrier lost", "operstate LOWERLAYERDOWN")),
+                      evidence=("carrier lost", "operstate LOWERLAYERDOWN"),
+                      drain=Drain(port="eth1", reason="optic swap, INC-4711", by="alice (uid 1000)",
+                                  at=WALL_NOW - 600, until=WALL_NOW + 3000)),
         ),
         links=(
             LinkSample(port="eth0", present=True, ifindex=2, admin_up=True, carrier=True, operstate="UP",
@@ -140,16 +146,25 @@ def realistic_status() -> DaemonStatus:
         sensors=realistic_sensors(),
         problems=(Problem("conflict", "create nexthop 1000100 (eth0 via 198.18.0.254)",
                           "a foreign nexthop (protocol 4) holds id 1000100", WALL_NOW - 40, 3),),
+        boot_id="5d0c8e7f1a2b4c3d9e8f7a6b5c4d3e2f",
+        last_event_seq=42,
     )
 
 
 @contextlib.contextmanager
 def running_server(socket_path: Path, provider: Callable[[], DaemonStatus],
-                   explain_provider: Callable[[str], Explanation | None] | None = None) -> Iterator[ControlServer]:
+                   explain_provider: Callable[[str], Explanation | None] | None = None,
+                   **options: object) -> Iterator[ControlServer]:
+    """A ControlServer on its own loop in a thread; `options` go to it
+    (events, health, drains, group, admin_group ...).  The socket's group is
+    nogroup unless given, so uid 65534 can reach it."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    server = ControlServer(socket_path, provider, explain_provider, wall_clock=lambda: WALL_NOW)
+    options.setdefault("group", "nogroup")
+    server = ControlServer(socket_path, provider, explain_provider, wall_clock=lambda: WALL_NOW,
+                           **options)  # type: ignore[arg-type]
+    server.test_loop = loop  # type: ignore[attr-defined] - for tests that act on the server's loop
     try:
         asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
         yield server
@@ -161,10 +176,16 @@ def running_server(socket_path: Path, provider: Callable[[], DaemonStatus],
 
 
 @pytest.fixture
-def sock(tmp_path: Path) -> Path:
-    path = tmp_path / "run" / "linkpassd.sock"
-    assert len(str(path)) < 100, "AF_UNIX paths are limited to 108 bytes"
-    return path
+def sock() -> Iterator[Path]:
+    """A socket path in a fresh 0755 directory under /tmp: short (AF_UNIX
+    names, the proxy's caller names included, fit in 108 bytes), and
+    traversable by uid 65534, which pytest's 0700 tmp_path is not."""
+    base = Path(tempfile.mkdtemp(prefix="lp-ctl-", dir="/tmp"))
+    try:
+        os.chmod(base, 0o755)
+        yield base / "run" / "linkpassd.sock"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture
@@ -188,12 +209,13 @@ def table_rows(text: str) -> list[list[str]]:
 
 
 def test_socket_is_0660_in_a_0755_dir_and_removed_on_stop(sock: Path) -> None:
-    with running_server(sock, realistic_status):
+    with running_server(sock, realistic_status) as server:
         st = os.stat(sock)
         assert stat.S_ISSOCK(st.st_mode)
         assert stat.S_IMODE(st.st_mode) == 0o660
         assert stat.S_IMODE(os.stat(sock.parent).st_mode) == 0o755
     assert not sock.exists()
+    assert not server.private_dir.exists()  # the private gRPC socket and its dir go too
 
 
 def test_stale_socket_is_replaced(sock: Path) -> None:
@@ -233,7 +255,7 @@ def test_health_service_reports_serving(server: ControlServer, sock: Path) -> No
 def test_every_model_verdict_maps_to_a_proto_verdict() -> None:
     for verdict in Verdict:
         state = PortState(port="eth0", verdict=verdict, carrier=True, phase="X", since=0.0)
-        assert control_server.port_state_to_proto(state).verdict != pb.VERDICT_UNSPECIFIED
+        assert control_convert.port_state_to_proto(state).verdict != pb.VERDICT_UNSPECIFIED
 
 
 # --------------------------------------------------------------------------
@@ -317,7 +339,7 @@ def test_json_keys_are_stable_at_zero_values(sock: Path) -> None:
 
 
 def run_ctl_json_of(status: DaemonStatus) -> str:
-    return ctl.to_json(control_server.status_to_proto(status, served_at=WALL_NOW))
+    return ctl.to_json(control_convert.status_to_proto(status, served_at=WALL_NOW))
 
 
 # Model fields whose None the proto documents as "" (no path); every other
@@ -325,8 +347,17 @@ def run_ctl_json_of(status: DaemonStatus) -> str:
 NONE_AS_EMPTY_STRING = {(RailStatus, "active_rail"), (RailStatus, "active_port")}
 
 
+def _rfc3339(unix: float) -> str:
+    """A google.protobuf.Timestamp's JSON form (whole seconds here)."""
+    assert unix == int(unix)
+    return datetime.datetime.fromtimestamp(unix, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def _expected_json(value: object) -> object:
     """The proto3 JSON form of a model value, by the rules control.proto documents."""
+    if isinstance(value, Drain):  # DrainInfo: the port is the PortState's; times are Timestamps
+        return {"reason": value.reason, "by": value.by, "since": _rfc3339(value.at),
+                "until": None if value.until is None else _rfc3339(value.until)}
     if dataclasses.is_dataclass(value):
         out = {}
         for f in dataclasses.fields(value):
@@ -496,7 +527,7 @@ def test_permission_denied(server: ControlServer, sock: Path, monkeypatch: pytes
     # Tests run as root, for whom access() always succeeds; pretend we are not.
     monkeypatch.setattr(ctl.os, "access", lambda path, mode: False)
     result = run_ctl(sock, "status")
-    assert result.exit_code == 1
+    assert result.exit_code == 4  # ExitCode.REFUSED
     assert result.stderr == f"linkpassctl: permission denied on {sock} (run as root or a member of its group)\n"
     assert result.stdout == ""
 

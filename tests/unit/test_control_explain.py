@@ -19,7 +19,7 @@ from google.protobuf import json_format
 
 from linkpassd._proto.linkpass.v1 import control_pb2 as pb
 from linkpassd._proto.linkpass.v1 import control_pb2_grpc as pb_grpc
-from linkpassd.adapters import control_server
+from linkpassd.adapters import control_convert
 from linkpassd.core.explain import Consequence, Explanation
 from linkpassd.core.model import (
     Assessment,
@@ -170,7 +170,7 @@ def sections(text: str) -> dict[str, list[list[str]]]:
 
 
 def test_absent_counters_are_unset_and_zero_counters_are_set() -> None:
-    msg = control_server.counters_to_proto(CounterSample(port="eth1", rx_crc_errors=0))
+    msg = control_convert.counters_to_proto(CounterSample(port="eth1", rx_crc_errors=0))
     assert msg.HasField("rx_crc_errors") and msg.rx_crc_errors == 0
     for name in ("symbol_errors", "length_errors", "rx_missed", "fec_corrected", "fec_uncorrectable",
                  "link_down_events", "ext_state", "ext_substate"):
@@ -178,7 +178,7 @@ def test_absent_counters_are_unset_and_zero_counters_are_set() -> None:
 
 
 def test_optics_lanes_and_levels_keep_absence() -> None:
-    msg = control_server.optics_to_proto(dataclasses.replace(QSFP_DD, temperature_c=None,
+    msg = control_convert.optics_to_proto(dataclasses.replace(QSFP_DD, temperature_c=None,
                                                              rx_power_dbm=(-2.0, None, math.nan, 0.0)))
     assert not msg.HasField("temperature_c")
     assert msg.HasField("voltage_v") and msg.voltage_v == 3.27
@@ -191,14 +191,14 @@ def test_optics_lanes_and_levels_keep_absence() -> None:
 
 
 def test_no_opinion_is_an_unset_severity() -> None:
-    none = control_server.assessment_to_proto(Assessment("optics", None, "unreadable", "x"))
+    none = control_convert.assessment_to_proto(Assessment("optics", None, "unreadable", "x"))
     assert not none.HasField("severity")
-    up = control_server.assessment_to_proto(Assessment("optics", Verdict.UP, "ok", "x", confirmed=False))
+    up = control_convert.assessment_to_proto(Assessment("optics", Verdict.UP, "ok", "x", confirmed=False))
     assert up.HasField("severity") and up.severity == pb.VERDICT_UP and not up.confirmed
 
 
 def test_missing_sub_messages_are_unset() -> None:
-    msg = control_server.port_sensors_to_proto(PortSensors(port="eth9"))
+    msg = control_convert.port_sensors_to_proto(PortSensors(port="eth9"))
     assert not msg.HasField("optics") and not msg.HasField("counters")
 
 
@@ -337,7 +337,7 @@ def test_sensor_json_keys_are_the_model_fields_in_order(server, sock: Path) -> N
 def test_json_round_trips_with_absent_and_zero_apart(server, sock: Path) -> None:
     text = run_ctl(sock, "links", "-o", "json").stdout
     back = json_format.Parse(text, pb.ListLinksResponse())
-    assert back == control_server.links_to_proto(status(), served_at=WALL_NOW)
+    assert back == control_convert.links_to_proto(status(), served_at=WALL_NOW)
     eth1 = back.links[1].sensors
     assert eth1.counters.HasField("rx_crc_errors") and not eth1.counters.HasField("symbol_errors")
     assert not eth1.HasField("optics")
@@ -382,7 +382,8 @@ def test_explain_json(server, sock: Path) -> None:
     assert data["served_at"] == WALL_NOW
     assert data["state"] == {"port": "eth0", "verdict": "VERDICT_DEGRADED", "carrier": True, "phase": "DEGRADED",
                              "since": WALL_NOW - 95, "evidence": [
-                                 "optics: lane 5 RX -11.20 dBm below low alarm -10.4", "carrier up"]}
+                                 "optics: lane 5 RX -11.20 dBm below low alarm -10.4", "carrier up"],
+                             "drain": None}
     assert data["consequences"][0] == {"kind": "rail-table", "name": "rail0", "table": 10100, "role": "primary",
                                        "carries_port": False,
                                        "detail": "table 10100 routes through rail1 (eth1) instead"}
@@ -403,7 +404,7 @@ def test_explain_before_the_first_decision(sock: Path) -> None:
     st = dataclasses.replace(status(), rails=())
     with running_server(sock, lambda: st, lambda port: None):
         result = run_ctl(sock, "explain", "eth0")
-    assert result.exit_code == 1
+    assert result.exit_code == 5  # ExitCode.NOT_FOUND
     assert result.stderr == "linkpassctl: unknown port 'eth0'; linkpassd reports no rails yet\n"
 
 
@@ -453,7 +454,7 @@ def test_explain_needs_a_port() -> None:
 
 def test_to_json_renders_every_explanation_field() -> None:
     """Mirrors the model field by field (served_at is the server's addition)."""
-    msg = control_server.explanation_to_proto(EXPLANATIONS["eth0"], served_at=WALL_NOW)
+    msg = control_convert.explanation_to_proto(EXPLANATIONS["eth0"], served_at=WALL_NOW)
     data = json.loads(ctl.to_json(msg))
     expected = dataclasses.asdict(EXPLANATIONS["eth0"])
     expected["state"]["verdict"] = "VERDICT_DEGRADED"

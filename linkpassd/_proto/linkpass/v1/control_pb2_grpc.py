@@ -32,8 +32,8 @@ class ControlServiceStub:
 
     Who may call what: the daemon reads the caller's credentials from the Unix
     socket (SO_PEERCRED). Reading needs access to the socket (its group,
-    [control] group, default "linkpass"). Drain and Undrain need root or
-    membership of [control] admin_group; others get PERMISSION_DENIED with a
+    [daemon] control_group, default "linkpass"). Drain and Undrain need root or
+    membership of [daemon] admin_group; others get PERMISSION_DENIED with a
     message that names the rule.
     """
 
@@ -92,8 +92,8 @@ class ControlServiceServicer:
 
     Who may call what: the daemon reads the caller's credentials from the Unix
     socket (SO_PEERCRED). Reading needs access to the socket (its group,
-    [control] group, default "linkpass"). Drain and Undrain need root or
-    membership of [control] admin_group; others get PERMISSION_DENIED with a
+    [daemon] control_group, default "linkpass"). Drain and Undrain need root or
+    membership of [daemon] admin_group; others get PERMISSION_DENIED with a
     message that names the rule.
     """
 
@@ -227,8 +227,8 @@ class ControlService:
 
     Who may call what: the daemon reads the caller's credentials from the Unix
     socket (SO_PEERCRED). Reading needs access to the socket (its group,
-    [control] group, default "linkpass"). Drain and Undrain need root or
-    membership of [control] admin_group; others get PERMISSION_DENIED with a
+    [daemon] control_group, default "linkpass"). Drain and Undrain need root or
+    membership of [daemon] admin_group; others get PERMISSION_DENIED with a
     message that names the rule.
     """
 

@@ -1,0 +1,271 @@
+"""Who is calling the control API: a credential proxy in front of gRPC.
+
+grpc python cannot tell a Unix-socket caller's uid (its `auth_context` is
+empty for insecure ports and it exposes no socket).  So the daemon serves gRPC
+only on a private socket inside a 0700 directory nobody else can enter, and
+listens itself on the public control socket.  For each connection it reads
+the caller's credentials from the kernel (SO_PEERCRED, and SO_PEERGROUPS for
+the supplementary groups), decides read or admin, and connects upstream from
+a client socket *bound to a path that encodes the decision*, e.g.
+`<private>/c7-u1000-p4242-read`.  gRPC's `context.peer()` then reads
+`unix:<private>/c7-u1000-p4242-read`, which `caller_from_peer` parses.  Only
+this proxy can create names in the private directory, so a caller cannot
+forge one; anything that does not parse is treated as read-only.
+
+The kernel takes the credentials at connect(2) time, and gRPC keeps one
+connection per channel, so the decision per connection is the decision per
+call.  The proxy is bounded: at most `max_connections` at once (others are
+closed at once), both sides close when either ends, and no step blocks the
+event loop (group names are resolved once at start, in a thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import grp
+import os
+import pwd
+import re
+import socket
+import stat
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+log = structlog.get_logger("linkpassd.control")
+
+MAX_CONNECTIONS = 64
+CONNECT_TIMEOUT_S = 5.0
+PUMP_CHUNK = 64 * 1024
+PRIVATE_DIR_MODE = 0o700
+GRPC_SOCKET_NAME = "grpc.sock"
+# Linux >= 4.13; the socket module does not export it on every build.
+SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
+_GID_SIZE = struct.calcsize("I")
+
+_CALLER_NAME = re.compile(r"c(\d+)-u(\d+)-p(\d+)-(read|admin)")
+# The longest name the proxy binds (uid and pid at their widest).
+_LONGEST_CALLER_NAME = "c9999999999-u4294967295-p4194304-admin"
+_SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes, with the NUL
+
+
+class AccessError(RuntimeError):
+    """The private directory or its sockets cannot be set up safely."""
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A control API caller as the kernel saw it at connect time."""
+
+    uid: int
+    pid: int
+    admin: bool
+
+    def describe(self) -> str:
+        """'alice (uid 1000)'; 'uid 1000' when the uid has no name.  Looks
+        the name up (NSS), so call it off the event loop."""
+        try:
+            return f"{pwd.getpwuid(self.uid).pw_name} (uid {self.uid})"
+        except (KeyError, OverflowError):
+            return f"uid {self.uid}"
+
+
+def caller_name(n: int, uid: int, pid: int, admin: bool) -> str:
+    return f"c{n}-u{uid}-p{pid}-{'admin' if admin else 'read'}"
+
+
+def caller_from_peer(peer: str, private_dir: Path) -> Caller | None:
+    """The caller named by gRPC's `context.peer()`, or None when the peer is
+    not a name this proxy binds in `private_dir` (then: read-only, unknown)."""
+    prefix = f"unix:{private_dir}/"
+    if not peer.startswith(prefix):
+        return None
+    m = _CALLER_NAME.fullmatch(peer[len(prefix):])
+    if m is None:
+        return None
+    return Caller(uid=int(m.group(2)), pid=int(m.group(3)), admin=m.group(4) == "admin")
+
+
+@dataclass(frozen=True)
+class PeerCredentials:
+    pid: int
+    uid: int
+    gids: frozenset[int]  # primary and supplementary
+
+
+def peer_credentials(sock: socket.socket) -> PeerCredentials:
+    """SO_PEERCRED, plus the supplementary groups (SO_PEERGROUPS, or
+    /proc/<pid>/status on kernels without it).  Raises OSError."""
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return PeerCredentials(pid=pid, uid=uid, gids=frozenset({gid, *_supplementary_groups(sock, pid)}))
+
+
+def _supplementary_groups(sock: socket.socket, pid: int) -> tuple[int, ...]:
+    for count in (256, 65536):  # NGROUPS_MAX is 65536; ERANGE: the buffer is too small
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, count * _GID_SIZE)
+        except OSError as exc:
+            if exc.errno == errno.ERANGE:
+                continue
+            if exc.errno in (errno.ENOPROTOOPT, errno.EINVAL):
+                break  # an older kernel: ask /proc instead
+            raise
+        return struct.unpack(f"{len(raw) // _GID_SIZE}I", raw[: len(raw) // _GID_SIZE * _GID_SIZE])
+    return _proc_groups(pid)
+
+
+def _proc_groups(pid: int) -> tuple[int, ...]:
+    """The `Groups:` line of /proc/<pid>/status; () when it cannot be read
+    (the caller is then judged on its uid and primary group only)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Groups:"):
+                    return tuple(int(g) for g in line.split()[1:] if g.isdigit())
+    except OSError:
+        pass
+    return ()
+
+
+def group_gid(name: str) -> int | None:
+    """The gid of group `name`; None when it is unset or does not exist."""
+    if not name:
+        return None
+    try:
+        return grp.getgrnam(name).gr_gid
+    except KeyError:
+        return None
+
+
+def prepare_private_dir(path: Path) -> None:
+    """Create (0700) or reuse our private directory, refusing anything that is
+    not a real directory owned by us, and clear what a previous run left in it
+    (the caller only gets here once the public socket is known to be dead)."""
+    try:
+        path.mkdir(mode=PRIVATE_DIR_MODE)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise AccessError(f"{path} exists but is not a directory owned by uid {os.geteuid()}; not using it")
+    os.chmod(path, PRIVATE_DIR_MODE)
+    for entry in path.iterdir():
+        if entry.name == GRPC_SOCKET_NAME or _CALLER_NAME.fullmatch(entry.name):
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISSOCK(os.lstat(entry).st_mode):
+                    entry.unlink()
+    longest = len(str(path / _LONGEST_CALLER_NAME))
+    if longest > _SUN_PATH_MAX:
+        raise AccessError(f"{path} is too long for Unix socket names inside it "
+                          f"({longest} > {_SUN_PATH_MAX} bytes); use a shorter control_socket path")
+
+
+class CredentialProxy:
+    """The public control socket: reads each caller's credentials and relays
+    its bytes to the private gRPC socket from a name that says who it is."""
+
+    def __init__(self, public_sock: socket.socket, private_dir: Path, upstream: Path,
+                 admin_gid: int | None, *, max_connections: int = MAX_CONNECTIONS) -> None:
+        self._public_sock = public_sock  # bound and listening, mode and group already set
+        self.private_dir = private_dir
+        self._upstream = upstream
+        self._admin_gid = admin_gid
+        self._max = max_connections
+        self._server: asyncio.base_events.Server | None = None
+        self._handlers: set[asyncio.Task[None]] = set()
+        self._counter = 0
+
+    @property
+    def active(self) -> int:
+        return len(self._handlers)
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_unix_server(self._accept, sock=self._public_sock)
+
+    def stop_accepting(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def close(self) -> None:
+        """Stop accepting and cut every relayed connection."""
+        self.stop_accepting()
+        handlers = list(self._handlers)
+        for task in handlers:
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        if self._server is not None:
+            await self._server.wait_closed()
+            self._server = None
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        if len(self._handlers) >= self._max:
+            log.warning("control_connection_refused", reason="too many connections", limit=self._max)
+            writer.close()
+            return
+        self._handlers.add(task)
+        try:
+            await self._relay(reader, writer)
+        except asyncio.CancelledError:
+            pass  # close(): the server is stopping
+        except Exception as exc:  # one bad connection must not reach the loop's handler
+            log.warning("control_connection_failed", error=str(exc))
+        finally:
+            self._handlers.discard(task)
+            writer.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        creds = peer_credentials(writer.get_extra_info("socket"))
+        admin = creds.uid == 0 or (self._admin_gid is not None and self._admin_gid in creds.gids)
+        self._counter += 1
+        up_writer = None
+        upstream = await self._connect_as(caller_name(self._counter, creds.uid, creds.pid, admin))
+        try:
+            up_reader, up_writer = await asyncio.open_unix_connection(sock=upstream)
+            upstream = None  # the transport owns it now
+            pumps = [asyncio.ensure_future(_pump(reader, up_writer)),
+                     asyncio.ensure_future(_pump(up_reader, writer))]
+            try:
+                await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for pump in pumps:
+                    pump.cancel()
+                await asyncio.gather(*pumps, return_exceptions=True)
+        finally:
+            if upstream is not None:
+                upstream.close()
+            if up_writer is not None:
+                up_writer.close()
+
+    async def _connect_as(self, name: str) -> socket.socket:
+        """A connection to the gRPC socket from `<private>/<name>`; the name
+        is unlinked once connected (the kernel keeps it as the peer address)."""
+        path = self.private_dir / name
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            sock.bind(str(path))
+            try:
+                await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, str(self._upstream)),
+                                       CONNECT_TIMEOUT_S)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+
+async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    """Copy until EOF or an error; drain() keeps a slow side from filling memory."""
+    with contextlib.suppress(ConnectionError, OSError):
+        while data := await src.read(PUMP_CHUNK):
+            dst.write(data)
+            await dst.drain()
