@@ -31,7 +31,7 @@ from linkpassd.adapters.feeds import EventFeed, Latest
 from linkpassd.adapters.healthfile import HealthFile
 from linkpassd.adapters.statefile import StateFileError, read_json, write_json_atomic
 from linkpassd.core import drain, healthdoc
-from linkpassd.core.events import Event, EventKind, EventLog, Severity
+from linkpassd.core.events import Event, EventKind, EventLog, Severity, reason_class
 from linkpassd.core.model import Drain, PortState, Problem
 
 log = structlog.get_logger("linkpassd")
@@ -57,15 +57,7 @@ class DrainCommand:
 
 def cause_of(reason: str, drained: bool) -> str:
     """The class of a verdict's reason, for counting reroutes by cause."""
-    if drained:
-        return "drain"
-    text = reason.lower()
-    for word in ("carrier", "bfd", "echo", "optics", "counters", "flap"):
-        if word in text:
-            return word
-    if "before restart" in text or "failed over" in text:
-        return "carried"
-    return "other"
+    return "drain" if drained else reason_class(reason)
 
 
 class Operations:

@@ -53,6 +53,7 @@ import socket
 import struct
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -89,6 +90,10 @@ _HANDOFF_S = 0.010  # the responder hands what it heard to the loop at most this
 _RESPONDER_RCVBUF = 1 << 20
 SO_RCVBUFFORCE = 33
 _U32 = struct.Struct("!I")
+# Upper bounds of the probe RTT histogram (seconds; +Inf is implied), for metrics:
+# each reply costs one bisect and one integer increment (see docs/metrics.md).
+RTT_BUCKETS_S = (50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 4e-3, 8e-3, 16e-3, 32e-3, 64e-3,
+                 0.128, 0.256, 0.512, 1.024)
 
 
 # --------------------------------------------------------------------------
@@ -375,6 +380,8 @@ class EchoProber:
         self.prober_id = prober_id or _random_id()
         self.socket_error = ""  # why the socket could not be opened, while it cannot
         self.icmp_errors = 0  # ICMP errors other than port unreachable (e.g. no ARP answer)
+        self.rtt_counts = [0] * (len(RTT_BUCKETS_S) + 1)  # replies per RTT bucket, last: +Inf
+        self.rtt_sum_s = 0.0
         self.sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timer: asyncio.TimerHandle | None = None
@@ -501,6 +508,10 @@ class EchoProber:
             return
         rx, _ = _cmsgs(ancdata)
         waited = 0.0 if rx is None else min(max(0.0, wall - rx), _MAX_KERNEL_DELAY_S)
+        # The path's round trip: kernel receive time - our send time - what the peer held it.
+        rtt = max(0.0, now - waited - pkt.sent_ns * 1e-9 - pkt.held_us * 1e-6)
+        self.rtt_counts[bisect_left(RTT_BUCKETS_S, rtt)] += 1
+        self.rtt_sum_s += rtt
         self.state = self.state.on_reply(pkt.seq, now - waited, now, max(lag, waited),
                                          echoed_sent_at=pkt.sent_ns * 1e-9,
                                          peer_delay_s=pkt.held_us * 1e-6)

@@ -125,3 +125,28 @@ class EventLog:
         if n <= 0:
             return []
         return list(self._events)[-n:]
+
+
+CAUSES = ("carrier", "flap", "bfd", "echo", "optics", "counters", "drain", "undrain",
+          "recovered", "carried", "other", "unknown")
+
+
+def reason_class(reason: str) -> str:
+    """The signal behind a verdict's reason (core.health words it), as a
+    reroute cause: carrier, flap, bfd, echo, optics, counters, drain,
+    recovered (back to UP), carried (a verdict kept over a restart) or other."""
+    text = reason.strip().lower()
+    if text in CAUSES:
+        return text
+    if text.startswith("drained"):
+        return "drain"
+    if text.startswith(("no carrier", "interface missing", "interface administratively down")):
+        return "carrier"
+    if text.startswith("awaiting proof"):
+        return "carried"
+    if text in ("link healthy", "healthy at start"):
+        return "recovered"
+    for signal in ("bfd", "echo", "optics", "counters", "flap"):
+        if text.startswith(signal):
+            return signal
+    return "other"
