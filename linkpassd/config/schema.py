@@ -80,7 +80,9 @@ DAEMON = Section(
                "or restart never renumbers what is in use). systemd's `StateDirectory=linkpass`.",
                (_abs_path(),)),
         Option("log_format", STR, "kv",
-               "Log line format: `kv` (key=value) or `json`; one event per line either way.",
+               "Log line format: `kv` (logfmt: key=value, a value quoted when it needs to be) or "
+               "`json`; one event per line either way. Under journald each line also carries "
+               "its priority (`journalctl -p err`).",
                (_one_of("kv", "json"),)),
         Option("log_level", STR, "info", "Lowest level that is logged.",
                (_one_of("debug", "info", "warning", "error"),)),

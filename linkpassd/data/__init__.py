@@ -1,0 +1,24 @@
+"""Files an installed linkpass carries with it: the systemd units and a complete
+example config, so a host installed from a wheel (no checkout) can still
+`systemctl enable` the unit and start from a config that passes --check-config.
+
+The canonical copies live in the repository's `systemd/` and `examples/`,
+where operators and reviewers look; these are installed copies of them, kept
+identical by tests/unit/test_packaging.py. Read them with `read_text(name)`
+(importlib.resources: works from a wheel, a zip or an editable install).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+UNITS = ("linkpassd.service", "linkpass-aggregator.service")
+EXAMPLE_CONFIG = "linkpassd.toml"
+FILES = (*UNITS, EXAMPLE_CONFIG)
+
+
+def read_text(name: str) -> str:
+    """The packaged file `name` (one of FILES)."""
+    if name not in FILES:
+        raise ValueError(f"no packaged file {name!r}; there are: {', '.join(FILES)}")
+    return resources.files(__name__).joinpath(name).read_text(encoding="utf-8")
