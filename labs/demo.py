@@ -8,7 +8,9 @@ faulted rail (kernel-path-reverse, see labs/scenario.py), pulls a cable and
 then blackholes the same link silently, and prints the blackout each flow saw.
 With linkpassd the leaves run FRR bfdd and each host rail a BFD session.
 With linkpassd it also prints `linkpassctl status` on lph1 before, during and
-after the cable pull. Everything is torn down at the end, and verified gone.
+after the cable pull, what `linkpassctl nccl-env` would give a launcher before
+and during it, and at the end `linkpassctl events`: every decision linkpassd
+made from the cable pull to its recovery. Everything is torn down at the end, and verified gone.
 
 Run as root from the repo root: `make demo` (or .venv/bin/python -m labs.demo).
 """
@@ -78,12 +80,17 @@ def main(argv: list[str] | None = None) -> int:
           + ", then ".join(DEMO_FAULTS) + "\n", flush=True)
 
     results: dict[tuple[str, str], TrialResult] = {}
+    events = ""
     for mech in mechanisms:
         print(f"== {COLUMN[mech]} ({mech})", flush=True)
         with ScenarioLab(mech) as lab:
+            events_from = events_to = 0
             if mech == "linkpassd":
                 print("  linkpassctl status on lph1, before:\n" + indent(lab.status_text()))
+                print("  linkpassctl nccl-env on lph1, before:\n" + indent(lab.nccl_env_text()))
             for fault in DEMO_FAULTS:
+                if mech == "linkpassd" and fault == "cable-pull":
+                    events_from = lab.last_event_seq()
                 trial = lab.trial(fault, fault_s=args.fault_seconds)
                 results[(mech, fault)] = trial
                 print(f"  {trial.description}")
@@ -95,10 +102,19 @@ def main(argv: list[str] | None = None) -> int:
                 if mech == "linkpassd" and fault == "cable-pull":
                     print("  linkpassctl status on lph1, during the cable pull:\n"
                           + indent(trial.status_during))
+                    print("  linkpassctl nccl-env on lph1, during the cable pull:\n"
+                          + indent(trial.nccl_env_during))
                     lab.wait_recovered()
                     print("  linkpassctl status on lph1, after the cable is back and the "
                           "hold-down has passed:\n" + indent(lab.status_text()))
+                    events_to = lab.last_event_seq()
                 sys.stdout.flush()
+            if mech == "linkpassd":
+                events = (f"linkpassctl events --after {events_from} --limit "
+                          f"{events_to - events_from} on lph1: what linkpassd did from the cable "
+                          f"pull to its recovery\n"
+                          + indent(lab.events_text(after=events_from,
+                                                   limit=events_to - events_from)))
         print(f"  lab torn down, nothing left behind ({time.monotonic() - started:.0f} s)\n",
               flush=True)
 
@@ -114,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "demo.json"
     out.write_text(json.dumps([t.as_dict() for t in results.values()], indent=2))
+    if events:
+        print("\n" + events)
     print(f"\nresults: {out}   total {time.monotonic() - started:.0f} s")
     return 0
 

@@ -119,6 +119,7 @@ class TrialResult:
     cleared_at: float
     flows: dict[str, FlowResult]
     status_during: str = ""
+    nccl_env_during: str = ""
 
     def as_dict(self) -> dict:
         return {"mechanism": self.mechanism, "fault": self.fault, "rail": self.rail,
@@ -165,8 +166,30 @@ class ScenarioLab:
     def status_text(self, host: str = SENDER) -> str:
         if self.mechanism != "linkpassd":
             return ""
-        proc = self.linkpassctl(host, "status")
-        return proc.stdout if proc.returncode == 0 else f"linkpassctl failed: {proc.stderr.strip()}"
+        return self._ctl_text(host, "status")
+
+    def _ctl_text(self, host: str, *args: str) -> str:
+        proc = self.linkpassctl(host, *args)
+        return proc.stdout if proc.returncode == 0 else \
+            f"linkpassctl {args[0]} failed ({proc.returncode}): {proc.stderr.strip()}"
+
+    def nccl_env_text(self, host: str = SENDER) -> str:
+        """What a launcher on `host` would put in NCCL's environment now."""
+        if self.mechanism != "linkpassd":
+            return ""
+        return self._ctl_text(host, "nccl-env", "--file",
+                              str(self.lab.run_dir(host) / "health.json"))
+
+    def last_event_seq(self, host: str = SENDER) -> int:
+        proc = self.linkpassctl(host, "status", "-o", "json")
+        return int(json.loads(proc.stdout)["last_event_seq"]) if proc.returncode == 0 else 0
+
+    def events_text(self, host: str = SENDER, after: int = 0, limit: int = 0) -> str:
+        """`linkpassctl events` on `host`: what linkpassd decided after event
+        `after` (at most `limit` events; 0: all held)."""
+        if self.mechanism != "linkpassd":
+            return ""
+        return self._ctl_text(host, "events", "--after", str(after), "--limit", str(limit))
 
     def unhealthy(self) -> list[str]:
         """What keeps the lab from a healthy start, one line per problem
@@ -294,6 +317,7 @@ class ScenarioLab:
         injected = injector.inject()
         _sleep_until(injected + fault_s * 0.8)
         during = self.status_text()
+        nccl_during = self.nccl_env_text()
         _sleep_until(injected + fault_s)
         cleared = injector.clear()
 
@@ -311,7 +335,8 @@ class ScenarioLab:
                                      receiver=rx_report, sender=tx_report)
         return TrialResult(mechanism=self.mechanism, fault=fault, rail=rail,
                            description=injector.description, injected_at=injected,
-                           cleared_at=cleared or injected, flows=flows, status_during=during)
+                           cleared_at=cleared or injected, flows=flows, status_during=during,
+                           nccl_env_during=nccl_during)
 
     def _start(self, host: str, argv: list[str], log: Path, ready: str) -> subprocess.Popen:
         with open(log, "wb") as out:

@@ -171,8 +171,8 @@ class Daemon(StateFiles, Operations, StatusReport):
         self._sync_echo()
         observed = await self._observe_at_start()
         self._load_allocation(observed)
-        self._adopt(observed)
         self._load_drains()
+        self._adopt(observed)
         self._refresh_rdma()
         self._open_health_file()
         self._start_metrics(loop)
@@ -687,6 +687,9 @@ class Daemon(StateFiles, Operations, StatusReport):
         if not self.config_path:
             log.warning("reload_ignored", reason="no config file")
             return
+        # At once (the `reloaded` event follows the reload's kernel writes):
+        # marks where this reload's writes begin in the log.
+        log.info("reload_requested", config=self.config_path)
         try:
             new = configmod.load_config(self.config_path)
             if new.ownership != self.config.ownership:

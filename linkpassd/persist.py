@@ -33,7 +33,8 @@ class StateFiles:
     def _adopt(self, observed: KernelState | None) -> None:
         """What the last daemon knew: its verdict file, and rail tables the
         kernel still routes through a backup. Such ports start as not trusted
-        (see core.carried); anything unreadable is reported and skipped."""
+        (see core.carried), unless a drain (loaded first) explains the
+        failover; anything unreadable is reported and skipped."""
         path = f"{self.config.state_dir}/{VERDICT_FILE}"
         try:
             doc = read_json(path)
@@ -43,7 +44,7 @@ class StateFiles:
             self._state_problem(path, f"verdict file unusable, ignored: {exc}")
         for port, why in (carried.failed_over(self.config, observed) if observed else {}).items():
             known = self.carried.get(port)
-            if known is None:
+            if known is None and port not in self.drains:  # a drain explains the failover
                 self.carried[port] = carried.Carried(
                     Verdict.DOWN, why, carried.probe_signals(self.config, port, ECHO_SIGNAL))
         for port, c in self.carried.items():

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(iproute2 ethtool nftables tshark tcpdump iputils-ping mininet frr python3-venv python3-dev gcc)
+APT_PACKAGES=(iproute2 ethtool nftables tshark tcpdump iputils-ping mininet frr python3-venv python3-dev gcc prometheus)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
@@ -33,4 +33,21 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[dev,labs]'
   touch "$stamp"
+fi
+
+# buf (lint and breaking-change check of proto/, run by `make proto-check`),
+# pinned, from npm into .tools/ (not committed).
+BUF_VERSION=1.75.0
+BUF=.tools/node_modules/.bin/buf
+if [ "$("$BUF" --version 2>/dev/null || true)" != "$BUF_VERSION" ]; then
+  if ! command -v npm >/dev/null; then
+    if [ "$(id -u)" -ne 0 ]; then
+      echo "bootstrap: npm is missing (needed for buf); run as root to install it" >&2
+      exit 1
+    fi
+    echo "bootstrap: installing npm (for buf)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null
+  fi
+  echo "bootstrap: installing buf $BUF_VERSION into .tools"
+  npm install --prefix .tools --no-save --no-audit --no-fund --loglevel=error "@bufbuild/buf@$BUF_VERSION" >/dev/null
 fi

@@ -30,6 +30,7 @@ import pwd
 import re
 import socket
 import stat
+import tempfile
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,6 +141,18 @@ def group_gid(name: str) -> int | None:
         return grp.getgrnam(name).gr_gid
     except KeyError:
         return None
+
+
+def private_dir_for(socket_path: Path) -> Path:
+    """Where the private gRPC socket and the callers' names live:
+    `<socket stem>.private` next to the public socket (e.g.
+    /run/linkpass/linkpassd.private), or, when a caller's name would not fit
+    in a Unix socket path there, a fresh 0700 directory under the system's
+    temporary directory (any control_socket the config accepts still works)."""
+    beside = socket_path.with_name(socket_path.stem + ".private")
+    if len(str(beside / _LONGEST_CALLER_NAME)) <= _SUN_PATH_MAX:
+        return beside
+    return Path(tempfile.mkdtemp(prefix="linkpassd-ctl-"))
 
 
 def prepare_private_dir(path: Path) -> None:

@@ -56,6 +56,7 @@ from linkpassd.adapters.control_access import (
     caller_from_peer,
     group_gid,
     prepare_private_dir,
+    private_dir_for,
 )
 from linkpassd.adapters.control_convert import (  # noqa: F401 - re-exported: tests and callers use them here
     event_to_proto,
@@ -306,7 +307,9 @@ class ControlServer:
 
     gRPC itself listens on `<private_dir>/grpc.sock`; `private_dir` (0700,
     next to the socket) is named after the public socket, e.g.
-    /run/linkpass/linkpassd.private for /run/linkpass/linkpassd.sock.
+    /run/linkpass/linkpassd.private for /run/linkpass/linkpassd.sock (a
+    temporary directory instead when that path is too long for the callers'
+    socket names: see control_access.private_dir_for).
     """
 
     def __init__(
@@ -324,7 +327,7 @@ class ControlServer:
         max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         self.socket_path = Path(socket_path).absolute()
-        self.private_dir = self.socket_path.with_name(self.socket_path.stem + ".private")
+        self.private_dir = private_dir_for(self.socket_path)
         self.group = group
         self.admin_group = admin_group
         self._max_connections = max_connections

@@ -87,10 +87,11 @@ def kernel(lab: HostLab) -> dict:
 def writes_after(proc: DaemonProcess, marker: str) -> list[str]:
     """The `detail` of every kernel_write logged after the last `marker` event."""
     lines = proc.log().splitlines()
-    start = max((i for i, line in enumerate(lines) if f"event='{marker}'" in line), default=-1)
+    start = max((i for i, line in enumerate(lines) if re.search(rf" event={marker}(?: |$)", line)),
+                default=-1)
     assert start >= 0, f"no {marker} in the log:\n{proc.log()}"
     return [f"{_field(line, 'op')} {_field(line, 'detail')}" for line in lines[start + 1:]
-            if "event='kernel_write'" in line]
+            if " event=kernel_write " in line]
 
 
 def _field(line: str, key: str) -> str:
@@ -146,7 +147,7 @@ def test_a_reload_that_adds_a_rail_writes_only_the_new_rails_objects(host, lab3)
     (new_route,) = set(after["routes"]) - set(before["routes"])
     assert after["routes"][new_route]["nhid"] == rail2_nh
     new_table = new_route[0]
-    written = writes_after(first, "reloaded")
+    written = writes_after(first, "reload_requested")
     assert len(written) == 4, written
     assert all(f"id={rail2_nh}," in w or f"table={new_table}," in w for w in written), written
     assert int(first.status()["netlink_writes"]) - writes_before == 4
@@ -205,7 +206,7 @@ def test_a_reload_that_resizes_the_group_moves_the_route_to_a_fresh_group(host, 
 
     now = kernel(lab3)
     assert len(now["buckets"][new]) == 16
-    written = writes_after(proc, "reloaded")
+    written = writes_after(proc, "reload_requested")
     create = written.index(next(w for w in written if w.startswith("create NexthopGroup")
                                 and f"id={new}," in w))
     move = written.index(next(w for w in written if w.startswith("replace Route")

@@ -461,3 +461,18 @@ def test_server_reflection_lists_the_services(ops_server: ControlServer, sock: P
         file = ProtoReflectionDescriptorDatabase(channel).FindFileContainingSymbol("linkpass.v1.ControlService")
     assert {"linkpass.v1.ControlService", "grpc.health.v1.Health"} <= services
     assert file.name == "linkpass/v1/control.proto"
+
+
+def test_a_socket_path_too_long_for_callers_names_beside_it_still_serves(sock: Path) -> None:
+    """Any control_socket the config accepts must work: when
+    `<stem>.private/<caller name>` would pass the 107-byte limit, the private
+    directory goes to a fresh 0700 temporary directory instead."""
+    deep = sock.parent / ("d" * 60) / "linkpassd.sock"
+    assert len(str(deep)) < 107 < len(str(deep.with_name("linkpassd.private"))) + 40
+    with running_server(deep, realistic_status) as srv:
+        assert not str(srv.private_dir).startswith(str(deep.parent))
+        assert stat.S_IMODE(os.stat(srv.private_dir).st_mode) == 0o700
+        result = run_ctl(deep, "status", "-o", "json")
+        assert result.exit_code == 0, result.output
+        private = srv.private_dir
+    assert not private.exists()  # removed at stop
