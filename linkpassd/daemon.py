@@ -310,9 +310,7 @@ class Daemon(StateFiles, Operations, StatusReport):
             self._flush_logs()
             self._flush_events()
             self._publish_health(now)
-            for event in events:
-                if isinstance(event, DrainCommand) and not event.done.done():
-                    event.done.set_result(None)
+            self._answer_commands(events)
 
     async def _handle(self, events: list, now: float) -> None:
         for event in events:
@@ -638,7 +636,7 @@ class Daemon(StateFiles, Operations, StatusReport):
             if str(f) not in before:
                 self._emit(EventKind.CONFLICT, "foreign_object", severity=Severity.WARNING,
                            message=f"foreign {f.kind} inside an owned range, left alone: {f}",
-                           kind=f.kind, protocol=f.protocol, object=str(f))
+                           object_kind=f.kind, protocol=f.protocol, object=str(f))
 
     def _refused(self, op: Op, exc: KernelOpError, now: float) -> None:
         """The kernel refused `op` against a fresh view: remember it, retry it
@@ -677,11 +675,16 @@ class Daemon(StateFiles, Operations, StatusReport):
         self.applied = None
         self.failed_desired = self.decision.desired if self.decision else None
         self.hold_until = now + apply.backoff_s(self.consecutive_failures)
-        log.error("reconcile_failed", error=message, failures=self.reconcile_failures,
-                  retry_s=round(self.hold_until - now, 1), exc_info=exc_info)
-        if self.consecutive_failures <= 1:  # the first of a run: later ones are in the log
+        retry_s = round(self.hold_until - now, 1)
+        if self.consecutive_failures <= 1:  # the first of a run is an event (logged as such)
+            if exc_info is not None:
+                log.error("reconcile_failed_traceback", error=message, exc_info=exc_info)
             self._emit(EventKind.RECONCILE_FAILED, "reconcile_failed", severity=Severity.ERROR,
-                       message=message, error=message)
+                       message=message, error=message, failures=self.reconcile_failures,
+                       retry_s=retry_s)
+        else:  # the rest of the run: the log only
+            log.error("reconcile_failed", error=message, failures=self.reconcile_failures,
+                      retry_s=retry_s, exc_info=exc_info)
 
     async def _reload(self, now: float) -> None:
         if not self.config_path:

@@ -45,14 +45,16 @@ COMMAND_TIMEOUT_S = 10.0  # a drain waits this long for its pass
 _LOG_METHOD = {Severity.INFO: "info", Severity.WARNING: "warning", Severity.ERROR: "error"}
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class DrainCommand:
-    """Drain (`drain` set) or undrain (`drain` None) `port`, from the control API."""
+    """Drain (`drain` set) or undrain (`drain` None) `port`, from the control API.
+    `taken`: the reconcile loop recorded it (handle() then answers `done`)."""
 
     port: str
     drain: Drain | None
     by: str
     done: asyncio.Future = field(compare=False)
+    taken: bool = False
 
 
 def cause_of(reason: str, drained: bool) -> str:
@@ -152,25 +154,57 @@ class Operations:
         return await self._command(port, d, by)
 
     async def undrain(self, port: str, by: str) -> PortState:
-        if port not in self.ports():
-            raise drain.UnknownPort(f"port {port!r} is not a rail's port; rail ports: "
-                                    f"{', '.join(self.ports()) or 'none'}")
+        """A drained port may be undrained even when a reload removed it from
+        the config (its drain would otherwise return with it, unclearable)."""
         if port not in self.drains:
+            if port not in self.ports():
+                raise drain.UnknownPort(f"port {port!r} is not a rail's port; rail ports: "
+                                        f"{', '.join(self.ports()) or 'none'}")
             raise drain.NotDrained(f"port {port!r} is not drained")
         return await self._command(port, None, by)
 
     async def _command(self, port: str, d: Drain | None, by: str) -> PortState:
+        """Queue the change and wait for the pass that applies it: the answer
+        says whether the routes moved (see _answer_commands)."""
         done = asyncio.get_running_loop().create_future()
         await self.queue.put(DrainCommand(port, d, by, done))
-        await asyncio.wait_for(asyncio.shield(done), COMMAND_TIMEOUT_S)
+        what = "drain" if d is not None else "undrain"
+        try:
+            await asyncio.wait_for(asyncio.shield(done), COMMAND_TIMEOUT_S)
+        except TimeoutError:
+            raise drain.DrainPending(
+                f"{what} of {port} is queued, but linkpassd's reconcile loop did not get to it "
+                f"within {COMMAND_TIMEOUT_S:g} s; it applies when the loop does (see "
+                "`linkpassctl events`)") from None
         states = self._unix_port_states(self.clock())
         return states.get(port) or PortState(port=port, verdict=None, carrier=False, phase="",
-                                             since=0.0)
+                                             since=0.0, drain=self.drains.get(port))
+
+    def _answer_commands(self, events: list) -> None:
+        """After a batch: each drain command learns whether its change was
+        recorded and whether the routes are now as the policy wants them."""
+        settled = (self.decision is not None and self.applied == self.decision.desired
+                   and not self.failures)
+        for cmd in events:
+            if not isinstance(cmd, DrainCommand) or cmd.done.done():
+                continue
+            what = "drain" if cmd.drain is not None else "undrain"
+            if not cmd.taken:
+                cmd.done.set_exception(drain.DrainNotTaken(
+                    f"{what} of {cmd.port} was not recorded: linkpassd is stopping"))
+            elif not settled:
+                cmd.done.set_exception(drain.DrainPending(
+                    f"{what} of {cmd.port} is recorded and kept, but the routes have not moved "
+                    f"yet: {self.last_error or 'the pass did not complete'}; linkpassd retries "
+                    "(see `linkpassctl status`)"))
+            else:
+                cmd.done.set_result(None)
 
     def _apply_drain_command(self, cmd: DrainCommand) -> None:
         """In the reconcile loop: change the drains; the pass that follows
         moves the traffic, then handle() answers the caller."""
         rail = self._rail_of(cmd.port)
+        cmd.taken = True
         if cmd.drain is not None:
             self.drains[cmd.port] = cmd.drain
             self._emit(EventKind.DRAIN, "port_drained", port=cmd.port, rail=rail,

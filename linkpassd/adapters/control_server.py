@@ -67,7 +67,7 @@ from linkpassd.adapters.control_convert import (  # noqa: F401 - re-exported: te
     status_to_proto,
 )
 from linkpassd.adapters.feeds import EventFeed, Latest
-from linkpassd.core.drain import DrainError, NotDrained, UnknownPort
+from linkpassd.core.drain import DrainError, DrainNotTaken, DrainPending, NotDrained, UnknownPort
 from linkpassd.core.explain import Explanation
 from linkpassd.core.healthdoc import HealthDoc
 from linkpassd.core.model import DaemonStatus, PortState
@@ -182,8 +182,18 @@ class _ControlServicer(pb_grpc.ControlServiceServicer):
         assert self._events is not None
         return self._events
 
+    async def _same_boot(self, context: grpc.aio.ServicerContext, feed: EventFeed, boot_id: str) -> None:
+        """FAILED_PRECONDITION when the caller's sequence numbers belong to
+        another boot (they restart at each boot, and the older boot's events
+        are gone); an empty boot_id is not checked."""
+        if boot_id and boot_id != feed.boot_id:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                f"boot_id {boot_id!r} is not this daemon's boot ({feed.boot_id!r}): linkpassd "
+                                f"restarted and that boot's events are gone; start again with after_seq 0")
+
     async def ListEvents(self, request: pb.ListEventsRequest, context: grpc.aio.ServicerContext) -> pb.ListEventsResponse:
         feed = await self._feed(context)
+        await self._same_boot(context, feed, request.boot_id)
         events, missed = feed.log.after(request.after_seq, request.limit or None)
         return pb.ListEventsResponse(events=[event_to_proto(e) for e in events], missed=missed,
                                      boot_id=feed.boot_id, last_seq=feed.log.last_seq)
@@ -191,6 +201,7 @@ class _ControlServicer(pb_grpc.ControlServiceServicer):
     async def WatchEvents(self, request: pb.WatchEventsRequest,
                           context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WatchEventsResponse]:
         feed = await self._feed(context)
+        await self._same_boot(context, feed, request.boot_id)
         seq = request.after_seq
         if seq > feed.log.last_seq:  # would wait, silently, for events this boot may never reach
             await context.abort(grpc.StatusCode.OUT_OF_RANGE,
@@ -228,6 +239,10 @@ class _ControlServicer(pb_grpc.ControlServiceServicer):
             return await change()
         except (UnknownPort, NotDrained) as exc:
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except DrainPending as exc:  # recorded and kept; the routes have not moved yet
+            await context.abort(grpc.StatusCode.ABORTED, str(exc))
+        except DrainNotTaken as exc:  # the daemon is stopping, or its loop did not get to it
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
         except DrainError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception as exc:  # a provider bug is INTERNAL, not the caller's fault

@@ -20,7 +20,8 @@ from typing import Mapping
 
 from linkpassd.core.model import Drain, PortState, Verdict
 
-__all__ = ["Drain", "DrainError", "UnknownPort", "NotDrained", "parse_duration", "request", "active", "apply",
+__all__ = ["Drain", "DrainError", "UnknownPort", "NotDrained", "DrainPending", "DrainNotTaken",
+           "MAX_DURATION_S", "parse_duration", "request", "active", "apply",
            "encode", "decode"]
 
 FILE_VERSION = 1
@@ -42,6 +43,19 @@ class NotDrained(DrainError):
     """Undrain of a port that is not drained."""
 
 
+class DrainPending(DrainError):
+    """The change is recorded (and persisted), but its pass could not move the
+    routes yet (a refused write, a failed pass): the daemon keeps retrying."""
+
+
+class DrainNotTaken(DrainError):
+    """The change was not recorded: the daemon stopped, or did not get to it
+    in time."""
+
+
+MAX_DURATION_S = 366 * 86400.0  # a drain for longer is a mistake: use no --for at all
+
+
 def parse_duration(text: str) -> float:
     """'90s', '30m', '2h', '1d', '1h30m' -> seconds.  A bare number is refused
     (minutes or seconds?), and so is zero."""
@@ -59,6 +73,9 @@ def parse_duration(text: str) -> float:
                          "e.g. 90s, 30m, 2h, 1d or 1h30m")
     if not total > 0 or not math.isfinite(total):
         raise DrainError(f"duration {text!r} must be more than zero")
+    if total > MAX_DURATION_S:
+        raise DrainError(f"duration {text!r} is more than 366 days; for a drain until "
+                         "undrained give no duration")
     return total
 
 
@@ -76,6 +93,9 @@ def request(port: str, reason: str, by: str, now: float, duration_s: float | Non
         raise DrainError(f"reason is {len(reason)} characters; at most {MAX_REASON}")
     if duration_s is not None and not (duration_s > 0 and math.isfinite(duration_s)):
         raise DrainError(f"duration must be more than zero seconds, not {duration_s!r}")
+    if duration_s is not None and duration_s > MAX_DURATION_S:
+        raise DrainError(f"duration {duration_s:g} s is more than 366 days; for a drain until "
+                         "undrained give no duration")
     until = None if duration_s is None else now + duration_s
     return Drain(port=port, reason=reason, by=by, at=now, until=until)
 
@@ -94,15 +114,18 @@ def active(drains: Mapping[str, Drain], now: float) -> tuple[dict[str, Drain], l
 
 def apply(states: Mapping[str, PortState], drains: Mapping[str, Drain]) -> dict[str, PortState]:
     """Port states as the policy must see them: a drained UP port is DEGRADED,
-    with the drain as its first evidence."""
+    with the drain as its first evidence; a port that is worse anyway keeps
+    its own reason first (health.json and nccl-env show why it is down)."""
     out = dict(states)
     for port, d in drains.items():
         state = out.get(port)
         if state is None:
             continue
-        verdict = Verdict.DEGRADED if state.verdict is Verdict.UP else state.verdict
-        out[port] = replace(state, verdict=verdict, evidence=(d.describe(),) + state.evidence,
-                            drain=d)
+        if state.verdict is Verdict.UP:  # the drain is why it is not used
+            out[port] = replace(state, verdict=Verdict.DEGRADED,
+                                evidence=(d.describe(),) + state.evidence, drain=d)
+        else:  # its own fault comes first; the drain is noted after it
+            out[port] = replace(state, evidence=state.evidence + (d.describe(),), drain=d)
     return out
 
 
@@ -132,6 +155,10 @@ def decode(doc: object) -> dict[str, Drain]:
                 raise TypeError("until must be a number or null")
         except (KeyError, TypeError) as exc:
             raise DrainError(f"drain {i}: {exc}") from None
+        if until is not None and not (math.isfinite(until) and until <= at + MAX_DURATION_S):
+            raise DrainError(f"drain {i}: until {until!r} is not within 366 days of at {at!r}")
+        if not math.isfinite(at):
+            raise DrainError(f"drain {i}: at {at!r} is not a time")
         out[port] = Drain(port=port, reason=reason, by=by, at=float(at),
                           until=None if until is None else float(until))
     return out

@@ -65,12 +65,16 @@ class Target:
     socket_path: str
     timeout: float
 
-    def call(self, method: Callable[[pb_grpc.ControlServiceStub], Callable[..., R]], request: Message) -> R:
-        """Make one unary call, turning every failure into one CtlError line."""
+    def call(self, method: Callable[[pb_grpc.ControlServiceStub], Callable[..., R]], request: Message,
+             at_least: float = 0.0) -> R:
+        """Make one unary call, turning every failure into one CtlError line;
+        `at_least` raises the deadline for calls the daemon may take long to
+        answer by design (a drain waits for its pass)."""
         self._check_socket()
         try:
             with grpc.insecure_channel(f"unix:{os.path.abspath(self.socket_path)}") as channel:
-                return method(pb_grpc.ControlServiceStub(channel))(request, timeout=self.timeout)
+                return method(pb_grpc.ControlServiceStub(channel))(
+                    request, timeout=max(self.timeout, at_least))
         except grpc.RpcError as exc:
             raise self.failure(exc) from None
 
@@ -220,15 +224,19 @@ def explain(target: Target, port: str, output: str) -> None:
 @click.option("--limit", type=click.IntRange(min=1), default=None, metavar="N",
               help="At most N events (with --follow: stop after N).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing events as they happen; Ctrl-C ends.")
+@click.option("--boot-id", default="", metavar="ID",
+              help="The boot --after belongs to (boot_id of `events -o json`); fails when linkpassd has "
+                   "restarted since, instead of silently mixing two boots' sequence numbers.")
 @output_option
 @click.pass_obj
-def events(target: Target, after: int | None, limit: int | None, follow: bool, output: str) -> None:
+def events(target: Target, after: int | None, limit: int | None, follow: bool, boot_id: str, output: str) -> None:
     """What linkpassd decided and did, oldest first: verdicts, path and group
     changes, drains, reloads, conflicts.  One line per event (time UTC, seq,
     severity, kind, port/rail, message); json: the API's messages (with
     --follow one JSON document per line)."""
     if not follow:
-        resp = target.call(lambda stub: stub.ListEvents, pb.ListEventsRequest(after_seq=after or 0, limit=limit or 0))
+        resp = target.call(lambda stub: stub.ListEvents,
+                           pb.ListEventsRequest(after_seq=after or 0, limit=limit or 0, boot_id=boot_id))
         if output == "json":
             click.echo(to_json(resp))
             return
@@ -237,9 +245,9 @@ def events(target: Target, after: int | None, limit: int | None, follow: bool, o
         click.echo(render_events(resp))
         return
     if after is None:  # from now on: after the newest event held
-        after = target.call(lambda stub: stub.ListEvents, pb.ListEventsRequest(limit=1)).last_seq
+        after = target.call(lambda stub: stub.ListEvents, pb.ListEventsRequest(limit=1, boot_id=boot_id)).last_seq
     shown = 0
-    stream = target.stream(lambda stub: stub.WatchEvents, pb.WatchEventsRequest(after_seq=after))
+    stream = target.stream(lambda stub: stub.WatchEvents, pb.WatchEventsRequest(after_seq=after, boot_id=boot_id))
     try:
         for msg in stream:
             if msg.missed:
@@ -253,6 +261,11 @@ def events(target: Target, after: int | None, limit: int | None, follow: bool, o
     finally:
         stream.close()
     raise CtlError("linkpassd ended the event stream (it is stopping)", ExitCode.UNREACHABLE)
+
+
+# Longer than the daemon's own wait for the pass (operations.COMMAND_TIMEOUT_S,
+# 10 s), so a slow pass is answered by the daemon ("queued"), not by our deadline.
+DRAIN_TIMEOUT_S = 15.0
 
 
 @cli.command()
@@ -272,7 +285,8 @@ def drain(target: Target, port: str, reason: str, for_: str | None, output: str)
             duration_s = parse_duration(for_)
         except DrainError as exc:
             raise click.BadParameter(str(exc), param_hint="'--for'") from None
-    resp = target.call(lambda stub: stub.Drain, pb.DrainRequest(port=port, reason=reason, duration_s=duration_s))
+    resp = target.call(lambda stub: stub.Drain, pb.DrainRequest(port=port, reason=reason, duration_s=duration_s),
+                       at_least=DRAIN_TIMEOUT_S)
     click.echo(to_json(resp) if output == "json" else render_drain_change(resp.state))
 
 
@@ -283,7 +297,7 @@ def drain(target: Target, port: str, reason: str, for_: str | None, output: str)
 def undrain(target: Target, port: str, output: str) -> None:
     """End PORT's drain: it is judged on its health again.  Needs root or
     linkpassd's admin_group."""
-    resp = target.call(lambda stub: stub.Undrain, pb.UndrainRequest(port=port))
+    resp = target.call(lambda stub: stub.Undrain, pb.UndrainRequest(port=port), at_least=DRAIN_TIMEOUT_S)
     click.echo(to_json(resp) if output == "json" else render_drain_change(resp.state))
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -217,16 +218,23 @@ def test_events_follow_sees_a_cable_pull_in_order_with_no_gap(lab, ops):
     follow = subprocess.Popen(
         [sys.executable, "-m", "linkpassd.ctl.main", "--socket", ops.sock, "events", "--follow",
          "--after", str(last), "-o", "json"],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     events: list[dict] = []
+    pending = b""
     try:
         lab.cut(lab.rails[1])
         deadline = time.monotonic() + DEADLINE_S
         while not any(e["kind"] == "EVENT_KIND_RAIL_PATH" and e["rail"] == "rail1" for e in events):
-            assert time.monotonic() < deadline, f"no rail1 path event in {events}"
-            line = follow.stdout.readline()
-            assert line, f"events --follow ended: {follow.stderr.read()}"
-            events.append(json.loads(line)["event"])
+            left = deadline - time.monotonic()
+            assert left > 0, f"no rail1 path event in {events}"
+            ready, _, _ = select.select([follow.stdout], [], [], left)  # bounded: never block
+            if not ready:
+                continue
+            chunk = os.read(follow.stdout.fileno(), 65536)
+            assert chunk, f"events --follow ended: {follow.stderr.read()!r}"
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            events += [json.loads(line)["event"] for line in lines if line.strip()]
     finally:
         follow.send_signal(signal.SIGINT)
         try:

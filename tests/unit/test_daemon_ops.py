@@ -134,3 +134,73 @@ def test_the_control_api_drain_returns_after_the_pass_that_moved_the_traffic(tmp
     state = asyncio.run(scenario())
     assert state.verdict is Verdict.DEGRADED and state.drain.reason == "flapping optic"
     assert state.drain.until == state.drain.at + 3600.0
+
+
+def test_a_foreign_object_found_in_the_same_pass_as_a_cable_pull_holds_up_nothing(tmp_path):
+    from linkpassd.core.model import ForeignObject
+    daemon, clock, kernel = started(tmp_path)
+    kernel.foreign = (ForeignObject("nexthop", 99, "nexthop id 1000150 via 198.18.9.9 proto 99",
+                                    id=1_000_150),)
+    daemon.needs_resync = True  # the pass re-reads and finds it
+    seen = daemon.events.log.last_seq
+    clock.t += 0.1
+    run(daemon.handle([LinkEvent(link("eth1", carrier=False))]))
+    assert table_port(daemon, kernel, "eth1") != "eth1"  # the failover happened
+    assert daemon.reconcile_failures == 0 and daemon.last_error == ""
+    conflict = [e for e in daemon.events.log.after(seen)[0] if e.kind is EventKind.CONFLICT]
+    assert [e.field("object_kind") for e in conflict] == ["nexthop"]
+
+
+def answered(cmd: DrainCommand):
+    return cmd.done.exception() if cmd.done.done() else "unanswered"
+
+
+def test_a_drain_whose_routes_cannot_move_is_answered_as_pending_but_kept(tmp_path):
+    from linkpassd.core import drain
+    daemon, clock, kernel = started(tmp_path)
+    kernel.refuse = lambda op, n: True  # the kernel refuses every write
+    cmd = drain_cmd("eth0")
+    run(daemon.handle([cmd]))
+    assert isinstance(answered(cmd), drain.DrainPending)
+    assert "recorded and kept" in str(answered(cmd)) and "injected refusal" in str(answered(cmd))
+    assert "eth0" in daemon.drains and table_port(daemon, kernel, "eth0") == "eth0"
+    kernel.refuse = lambda op, n: False
+    clock.t += 31.0
+    run(daemon.handle([Tick()]))  # the retry moves it
+    assert table_port(daemon, kernel, "eth0") != "eth0"
+
+
+def test_a_drain_queued_behind_a_shutdown_is_answered_as_not_taken(tmp_path):
+    import pytest
+    from linkpassd.core import drain
+    from linkpassd.daemon import Shutdown, ShutdownRequested
+    daemon, clock, kernel = started(tmp_path)
+    cmd = drain_cmd("eth0")
+    with pytest.raises(ShutdownRequested):
+        run(daemon.handle([Shutdown("SIGTERM"), cmd]))
+    assert isinstance(answered(cmd), drain.DrainNotTaken)
+    assert daemon.drains == {}
+
+
+def test_a_settled_drain_is_answered_with_success(tmp_path):
+    daemon, clock, kernel = started(tmp_path)
+    cmd = drain_cmd("eth0")
+    run(daemon.handle([cmd]))
+    assert cmd.done.done() and cmd.done.exception() is None
+
+
+def test_a_port_removed_by_a_reload_can_still_be_undrained(tmp_path):
+    import dataclasses
+    daemon, clock, kernel = started(tmp_path)
+    daemon.drains["eth9"] = Drain("eth9", "gone NIC", "root (uid 0)", 1.0)  # e.g. from drains.json
+
+    async def scenario():
+        loop_task = asyncio.create_task(daemon._reconcile_loop())
+        try:
+            await daemon.undrain("eth9", "root (uid 0)")
+        finally:
+            loop_task.cancel()
+
+    asyncio.run(scenario())
+    assert "eth9" not in daemon.drains
+    assert dataclasses.asdict(daemon.events.log.last(1)[0])["port"] == "eth9"

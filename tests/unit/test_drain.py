@@ -78,3 +78,19 @@ def test_the_file_round_trips():
 def test_a_bad_file_is_refused_with_the_reason(doc, why):
     with pytest.raises(drain.DrainError, match=why):
         drain.decode(doc)
+
+
+def test_durations_past_a_year_are_refused_everywhere():
+    with pytest.raises(drain.DrainError, match="366 days"):
+        drain.parse_duration("99999999d")
+    with pytest.raises(drain.DrainError, match="366 days"):
+        drain.request("eth0", "r", "root", 10.0, 1e12, PORTS)
+    doc = drain.encode({"eth0": Drain("eth0", "r", "root", 10.0, 10.0 + 1e12)})
+    with pytest.raises(drain.DrainError, match="366 days"):
+        drain.decode(doc)
+
+
+def test_a_drained_port_that_is_down_keeps_its_own_reason_first():
+    d = Drain("eth1", "cable", "root (uid 0)", 5.0)
+    out = drain.apply({"eth1": state("eth1", Verdict.DOWN)}, {"eth1": d})
+    assert out["eth1"].evidence == ("healthy", d.describe()) and out["eth1"].drain == d
