@@ -28,7 +28,7 @@ import structlog
 
 from linkpassd.adapters import rdma
 from linkpassd.adapters.feeds import EventFeed, Latest
-from linkpassd.adapters.healthfile import HealthFile
+from linkpassd.adapters.healthfile import HealthFile, own_pid_namespace
 from linkpassd.adapters.statefile import StateFileError, read_json, write_json_atomic
 from linkpassd.core import drain, healthdoc
 from linkpassd.core.events import Event, EventKind, EventLog, Severity, reason_class
@@ -73,6 +73,7 @@ class Operations:
         self.health_rows: tuple | None = None  # what the last document said, times aside
         self.next_health_at = 0.0
         self.rdma: dict[str, tuple[str, int]] = {}
+        self.pid_ns = own_pid_namespace()  # lets nccl-env know whether our pid is comparable
         self.metrics = None  # adapters.metrics.Metrics when [metrics] listen is set
 
     # ------------------------------------------------------------ events
@@ -236,7 +237,8 @@ class Operations:
         states = self._unix_port_states(now)
         doc = healthdoc.build(socket.gethostname(), self.events.boot_id,
                               self.health_doc.generation + 1, self.wallclock(), HEALTH_VALID_S,
-                              os.getpid(), self.config.rails, states, self.rdma)
+                              os.getpid(), self.config.rails, states, self.rdma,
+                              pid_ns=self.pid_ns)
         rows = tuple((r.port, r.verdict, r.reason, r.drained, r.rdma_device, r.rdma_port)
                      for r in doc.ports)
         if rows == self.health_rows and now < self.next_health_at:

@@ -14,9 +14,14 @@ forge one; anything that does not parse is treated as read-only.
 
 The kernel takes the credentials at connect(2) time, and gRPC keeps one
 connection per channel, so the decision per connection is the decision per
-call.  The proxy is bounded: at most `max_connections` at once (others are
-closed at once), both sides close when either ends, and no step blocks the
-event loop (group names are resolved once at start, in a thread).
+call.  The proxy is bounded, and a read-only user cannot lock the admins
+out: the credentials are read first, then a connection is refused (closed at
+once, logged at most every few seconds) when it would exceed
+`max_connections` in all, `max_per_reader` from one non-admin uid, or
+`max_connections - admin_reserved` non-admin connections in all (the rest are
+kept for root and admin_group).  Both sides close when either ends, and no
+step blocks the event loop (group names are resolved once at start, in a
+thread).  There is no idle timeout: `events --follow` is idle by design.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import socket
 import stat
 import tempfile
 import struct
+import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +47,9 @@ import structlog
 log = structlog.get_logger("linkpassd.control")
 
 MAX_CONNECTIONS = 64
+MAX_PER_READER_UID = 8  # concurrent connections of one non-admin uid
+ADMIN_RESERVED = 8  # of MAX_CONNECTIONS, only root and admin_group may use these
+REFUSAL_LOG_INTERVAL_S = 10.0  # at most one refusal log line per reason this often
 CONNECT_TIMEOUT_S = 5.0
 PUMP_CHUNK = 64 * 1024
 PRIVATE_DIR_MODE = 0o700
@@ -47,6 +57,8 @@ GRPC_SOCKET_NAME = "grpc.sock"
 # Linux >= 4.13; the socket module does not export it on every build.
 SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
 _GID_SIZE = struct.calcsize("I")
+# socket.getsockopt refuses a buflen over 1024 bytes, so at most 256 gids.
+_PEERGROUPS_MAX_GIDS = 1024 // _GID_SIZE
 
 _CALLER_NAME = re.compile(r"c(\d+)-u(\d+)-p(\d+)-(read|admin)")
 # The longest name the proxy binds (uid and pid at their widest).
@@ -107,17 +119,17 @@ def peer_credentials(sock: socket.socket) -> PeerCredentials:
 
 
 def _supplementary_groups(sock: socket.socket, pid: int) -> tuple[int, ...]:
-    for count in (256, 65536):  # NGROUPS_MAX is 65536; ERANGE: the buffer is too small
-        try:
-            raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, count * _GID_SIZE)
-        except OSError as exc:
-            if exc.errno == errno.ERANGE:
-                continue
-            if exc.errno in (errno.ENOPROTOOPT, errno.EINVAL):
-                break  # an older kernel: ask /proc instead
-            raise
-        return struct.unpack(f"{len(raw) // _GID_SIZE}I", raw[: len(raw) // _GID_SIZE * _GID_SIZE])
-    return _proc_groups(pid)
+    """SO_PEERGROUPS into the largest buffer Python's getsockopt accepts
+    (1024 bytes: 256 groups; a larger buflen is refused with an OSError that
+    carries no errno).  A caller with more groups (ERANGE), or a kernel
+    without SO_PEERGROUPS, is read from /proc/<pid>/status instead."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, SO_PEERGROUPS, _PEERGROUPS_MAX_GIDS * _GID_SIZE)
+    except OSError as exc:
+        if exc.errno in (errno.ERANGE, errno.ENOPROTOOPT, errno.EINVAL):
+            return _proc_groups(pid)
+        raise
+    return struct.unpack(f"{len(raw) // _GID_SIZE}I", raw[: len(raw) // _GID_SIZE * _GID_SIZE])
 
 
 def _proc_groups(pid: int) -> tuple[int, ...]:
@@ -183,15 +195,21 @@ class CredentialProxy:
     its bytes to the private gRPC socket from a name that says who it is."""
 
     def __init__(self, public_sock: socket.socket, private_dir: Path, upstream: Path,
-                 admin_gid: int | None, *, max_connections: int = MAX_CONNECTIONS) -> None:
+                 admin_gid: int | None, *, max_connections: int = MAX_CONNECTIONS,
+                 max_per_reader: int = MAX_PER_READER_UID, admin_reserved: int = ADMIN_RESERVED) -> None:
         self._public_sock = public_sock  # bound and listening, mode and group already set
         self.private_dir = private_dir
         self._upstream = upstream
         self._admin_gid = admin_gid
         self._max = max_connections
+        self._max_per_reader = max_per_reader
+        self._max_readers = max(0, max_connections - admin_reserved)
         self._server: asyncio.base_events.Server | None = None
         self._handlers: set[asyncio.Task[None]] = set()
+        self._reader_uids: Counter[int] = Counter()  # open non-admin connections per uid
         self._counter = 0
+        self.refused = 0  # connections refused since start (tests, diagnostics)
+        self._refusal_log = _RateLimitedLog(REFUSAL_LOG_INTERVAL_S)
 
     @property
     def active(self) -> int:
@@ -215,27 +233,64 @@ class CredentialProxy:
             await self._server.wait_closed()
             self._server = None
 
+    @property
+    def readers(self) -> int:
+        """Open connections of non-admin callers."""
+        return sum(self._reader_uids.values())
+
+    def _why_refused(self, uid: int, admin: bool) -> tuple[str, int] | None:
+        """(reason, limit) when one more connection of this caller would pass
+        a limit; None when it may have one."""
+        if len(self._handlers) >= self._max:
+            return "too many connections", self._max
+        if admin:
+            return None
+        if self.readers >= self._max_readers:
+            return "too many read-only connections (the rest are kept for admins)", self._max_readers
+        if self._reader_uids[uid] >= self._max_per_reader:
+            return "too many connections from this uid", self._max_per_reader
+        return None
+
+    def _refuse(self, writer: asyncio.StreamWriter, reason: str, **fields: object) -> None:
+        self.refused += 1
+        writer.close()
+        suppressed = self._refusal_log.allow(reason, time.monotonic())
+        if suppressed is not None:
+            log.warning("control_connection_refused", reason=reason, **fields,
+                        refused_unlogged_since_last=suppressed)
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        if len(self._handlers) >= self._max:
-            log.warning("control_connection_refused", reason="too many connections", limit=self._max)
-            writer.close()
+        try:  # first: the limits depend on who is calling
+            creds = peer_credentials(writer.get_extra_info("socket"))
+        except OSError as exc:
+            self._refuse(writer, "caller's credentials unreadable", error=str(exc))
+            return
+        admin = creds.uid == 0 or (self._admin_gid is not None and self._admin_gid in creds.gids)
+        refusal = self._why_refused(creds.uid, admin)
+        if refusal is not None:
+            self._refuse(writer, refusal[0], limit=refusal[1], uid=creds.uid, pid=creds.pid)
             return
         self._handlers.add(task)
+        if not admin:
+            self._reader_uids[creds.uid] += 1
         try:
-            await self._relay(reader, writer)
+            await self._relay(reader, writer, creds, admin)
         except asyncio.CancelledError:
             pass  # close(): the server is stopping
         except Exception as exc:  # one bad connection must not reach the loop's handler
             log.warning("control_connection_failed", error=str(exc))
         finally:
             self._handlers.discard(task)
+            if not admin:
+                self._reader_uids[creds.uid] -= 1
+                if self._reader_uids[creds.uid] <= 0:
+                    del self._reader_uids[creds.uid]
             writer.close()
 
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        creds = peer_credentials(writer.get_extra_info("socket"))
-        admin = creds.uid == 0 or (self._admin_gid is not None and self._admin_gid in creds.gids)
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     creds: PeerCredentials, admin: bool) -> None:
         self._counter += 1
         up_writer = None
         upstream = await self._connect_as(caller_name(self._counter, creds.uid, creds.pid, admin))
@@ -274,6 +329,26 @@ class CredentialProxy:
             sock.close()
             raise
         return sock
+
+
+class _RateLimitedLog:
+    """At most one log line per key every `interval_s`: a caller hammering the
+    socket must not flood the journal with refusals."""
+
+    def __init__(self, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._unlogged: Counter[str] = Counter()
+
+    def allow(self, key: str, now: float) -> int | None:
+        """How many were left unlogged since the last line, when this one
+        may be logged; None when it should not be."""
+        last = self._last.get(key)
+        if last is not None and now - last < self._interval_s:
+            self._unlogged[key] += 1
+            return None
+        self._last[key] = now
+        return self._unlogged.pop(key, 0)
 
 
 async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:

@@ -22,10 +22,22 @@ from linkpassd.adapters.statefile import StateFileError, read_json, write_json_a
 from linkpassd.core import healthdoc
 from linkpassd.core.healthdoc import HealthDoc
 
-__all__ = ["HealthFile", "HealthFileError"]
+__all__ = ["HealthFile", "HealthFileError", "own_pid_namespace"]
 
 FILE_MODE = 0o644
 DIR_MODE = 0o755
+PID_NAMESPACE_LINK = "/proc/self/ns/pid"
+
+
+def own_pid_namespace(link: str = PID_NAMESPACE_LINK) -> int:
+    """This process's PID namespace: the inode of /proc/self/ns/pid (what
+    `readlink` shows as pid:[N]); 0 when it cannot be read (no /proc).  The
+    daemon writes it into health.json as pid_ns and nccl-env compares its
+    own, since a pid means the same process only inside one namespace."""
+    try:
+        return os.stat(link).st_ino
+    except OSError:
+        return 0
 
 
 class HealthFileError(Exception):

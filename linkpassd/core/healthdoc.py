@@ -47,6 +47,10 @@ class HealthDoc:
     valid_until: float  # unix time; later than this without a newer one: stale
     pid: int  # the daemon's
     ports: tuple[PortHealthRow, ...]
+    # The daemon's PID namespace (st_ino of /proc/self/ns/pid); 0: unknown.
+    # `pid` means something only to a reader in the same namespace: in a
+    # container, kill(pid, 0) would call a live daemon gone.
+    pid_ns: int = 0
 
 
 class HealthDocError(ValueError):
@@ -60,7 +64,7 @@ class HealthDocError(ValueError):
 
 def build(hostname: str, boot_id: str, generation: int, written_at: float, valid_s: float,
           pid: int, rails: Sequence[RailConfig], states: Mapping[str, PortState],
-          rdma: Mapping[str, tuple[str, int]]) -> HealthDoc:
+          rdma: Mapping[str, tuple[str, int]], *, pid_ns: int = 0) -> HealthDoc:
     """The document for the port states the policy acts on right now.
 
     `states` are keyed by netdev and carry `since` in unix time and `drain`
@@ -69,7 +73,8 @@ def build(hostname: str, boot_id: str, generation: int, written_at: float, valid
     (the order an operator wrote, which is also the order NCCL_IB_HCA lists
     them).  A rail whose port has no state yet is listed unjudged (verdict
     None, not usable) rather than left out, so a reader can tell "not judged
-    yet" from "not a rail".
+    yet" from "not a rail".  `pid_ns` is the daemon's PID namespace as the
+    caller read it (adapters.healthfile.own_pid_namespace; 0: unknown).
     """
     if not valid_s > 0 or not math.isfinite(valid_s):
         raise ValueError(f"valid_s must be a positive number of seconds, not {valid_s!r}")
@@ -88,7 +93,7 @@ def build(hostname: str, boot_id: str, generation: int, written_at: float, valid
                                   drained=state.drain is not None))
     return HealthDoc(hostname=hostname, boot_id=boot_id, generation=generation,
                      written_at=written_at, valid_until=written_at + valid_s, pid=pid,
-                     ports=tuple(rows))
+                     ports=tuple(rows), pid_ns=pid_ns)
 
 
 def stopped(doc: HealthDoc, now: float) -> HealthDoc:
@@ -115,6 +120,7 @@ def to_json(doc: HealthDoc) -> dict[str, Any]:
         "written_at": doc.written_at,
         "valid_until": doc.valid_until,
         "pid": doc.pid,
+        "pid_ns": doc.pid_ns,
         "ports": [{
             "port": row.port,
             "rail": row.rail,
@@ -148,10 +154,13 @@ def from_json(obj: object) -> HealthDoc:
     generation = _field(obj, "generation", int)
     if generation < 0:
         raise HealthDocError(f"generation: must not be negative, got {generation}")
+    pid_ns = _field(obj, "pid_ns", int) if "pid_ns" in obj else 0  # absent: a daemon before pid_ns
+    if pid_ns < 0:
+        raise HealthDocError(f"pid_ns: must not be negative, got {pid_ns}")
     return HealthDoc(hostname=_field(obj, "hostname", str), boot_id=_field(obj, "boot_id", str),
                      generation=generation, written_at=_field(obj, "written_at", float),
                      valid_until=_field(obj, "valid_until", float), pid=_field(obj, "pid", int),
-                     ports=rows)
+                     ports=rows, pid_ns=pid_ns)
 
 
 def _row(item: object, where: str) -> PortHealthRow:
@@ -214,8 +223,8 @@ def staleness(doc: HealthDoc, now: float, pid_alive: bool | None) -> str | None:
     `valid_until` and none came (it is gone, stuck, or stopped cleanly, which
     writes valid_until == written_at); or the process that wrote it is gone
     (`pid_alive` False: seen at once, without waiting for valid_until).
-    `pid_alive` None means the reader cannot tell (another PID namespace, say);
-    the time rule still holds.
+    `pid_alive` None means the reader cannot tell (another PID namespace than
+    `doc.pid_ns`, say: see `pid_comparable`); the time rule still holds.
     """
     if doc.valid_until <= doc.written_at:
         return f"linkpassd stopped at {doc.written_at:.0f} (unix time); its health data is not current"
@@ -225,6 +234,13 @@ def staleness(doc: HealthDoc, now: float, pid_alive: bool | None) -> str | None:
         return (f"not rewritten for {now - doc.written_at:.1f}s (valid until {doc.valid_until:.0f}, "
                 f"now {now:.0f}, unix time): linkpassd is gone or stuck")
     return None
+
+
+def pid_comparable(doc: HealthDoc, reader_pid_ns: int) -> bool:
+    """Whether `doc.pid` names the same process for a reader in PID namespace
+    `reader_pid_ns` (0: unknown): only when both namespaces are known and
+    equal.  A reader in a container sees other pids (or none) for the daemon."""
+    return doc.pid_ns != 0 and doc.pid_ns == reader_pid_ns
 
 
 def nccl_env(doc: HealthDoc) -> dict[str, str]:

@@ -17,7 +17,7 @@ import time
 
 import click
 
-from linkpassd.adapters.healthfile import HealthFile, HealthFileError
+from linkpassd.adapters.healthfile import HealthFile, HealthFileError, own_pid_namespace
 from linkpassd.core import healthdoc
 from linkpassd.ctl.exitcodes import ExitCode
 
@@ -69,8 +69,9 @@ def render(env: dict[str, str], doc: healthdoc.HealthDoc, fmt: str) -> str:
               show_default=True,
               help="env: NAME=value lines; export: for eval in a shell; json: for programs.")
 @click.option("--no-pid-check", is_flag=True,
-              help="Do not check that the daemon's pid is alive (this process is in another "
-                   "PID namespace); the file's valid_until still applies.")
+              help="Do not check that the daemon's pid is alive; the file's valid_until still "
+                   "applies.  (Skipped by itself when this process is in another PID namespace "
+                   "than the daemon, or the file does not say which.)")
 def nccl_env(path: str, fmt: str, no_pid_check: bool) -> None:
     """NCCL_IB_HCA and NCCL_SOCKET_IFNAME naming only this host's usable ports.
 
@@ -84,7 +85,10 @@ def nccl_env(path: str, fmt: str, no_pid_check: bool) -> None:
         doc = HealthFile(path).read()
     except HealthFileError as exc:
         raise NcclEnvError(str(exc), ExitCode.STALE) from None
-    alive = None if no_pid_check else pid_alive(doc.pid)
+    # In a container (another PID namespace) doc.pid names another process
+    # or none: kill(pid, 0) would call a live daemon gone.
+    check_pid = not no_pid_check and healthdoc.pid_comparable(doc, own_pid_namespace())
+    alive = pid_alive(doc.pid) if check_pid else None
     stale = healthdoc.staleness(doc, time.time(), alive)
     if stale is not None:
         raise NcclEnvError(f"{path}: {stale}", ExitCode.STALE)

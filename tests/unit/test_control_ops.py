@@ -267,6 +267,45 @@ def test_watch_events_refuses_a_sequence_number_from_another_boot(ops_server: Co
     assert "after_seq 99 is past this boot's newest event (2, boot b00t)" in err.details()
 
 
+def test_a_boot_id_of_another_boot_is_refused_saying_to_start_again(ops_server: ControlServer,
+                                                                    feed: EventFeed, sock: Path) -> None:
+    """Sequence numbers restart with each boot: a reader resuming after a
+    daemon restart must be told, not given the new boot's events as if
+    they followed its old position."""
+    add_events(ops_server, feed, 3)
+    for call in (lambda s: s.ListEvents(pb.ListEventsRequest(after_seq=1, boot_id="old-boot"), timeout=20),
+                 lambda s: list(s.WatchEvents(pb.WatchEventsRequest(after_seq=1, boot_id="old-boot"),
+                                              timeout=20))):
+        err = rpc_error(sock, call)
+        assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert err.details() == ("boot_id 'old-boot' is not this daemon's boot ('b00t'): linkpassd restarted "
+                                 "and that boot's events are gone; start again with after_seq 0")
+    same = stub_call(sock, lambda s: s.ListEvents(pb.ListEventsRequest(after_seq=1, boot_id="b00t"), timeout=20))
+    assert [e.seq for e in same.events] == [2, 3]  # type: ignore[attr-defined]
+    unchecked = stub_call(sock, lambda s: s.ListEvents(pb.ListEventsRequest(after_seq=1), timeout=20))
+    assert [e.seq for e in unchecked.events] == [2, 3]  # type: ignore[attr-defined]
+
+
+def test_events_boot_id_option_with_and_without_follow(ops_server: ControlServer, feed: EventFeed,
+                                                       sock: Path) -> None:
+    add_events(ops_server, feed, 3)
+    result = run_ctl(sock, "events", "--after", "1", "--boot-id", "b00t")
+    assert result.exit_code == 0, result.output
+    assert [line.split()[2] for line in result.stdout.splitlines()] == ["#2", "#3"]
+    for follow in ([], ["--follow"]):
+        refused = run_ctl(sock, "events", "--after", "1", "--boot-id", "old-boot", *follow)
+        assert refused.exit_code == 1 and refused.stdout == ""
+        assert "boot_id 'old-boot' is not this daemon's boot ('b00t')" in refused.stderr
+        assert "start again with after_seq 0" in refused.stderr
+    proc = popen(ctl_argv(sock, "events", "--follow", "--after", "1", "--boot-id", "b00t", "--limit", "2"))
+    try:
+        out = LineReader(proc)
+        assert [out.line().split()[2] for _ in range(2)] == ["#2", "#3"]
+        assert proc.wait(DEADLINE_S) == 0
+    finally:
+        stop(proc)
+
+
 def test_without_providers_the_new_rpcs_are_unimplemented(sock: Path) -> None:
     with running_server(sock, realistic_status):
         for call in (lambda s: s.ListEvents(pb.ListEventsRequest(), timeout=20),
@@ -367,6 +406,19 @@ def test_member_of_the_admin_group_may_drain(ops_server: ControlServer, fake_dra
     assert fake_drains.calls == [("drain", "eth1", "maintenance", None, "nobody (uid 65534)")]
 
 
+def test_a_member_of_more_than_256_groups_is_served_and_judged_on_all_of_them(
+        ops_server: ControlServer, fake_drains: FakeDrains, sock: Path) -> None:
+    """SO_PEERGROUPS answers ERANGE for more groups than fit in the 1024
+    bytes Python's getsockopt allows; /proc/<pid>/status has them all."""
+    admin = grp.getgrnam(ADMIN_GROUP).gr_gid
+    many = ",".join(str(g) for g in [*range(20000, 20300), admin])
+    read = run(as_user(ctl_argv(sock, "status", "-o", "json"), groups=many))
+    assert read.returncode == 0, read.stderr
+    result = run(as_user(ctl_argv(sock, "drain", "eth1", "--reason", "maintenance"), groups=many))
+    assert result.returncode == 0, result.stderr
+    assert fake_drains.calls == [("drain", "eth1", "maintenance", None, "nobody (uid 65534)")]
+
+
 def test_without_admin_group_only_root_may_drain(sock: Path, fake_drains: FakeDrains) -> None:
     with running_server(sock, realistic_status, drains=fake_drains):
         refused = run(as_user(ctl_argv(sock, "drain", "eth1", "--reason", "try")))
@@ -424,6 +476,66 @@ def test_connections_over_the_cap_are_closed(sock: Path) -> None:
             second.close()
         wait_for(lambda: server._proxy is not None and server._proxy.active == 0, "the relay to end")
         assert run_ctl(sock, "status").exit_code == 0  # room again
+
+
+# Run as another uid: connect N times to the socket, wait (bounded) until
+# EXPECT of those connections are closed by the proxy, print "closed K" and
+# hold the rest open until stdin closes.  Data the server sends (HTTP/2
+# settings) is read and dropped; only EOF counts as closed.
+_HOLD_CONNECTIONS = """
+import select, socket, sys, time
+path, n, expect = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+socks = []
+for _ in range(n):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    socks.append(s)
+open_ = list(socks)
+deadline = time.monotonic() + float(sys.argv[4])
+while len(socks) - len(open_) < expect and time.monotonic() < deadline:
+    ready, _, _ = select.select(open_, [], [], max(0.0, deadline - time.monotonic()))
+    for s in ready:
+        if not s.recv(65536):
+            open_.remove(s)
+print("closed", len(socks) - len(open_), flush=True)
+sys.stdin.read()
+"""
+
+
+def hold_connections(sock: Path, uid: int, n: int, expect_closed: int) -> subprocess.Popen[str]:
+    argv = ["setpriv", "--reuid", str(uid), "--regid", "65534", "--clear-groups",
+            sys.executable, "-c", _HOLD_CONNECTIONS, str(sock), str(n), str(expect_closed), str(DEADLINE_S / 2)]
+    return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd="/tmp")
+
+
+def test_a_read_only_user_cannot_take_the_connections_root_and_admins_need(sock: Path) -> None:
+    """Limits by caller: 8 connections per non-admin uid, and non-admins
+    together at most max_connections - 8, so root and admin_group always
+    find a free slot.  Before, 64 `events --follow` of one reader locked root
+    out of drain."""
+    holders: list[subprocess.Popen[str]] = []
+    with running_server(sock, realistic_status, max_connections=24, admin_group=ADMIN_GROUP) as server:
+        proxy = server._proxy
+        assert proxy is not None
+        try:
+            for uid, n, closed, readers in ((65534, 9, 1, 8),  # the 9th of one uid: refused
+                                            (65533, 8, 0, 16),  # another uid fills the read-only room
+                                            (65532, 1, 1, 16)):  # a third finds none left
+                holders.append(hold_connections(sock, uid, n, closed))
+                assert LineReader(holders[-1]).line() == f"closed {closed}"
+                wait_for(lambda: proxy.readers == readers == proxy.active, f"{readers} relayed connections")
+            assert proxy.refused == 2
+            assert run_ctl(sock, "status").exit_code == 0  # root
+            admin = run(as_user(ctl_argv(sock, "status"), groups=str(grp.getgrnam(ADMIN_GROUP).gr_gid)))
+            assert admin.returncode == 0, admin.stderr  # uid 65534 again, but in admin_group
+            refused = run(as_user(ctl_argv(sock, "status")))
+            assert refused.returncode != 0  # the same uid without it is over its limit
+        finally:
+            for proc in holders:
+                stop(proc)
+        wait_for(lambda: proxy.active == 0 and proxy.readers == 0, "the relays to end")
+        assert run(as_user(ctl_argv(sock, "status"))).returncode == 0  # room again
 
 
 # --------------------------------------------------------------------------

@@ -5,7 +5,7 @@ health document follows every change."""
 import asyncio
 import json
 
-from linkpassd.adapters.healthfile import HealthFile
+from linkpassd.adapters.healthfile import HealthFile, own_pid_namespace
 from linkpassd.core.events import EventKind
 from linkpassd.core.model import Drain, Verdict
 from linkpassd.daemon import Tick
@@ -114,6 +114,7 @@ def test_the_health_document_follows_each_change_and_is_written(tmp_path):
     doc = json.loads((tmp_path / "run" / "health.json").read_text())
     usable = {p["port"]: p["usable"] for p in doc["ports"]}
     assert usable == {"eth0": True, "eth1": False, "eth2": True}
+    assert doc["pid_ns"] == own_pid_namespace() != 0  # nccl-env may check our pid
     clock.t += 0.1
     run(daemon.handle([Tick()]))  # nothing changed, refresh not due: no new document
     assert daemon.health_doc.generation == first + 1

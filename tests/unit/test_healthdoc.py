@@ -113,10 +113,10 @@ _rows = st.builds(PortHealthRow, port=_names.filter(bool), rail=_names, rdma_dev
 
 
 @given(hostname=_names, boot_id=_names, generation=st.integers(0, 2**53), written_at=_times,
-       valid_s=_times, pid=st.integers(-1, 2**31),
+       valid_s=_times, pid=st.integers(-1, 2**31), pid_ns=st.integers(0, 2**63),
        rows=st.lists(_rows, max_size=6, unique_by=lambda r: r.rail))
-def test_any_document_survives_json_text(hostname, boot_id, generation, written_at, valid_s, pid, rows):
-    doc = HealthDoc(hostname, boot_id, generation, written_at, written_at + valid_s, pid, tuple(rows))
+def test_any_document_survives_json_text(hostname, boot_id, generation, written_at, valid_s, pid, pid_ns, rows):
+    doc = HealthDoc(hostname, boot_id, generation, written_at, written_at + valid_s, pid, tuple(rows), pid_ns)
     assert healthdoc.from_json(json.loads(json.dumps(healthdoc.to_json(doc)))) == doc
 
 
@@ -149,6 +149,8 @@ _DELETE = object()
     (_set(("written_at",), "noon"), "written_at: expected a number"),
     (_set(("valid_until",), None), "valid_until: expected a number"),
     (_set(("pid",), "42"), "pid: expected an integer"),
+    (_set(("pid_ns",), "4026531836"), "pid_ns: expected an integer"),
+    (_set(("pid_ns",), -1), "pid_ns: must not be negative"),
     (_set(("ports",), {}), "ports: expected a list"),
     (_set(("ports", 1), "eth1"), "ports[1]: expected an object"),
     (_set(("ports", 0, "verdict"), "SICK"), "ports[0].verdict: 'SICK' is not one of UP, DEGRADED, DOWN"),
@@ -172,6 +174,26 @@ def test_from_json_names_the_bad_field(change, named):
 def test_from_json_refuses_what_is_not_an_object(obj):
     with pytest.raises(HealthDocError, match="expected a JSON object"):
         healthdoc.from_json(obj)
+
+
+def test_pid_ns_is_written_read_back_and_zero_when_absent():
+    config = rails_config(1)
+    doc = healthdoc.build("gpu17", "b", 1, 1000.0, 30.0, 4242, config.rails, ports(config), {},
+                          pid_ns=4026531836)
+    obj = healthdoc.to_json(doc)
+    assert obj["pid_ns"] == 4026531836
+    assert healthdoc.from_json(obj) == doc
+    del obj["pid_ns"]  # a daemon from before pid_ns
+    assert healthdoc.from_json(obj) == HealthDoc(**{**doc.__dict__, "pid_ns": 0})
+    assert doc_for(ports(rails_config(1)), n=1).pid_ns == 0  # build's default: unknown
+
+
+def test_the_pid_is_comparable_only_within_one_known_namespace():
+    doc = HealthDoc("gpu17", "b", 1, 1000.0, 1030.0, 4242, (), pid_ns=4026531836)
+    assert healthdoc.pid_comparable(doc, 4026531836)
+    assert not healthdoc.pid_comparable(doc, 4026532000)  # the reader is in a container
+    assert not healthdoc.pid_comparable(doc, 0)  # the reader cannot tell its own
+    assert not healthdoc.pid_comparable(HealthDoc("gpu17", "b", 1, 1000.0, 1030.0, 4242, ()), 0)
 
 
 def test_from_json_ignores_fields_it_does_not_know():

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from click.testing import CliRunner
 
-from linkpassd.adapters.healthfile import HealthFile
+from linkpassd.adapters.healthfile import HealthFile, own_pid_namespace
 from linkpassd.core import drain as drains
 from linkpassd.core import healthdoc
 from linkpassd.core.model import Drain, PortState, Verdict
@@ -20,11 +20,13 @@ from tests.unit.corefixtures import ports, rails_config
 RDMA = {"eth0": ("mlx5_0", 1), "eth1": ("mlx5_1", 1), "eth2": ("mlx5_3", 1)}
 
 
-def write_doc(path, states=None, rdma=RDMA, written_at=None, valid_s=300.0, pid=None, n=3):
+def write_doc(path, states=None, rdma=RDMA, written_at=None, valid_s=300.0, pid=None, n=3, pid_ns=None):
+    """A document as a daemon in our PID namespace (unless `pid_ns`) writes it."""
     config = rails_config(n)
     doc = healthdoc.build("gpu17", "boot-1", 3, time.time() if written_at is None else written_at,
                           valid_s, os.getpid() if pid is None else pid, config.rails,
-                          ports(config) if states is None else states, rdma)
+                          ports(config) if states is None else states, rdma,
+                          pid_ns=own_pid_namespace() if pid_ns is None else pid_ns)
     HealthFile(str(path)).write(doc)
     return doc
 
@@ -120,6 +122,26 @@ def test_a_file_of_a_dead_daemon_is_stale_at_once_unless_the_pid_cannot_be_check
     assert f"pid {gone.pid}, which is no longer running" in result.stderr
     # In another PID namespace the pid means nothing: only valid_until applies.
     assert run("--file", str(path), "--no-pid-check").exit_code == 0
+
+
+def test_own_pid_namespace_is_the_inode_of_proc_self_ns_pid(tmp_path):
+    assert own_pid_namespace() == os.stat("/proc/self/ns/pid").st_ino > 0
+    assert own_pid_namespace(str(tmp_path / "no-proc")) == 0
+
+
+@pytest.mark.parametrize("daemon_ns", [1, 0], ids=["another-namespace", "namespace-unknown"])
+def test_a_daemon_in_another_or_unknown_pid_namespace_is_not_called_gone_by_its_pid(tmp_path, daemon_ns):
+    """In a container, the daemon's pid may name no process here (or another
+    one): the pid check is skipped, valid_until still decides."""
+    path = tmp_path / "health.json"
+    gone = subprocess.Popen(["true"])
+    gone.wait(timeout=30)
+    write_doc(path, pid=gone.pid, pid_ns=daemon_ns)
+    result = run("--file", str(path))
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "NCCL_IB_HCA==mlx5_0:1,mlx5_1:1,mlx5_3:1\nNCCL_SOCKET_IFNAME==eth0,eth1,eth2\n"
+    write_doc(path, pid=gone.pid, pid_ns=daemon_ns, written_at=time.time() - 100, valid_s=5.0)
+    assert run("--file", str(path)).exit_code == ExitCode.STALE
 
 
 def test_a_file_marked_stopped_is_refused(tmp_path):

@@ -433,12 +433,14 @@ class Event(_message.Message):
     def __init__(self, boot_id: _Optional[str] = ..., seq: _Optional[int] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., monotonic_s: _Optional[float] = ..., kind: _Optional[_Union[EventKind, str]] = ..., severity: _Optional[_Union[Severity, str]] = ..., name: _Optional[str] = ..., port: _Optional[str] = ..., rail: _Optional[str] = ..., message: _Optional[str] = ..., fields: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class ListEventsRequest(_message.Message):
-    __slots__ = ("after_seq", "limit")
+    __slots__ = ("after_seq", "limit", "boot_id")
     AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     after_seq: int
     limit: int
-    def __init__(self, after_seq: _Optional[int] = ..., limit: _Optional[int] = ...) -> None: ...
+    boot_id: str
+    def __init__(self, after_seq: _Optional[int] = ..., limit: _Optional[int] = ..., boot_id: _Optional[str] = ...) -> None: ...
 
 class ListEventsResponse(_message.Message):
     __slots__ = ("events", "missed", "boot_id", "last_seq")
@@ -453,10 +455,12 @@ class ListEventsResponse(_message.Message):
     def __init__(self, events: _Optional[_Iterable[_Union[Event, _Mapping]]] = ..., missed: _Optional[int] = ..., boot_id: _Optional[str] = ..., last_seq: _Optional[int] = ...) -> None: ...
 
 class WatchEventsRequest(_message.Message):
-    __slots__ = ("after_seq",)
+    __slots__ = ("after_seq", "boot_id")
     AFTER_SEQ_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     after_seq: int
-    def __init__(self, after_seq: _Optional[int] = ...) -> None: ...
+    boot_id: str
+    def __init__(self, after_seq: _Optional[int] = ..., boot_id: _Optional[str] = ...) -> None: ...
 
 class WatchEventsResponse(_message.Message):
     __slots__ = ("event", "missed")
