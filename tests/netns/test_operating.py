@@ -142,6 +142,7 @@ def test_a_port_going_down_shows_in_health_json_watchhealth_and_nccl_env_within_
         file_at = time.monotonic()
         streamed = wait_for_sync(lambda: watcher.first(lambda m: port_usable(m, "lprail1") is False),
                                  DEADLINE_S, "WatchHealth saying lprail1 is unusable")
+        print(f"cut -> health.json {file_at - cut_at:.3f}s, WatchHealth {streamed - cut_at:.3f}s")
         assert file_at - cut_at < 1.0, f"health.json changed {file_at - cut_at:.3f}s after the cut"
         assert streamed - cut_at < 1.0, f"WatchHealth changed {streamed - cut_at:.3f}s after the cut"
         time.sleep(max(0.0, cut_at + 1.0 - time.monotonic()))  # what a launcher sees 1 s later
