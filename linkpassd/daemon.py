@@ -379,10 +379,13 @@ class Daemon(StateFiles, Operations, StatusReport):
             known = self.carried.pop(sample.port, None)
             if known is not None:
                 # Proof can only come from signals this port still has.
-                has = set(carried.probe_signals(self.config, sample.port, ECHO_SIGNAL))
-                has |= {"counters", "optics", "flaps"}
+                probes = carried.probe_signals(self.config, sample.port, ECHO_SIGNAL)
+                has = set(probes) | {"counters", "optics", "flaps"}
+                awaiting = [s for s in known.awaiting if s in has]
+                # A bad verdict saved before its signal was confirmed names
+                # none: the port's own probes must prove it all the same.
                 state = health.restore(state, known.verdict, known.reason,
-                                       [s for s in known.awaiting if s in has], now)
+                                       awaiting or list(probes), now)
             # What the probes said before the port was known.
             for name, judged in self.early_probes.pop(sample.port, {}).items():
                 state = health.observe_probe(state, name, judged, now, self.config.timers,

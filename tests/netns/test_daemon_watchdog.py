@@ -141,4 +141,8 @@ def test_watchdog_pings_only_while_the_event_loop_and_the_reconcile_loop_progres
                                       f"{end - start:.1f} s stall\n{daemon.log()}")
             assert daemon.stop() == 0
     log = daemon.log()
-    assert log.count("watchdog_withheld") >= 2 and "watchdog_resumed" in log, log
+    # The stalled reconcile loop is logged (the event loop runs on to say so).
+    # A blocked event loop may not be: when it wakes, a reconcile batch that
+    # was already due can finish before the watchdog's check, which then sees
+    # fresh progress; no ping went out during the block either way (above).
+    assert "watchdog_withheld" in log and "watchdog_resumed" in log, log

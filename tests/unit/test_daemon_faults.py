@@ -316,3 +316,32 @@ def test_verdicts_are_written_on_change_and_carried_into_the_next_start(tmp_path
     eth0 = again.health["eth0"]
     assert eth0.verdict is Verdict.DOWN and "before restart" in eth0.reason
     assert again.health["eth1"].verdict is Verdict.UP
+
+
+def test_a_carried_bad_verdict_that_names_no_signal_awaits_the_ports_own_probes(tmp_path):
+    """A verdict saved before its signal was confirmed names nothing to wait
+    for: after a restart the port's own probes must prove it all the same
+    (else it would be trusted after rise + hold-down on carrier alone)."""
+    import json
+    from linkpassd.core import carried as carriedmod
+    kernel = FakeKernel()
+    daemon, clock = make(tmp_path, kernel)
+    rails = tuple(dataclasses.replace(r, probe_peers=("198.19.9.1",)) if r.port == "eth0" else r
+                  for r in daemon.config.rails)
+    config = dataclasses.replace(daemon.config, rails=rails,
+                                 probes=dataclasses.replace(daemon.config.probes, enabled=True))
+    state_dir = tmp_path / "state"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    doc = carriedmod.encode({"eth0": (Verdict.DOWN, "echo: 8 of 8 burst probes lost", ())},
+                            1.8e9 + clock.t)
+    (state_dir / "verdicts.json").write_text(json.dumps(doc))
+    again = Daemon(config, clock=clock, wallclock=lambda: 1.8e9 + clock.t)
+    again.kernel = kernel
+    again._adopt(None)
+    start(again, ["eth0", "eth1", "eth2"])
+    eth0 = again.health["eth0"]
+    assert eth0.verdict is Verdict.DOWN and eth0.awaiting == ("echo",)
+    for _ in range(5):  # carrier alone, however long, does not bring it back
+        clock.t += 5.0
+        run(again.handle([Tick()]))
+    assert again.health["eth0"].verdict is not Verdict.UP
