@@ -40,6 +40,35 @@ daemon's loop-lag meter (adapters.looplag, shared with BFD) says how late the
 loop runs; both feed the core, which refuses to count a miss that a stall of
 ours could explain.
 
+Cost per probe is constant, whatever the number of paths (issue 11; in a
+2-rail netns lab on a busy 2-core VM, 2x32 paths at 50 ms went from 71 % of a
+core to 17 %, 2x8 at 10 ms from 51 % to 17 %, and 2x128 at 50 ms, saturated
+before, sends all its probes at 43 %; labs/bench/probe_scale has the official
+numbers). What made it grow faster than the paths, and what replaced it:
+- a stall was told to every path, each re-sorting its own list: now one
+  stall log (core.stalls) that a path consults when it judges a probe;
+- an asyncio timer per path, re-created at every send and reply: now one
+  timer for the service (adapters.wakeups), paths due in the same
+  millisecond run in one wake-up, at most 32 per wake-up, so a backlog is
+  worked off in slices with carrier and BFD events in between;
+- all paths probing in the same instant (and re-aligned by any stall): the
+  service spreads them over one interval and each keeps its phase;
+- a suspicion poking every live path, every reply pushed to every suspect:
+  now a few witnesses (other rails first) and two numbers per reply.
+What remains is 50-100 us of CPU per probe on that VM (send, reply and
+judgement in Python, and the kernel's veth path both ways).
+
+Why UDP to a responder and not ICMP echo answered by the peer's kernel: the
+kernel would answer at no userspace cost on the far side (the responder costs
+~25 us of CPU per request, measured), and its receive timestamps are the same
+SO_TIMESTAMPNS ones (per packet, whatever the protocol). But UDP keeps what
+the judgement and the fabric need: a UDP 5-tuple, so a probe hashes across
+ECMP as a RoCEv2 flow (UDP 4791) does, where ICMP has no ports to hash on and
+is often rate-limited or filtered by fabric ACLs; the admission policy (no
+open reflector); `held_us`, so a stalled peer is not blamed on the path; and
+`peer_heard`, which says which way a one-way fault runs. Hence UDP; ICMP stays a possible fallback towards
+hosts without linkpassd.
+
 IPv4 only for now.
 """
 
@@ -48,291 +77,33 @@ from __future__ import annotations
 import asyncio
 import errno
 import ipaddress
-import secrets
+import random
 import socket
-import struct
-import threading
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from linkpassd.adapters.echoresponder import (  # noqa: F401 - re-exported: callers use echo
+    _ANCILLARY, _HANDOFF_S, _RECV_BYTES, ECHO_PORT, IP_PKTINFO, KIND_REPLY, KIND_REQUEST, MAGIC,
+    PACKET, SCM_TIMESTAMPNS, SO_TIMESTAMPNS, VERSION, EchoPacket, EchoResponder, HeardCallback,
+    ResponderTally, _cmsgs, _random_id, _udp_socket, parse)
 from linkpassd.adapters.looplag import LoopLag
-from linkpassd.core.admission import ResponderPolicy, SourceLimiter
+from linkpassd.adapters.wakeups import SharedTimer
+from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.model import Assessment, ResponderCounters
 from linkpassd.core.probe import PathState, Prober, ProbeConfig, Send
 
-ECHO_PORT = 4793
-MAGIC = b"LPEC"
-VERSION = 1
-KIND_REQUEST = 1
-KIND_REPLY = 2
-PACKET = struct.Struct("!4sBBHIQQQI")
-
-# Linux values Python's socket module does not name (asm-generic; x86-64 and arm64).
-SO_TIMESTAMPNS = 35
-SCM_TIMESTAMPNS = SO_TIMESTAMPNS
-IP_PKTINFO = 8
-_TIMESPEC = struct.Struct("@qq")
-_PKTINFO = struct.Struct("@i4s4s")
-_ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size) + socket.CMSG_SPACE(_PKTINFO.size)
-_RECV_BYTES = 512  # more than a valid packet; longer ones are truncated and flagged
 _BATCH = 64  # datagrams handled per wake-up, so a flood cannot starve the loop
 _MAX_KERNEL_DELAY_S = 1.0  # beyond this a receive timestamp is a clock step, not a delay
-_RESPONDER_WAKE_S = 0.2  # the responder thread checks for close() this often
 _RETRY_S = 1.0  # reopen a prober socket this long after it failed (port or address missing)
 _SOCKET_GONE = (errno.ENODEV, errno.EADDRNOTAVAIL)
-_HANDOFF_S = 0.010  # the responder hands what it heard to the loop at most this often
-# The responder's receive queue: ~1,300 small datagrams, 25 ms of a 50,000/s
-# flood, so a thread descheduled for a moment on a busy host still sees (and
-# counts) what arrived meanwhile. Only a queue the thread cannot keep up with
-# fills it; then requests wait at most this long, rather than being dropped.
-_RESPONDER_RCVBUF = 1 << 20
-SO_RCVBUFFORCE = 33
-_U32 = struct.Struct("!I")
+_WITNESS_POKES = 4  # live paths that probe at once when another starts confirming a loss
+_MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: the enum's & costs more than the rest of a check
 # Upper bounds of the probe RTT histogram (seconds; +Inf is implied), for metrics:
 # each reply costs one bisect and one integer increment (see docs/metrics.md).
 RTT_BUCKETS_S = (50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 4e-3, 8e-3, 16e-3, 32e-3, 64e-3,
                  0.128, 0.256, 0.512, 1.024)
-
-
-# --------------------------------------------------------------------------
-# Packets
-# --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EchoPacket:
-    kind: int
-    seq: int
-    sent_ns: int
-    prober_id: int
-    responder_id: int = 0
-    held_us: int = 0
-
-    def encode(self) -> bytes:
-        return PACKET.pack(MAGIC, VERSION, self.kind, 0, self.seq, self.sent_ns,
-                           self.prober_id, self.responder_id, self.held_us)
-
-
-def parse(data: bytes, truncated: bool = False) -> tuple[EchoPacket | None, str]:
-    """A packet, or None and why not. Never raises on any input."""
-    if truncated or len(data) > PACKET.size:
-        return None, "too long"
-    if len(data) < PACKET.size:
-        return None, "too short"
-    magic, version, kind, _reserved, seq, sent_ns, prober_id, responder_id, held_us = \
-        PACKET.unpack(data)
-    if magic != MAGIC:
-        return None, "bad magic"
-    if version != VERSION:
-        return None, f"version {version}"
-    if kind not in (KIND_REQUEST, KIND_REPLY):
-        return None, f"kind {kind}"
-    return EchoPacket(kind, seq, sent_ns, prober_id, responder_id, held_us), ""
-
-
-def _random_id() -> int:
-    return secrets.randbits(64) or 1
-
-
-def _udp_socket(netns: str | None) -> socket.socket:
-    """A UDP socket in `netns` (None: ours). Sockets keep their namespace, so
-    only creation needs to happen inside it."""
-    if netns is None:
-        return socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    from pyroute2.netns import create_socket
-    return create_socket(netns, socket.AF_INET, socket.SOCK_DGRAM, flags=0)
-
-
-def _cmsgs(ancdata) -> tuple[float | None, tuple[int, bytes] | None]:
-    """(kernel receive time as unix seconds, (ifindex, local address)) when present."""
-    rx, info = None, None
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(payload) >= _TIMESPEC.size:
-            sec, nsec = _TIMESPEC.unpack_from(payload)
-            rx = sec + nsec * 1e-9
-        elif level == socket.IPPROTO_IP and kind == IP_PKTINFO and len(payload) >= _PKTINFO.size:
-            ifindex, spec_dst, _addr = _PKTINFO.unpack_from(payload)
-            info = (ifindex, spec_dst)
-    return rx, info
-
-
-# --------------------------------------------------------------------------
-# Responder
-# --------------------------------------------------------------------------
-
-
-@dataclass
-class ResponderTally:
-    """Written by the responder's thread only; read by the loop (plain ints: no handoff).
-    The daemon reports them as core.model.ResponderCounters."""
-
-    requests: int = 0  # well-formed requests from allowed sources to a rail address
-    answered: int = 0
-    refused_address: int = 0  # sent to a local address that is no rail's (loopback, management)
-    refused_source: int = 0  # from a source neither in the fabric prefixes nor a probe peer
-    rate_limited: int = 0  # the source's token bucket was empty
-    malformed: int = 0
-    ignored: int = 0  # well-formed but not a request: never answered
-    send_errors: int = 0
-    recv_errors: int = 0
-
-
-HeardCallback = Callable[[dict[tuple[str, str], float]], None]
-
-
-class EchoResponder:
-    """Answers the requests its `policy` admits (core.admission), from the
-    address each was sent to, out of the interface it came in on. One socket,
-    bound to the wildcard address, for all rails: a rail address that appears
-    late (or comes back) is answered at once, nothing to re-bind; requests to
-    any other local address are seen, counted and dropped.
-
-    It answers on its own thread, not on the event loop: a reply held up by
-    our loop's work (a reconcile, a status request, a log burst) reads as
-    path loss at the peer, and a peer whose rail has one live path left has
-    no other path to vouch for us. The thread needs the GIL only briefly per
-    datagram and releases it in every receive, so even a flood costs the loop
-    little; the daemon lowers the interpreter's switch interval so the thread
-    gets the GIL within a millisecond. Refused datagrams are dropped on the
-    destination and source address alone, before any parsing. The thread
-    hands the loop nothing per packet: counters are plain integers the loop
-    reads, and which peers reached us (`on_heard`: {(our address, peer
-    address): monotonic time}) is handed over at most every `_HANDOFF_S`."""
-
-    def __init__(self, port: int = ECHO_PORT, address: str = "0.0.0.0", netns: str | None = None,
-                 policy: ResponderPolicy | None = None, on_heard: HeardCallback | None = None):
-        self.port = port
-        self.address = address
-        self.netns = netns
-        self.policy = policy if policy is not None else ResponderPolicy()  # answers nobody
-        self.limiter = SourceLimiter(*self.policy.limits)
-        self.on_heard = on_heard
-        self.responder_id = _random_id()
-        self.counters = ResponderTally()
-        self.sock: socket.socket | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._heard: dict[tuple[str, str], float] = {}  # the thread's, until handed over
-        self._handed_at = 0.0
-
-    def set_policy(self, policy: ResponderPolicy) -> None:
-        """Answer by a new policy from now on (a reload). Rate buckets are kept
-        unless the rate limits changed. Safe while the thread runs: it reads
-        both attributes once per datagram."""
-        if policy.limits != self.policy.limits:
-            self.limiter = SourceLimiter(*policy.limits)
-        self.policy = policy
-
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        sock = _udp_socket(self.netns)
-        try:
-            sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
-            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-            try:  # beyond net.core.rmem_max needs CAP_NET_ADMIN, which the daemon has
-                sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, _RESPONDER_RCVBUF)
-            except PermissionError:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RESPONDER_RCVBUF)
-            sock.bind((self.address, self.port))
-            sock.settimeout(_RESPONDER_WAKE_S)  # so close() is seen without a datagram
-        except BaseException:
-            sock.close()
-            raise
-        self.sock = sock
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._serve, args=(sock,),
-                                        name=f"echo-responder-{self.port}", daemon=True)
-        self._thread.start()
-
-    def close(self) -> None:
-        if self.sock is None:
-            return
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(2 * _RESPONDER_WAKE_S + 1.0)
-            self._thread = None
-        self.sock.close()
-        self.sock = None
-
-    def _serve(self, sock: socket.socket) -> None:
-        while not self._stop.is_set():
-            try:
-                data, ancdata, flags, src = sock.recvmsg(_RECV_BYTES, _ANCILLARY)
-            except (TimeoutError, InterruptedError):
-                self._hand_off(time.monotonic(), force=True)
-                continue
-            except OSError:
-                if self._stop.is_set():
-                    return
-                self.counters.recv_errors += 1
-                continue
-            try:
-                self._answer(data, ancdata, flags, src)
-            except Exception:  # noqa: BLE001 - nothing from outside may end the responder
-                self.counters.malformed += 1
-
-    def _hand_off(self, now: float, force: bool = False) -> None:
-        """Give the loop what was heard since the last hand-off, batched."""
-        if not self._heard or (not force and now - self._handed_at < _HANDOFF_S):
-            return
-        heard, self._heard, self._handed_at = self._heard, {}, now
-        if self.on_heard is None:
-            return
-        if self._thread is not None and self._loop is not None:
-            try:
-                self._loop.call_soon_threadsafe(self.on_heard, heard)
-            except RuntimeError:  # the loop is closed: we are shutting down
-                pass
-        else:
-            self.on_heard(heard)
-
-    def _answer(self, data: bytes, ancdata, flags: int, src) -> None:
-        # Cheapest first: where it was sent, who sent it, whether they may; only then parse.
-        policy = self.policy
-        info = None
-        for level, kind, payload in ancdata:
-            if kind == IP_PKTINFO and level == socket.IPPROTO_IP and len(payload) >= _PKTINFO.size:
-                info = _PKTINFO.unpack_from(payload)  # (ifindex, local address, header destination)
-                break
-        if not policy.answers_to(b"" if info is None else info[2]):
-            self.counters.refused_address += 1
-            return
-        source = _U32.unpack(socket.inet_aton(src[0]))[0]
-        if not policy.allows(source):
-            self.counters.refused_source += 1
-            return
-        pkt, _why = parse(data, truncated=bool(flags & socket.MSG_TRUNC))
-        if pkt is None:
-            self.counters.malformed += 1
-            return
-        if pkt.kind != KIND_REQUEST:
-            self.counters.ignored += 1
-            return
-        self.counters.requests += 1
-        now = time.monotonic()
-        if not self.limiter.allow(source, now):
-            self.counters.rate_limited += 1
-            return
-        rx, _ = _cmsgs(ancdata)
-        held = 0 if rx is None else min(max(0, round((time.time() - rx) * 1e6)), 2**32 - 1)
-        reply = EchoPacket(KIND_REPLY, pkt.seq, pkt.sent_ns, pkt.prober_id,
-                           self.responder_id, held).encode()
-        try:
-            if info is None:
-                self.sock.sendto(reply, src)
-            else:
-                ifindex, local, _dst = info
-                pktinfo = _PKTINFO.pack(ifindex, local, bytes(4))
-                self.sock.sendmsg([reply], [(socket.IPPROTO_IP, IP_PKTINFO, pktinfo)], 0, src)
-            self.counters.answered += 1
-        except OSError:
-            self.counters.send_errors += 1
-        if info is not None and self.on_heard is not None:
-            self._heard[(socket.inet_ntoa(info[1]), src[0])] = now
-            self._hand_off(now)
 
 
 # --------------------------------------------------------------------------
@@ -362,13 +133,22 @@ ChangeCallback = Callable[["EchoProber", Assessment], None]
 
 class EchoProber:
     """One path: sends what the core asks, feeds back what comes in and how late
-    the loop ran. `on_change` hears every change of the path's verdict."""
+    the loop ran. `on_change` hears every change of the path's verdict.
+
+    `timer`: the service's one timer for all its paths (adapters.wakeups);
+    a prober without one makes its own. `lag`: the loop-lag meter, whose one
+    stall log every path consults when it judges a probe. `others_heard`: the
+    last time another path of the service received a reply (for a suspect's
+    confirmation, core.probe: Prober.witnessed), read when it is needed rather
+    than pushed at every reply."""
 
     def __init__(self, path: ProbePath, config: ProbeConfig | None = None, *,
                  echo_port: int = ECHO_PORT, tos: int = 0, netns: str | None = None,
                  lag: LoopLag | None = None, on_change: ChangeCallback | None = None,
                  prober_id: int | None = None,
-                 on_reply_heard: Callable[["EchoProber", float], None] | None = None):
+                 on_reply_heard: Callable[["EchoProber", float], None] | None = None,
+                 timer: SharedTimer | None = None,
+                 others_heard: Callable[["EchoProber"], float | None] | None = None):
         self.path = path
         self.state = Prober(path.peer, config or ProbeConfig())
         self.echo_port = echo_port
@@ -382,27 +162,31 @@ class EchoProber:
         self.icmp_errors = 0  # ICMP errors other than port unreachable (e.g. no ARP answer)
         self.rtt_counts = [0] * (len(RTT_BUCKETS_S) + 1)  # replies per RTT bucket, last: +Inf
         self.rtt_sum_s = 0.0
+        self.others_heard = others_heard
         self.sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at: float | None = None
+        self._owns_timer = timer is None
+        self.timer = timer if timer is not None else SharedTimer(lag)
         self._reported: tuple | None = None
 
     # ---- lifecycle ----------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, first_at: float | None = None) -> None:
+        """Open the socket and probe, the first time at `first_at` (loop
+        time; default now). That sets the path's phase, which it keeps
+        (core.probe: poll), even when the loop runs late for the first one:
+        the service spreads its paths' probes over one interval this way."""
         self._loop = asyncio.get_running_loop()
-        if self.lag is not None:
-            self.lag.listeners.append(self._lagged)
-        self._open()
+        if self.sock is None:
+            self._open()
+        if first_at is not None and self.state.next_send is None:
+            self.state = replace(self.state, next_send=first_at)
         self._schedule()
 
     def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self._timer_at = None
-        if self.lag is not None and self._lagged in self.lag.listeners:
-            self.lag.listeners.remove(self._lagged)
+        self.timer.discard(self)
+        if self._owns_timer:
+            self.timer.close()
         self._close_socket()
 
     def _open(self) -> None:
@@ -453,24 +237,42 @@ class EchoProber:
 
     # ---- the loop's callbacks ------------------------------------------------
 
-    def _lagged(self, now: float, lag: float) -> None:
-        self.state = self.state.note_lag(now, lag)
+    def _current_lag(self, now: float) -> float:
+        return self.lag.current(now) if self.lag is not None else 0.0
 
-    def _current_lag(self, now: float, scheduled: float | None = None) -> float:
-        lag = 0.0 if scheduled is None else max(0.0, now - scheduled)
-        return max(lag, self.lag.current(now)) if self.lag is not None else lag
+    def _host_stalls(self):
+        return self.lag.stall_log if self.lag is not None else None
 
-    def _on_timer(self, scheduled: float) -> None:
-        self._timer = self._timer_at = None
-        now = self._loop.time()
-        lag = self._current_lag(now, scheduled)
-        if self.lag is not None:
-            self.lag.record(now, lag)
+    def _own_lag(self, now: float, lag: float) -> float:
+        """A stall of `lag` up to `now`, seen by this path: with a meter it
+        goes into the meter's one stall log (the loop's stall is every
+        path's; once there, each path finds it when it judges), and the
+        core is told 0; without one it is this path's own."""
+        if self.lag is None:
+            return lag
+        if lag >= self.lag.tolerance_s:
+            self.lag.stall_log.add(now - lag, now)
+        return 0.0
+
+    def due(self, now: float, lag: float) -> None:
+        """The timer's call: a send is due or a deadline passed (`lag`: how late
+        the loop woke, already recorded in the meter by the timer)."""
+        now = self._loop.time()  # not the wake-up's: a probe is stamped when it leaves
         if self.sock is None:
             self._open()
-        # Replies already here are read before any deadline is judged.
-        self._drain(now, lag)
-        self.state, sends = self.state.poll(now, lag)
+        # Replies already here are read before any deadline is judged (only
+        # then: a wake-up that only sends has nothing to read first).
+        overdue = self._current_lag(now)  # a stall still going on: not in the meter yet
+        st = self.state
+        if (any(f.deadline <= now for f in st.inflight)
+                or (st.grace_until is not None and st.grace_until <= now)):
+            self._drain(now, max(lag, overdue))
+        if self.others_heard is not None and self.state.state is PathState.SUSPECT:
+            self.state = self.state.witnessed(self.state.others_live, self.others_heard(self))
+        # With a meter, the timer's lag is in its stall log (consulted by poll); without, ours.
+        host = self._host_stalls()
+        own = self._own_lag(now, overdue) if host is not None else max(lag, overdue)
+        self.state, sends = self.state.poll(now, own, host)
         for send in sends:
             self._send(send, now)
         self._after()
@@ -499,22 +301,29 @@ class EchoProber:
 
     def _received(self, data: bytes, ancdata, flags: int, now: float, wall: float,
                   lag: float) -> None:
-        pkt, _why = parse(data, truncated=bool(flags & socket.MSG_TRUNC))
-        if pkt is None or pkt.kind != KIND_REPLY:
+        # The hot path: parse()'s checks, without building an EchoPacket.
+        if flags & _MSG_TRUNC or len(data) != PACKET.size:
             self.state = self.state.count_malformed()
             return
-        if pkt.prober_id != self.prober_id:  # e.g. answers to a previous daemon
+        magic, version, kind, _r, seq, sent_ns, prober_id, _rid, held_us = PACKET.unpack(data)
+        if magic != MAGIC or version != VERSION or kind != KIND_REPLY:
+            self.state = self.state.count_malformed()
+            return
+        if prober_id != self.prober_id:  # e.g. answers to a previous daemon
             self.state = self.state.count_stray()
             return
         rx, _ = _cmsgs(ancdata)
         waited = 0.0 if rx is None else min(max(0.0, wall - rx), _MAX_KERNEL_DELAY_S)
         # The path's round trip: kernel receive time - our send time - what the peer held it.
-        rtt = max(0.0, now - waited - pkt.sent_ns * 1e-9 - pkt.held_us * 1e-6)
+        rtt = max(0.0, now - waited - sent_ns * 1e-9 - held_us * 1e-6)
         self.rtt_counts[bisect_left(RTT_BUCKETS_S, rtt)] += 1
         self.rtt_sum_s += rtt
-        self.state = self.state.on_reply(pkt.seq, now - waited, now, max(lag, waited),
-                                         echoed_sent_at=pkt.sent_ns * 1e-9,
-                                         peer_delay_s=pkt.held_us * 1e-6)
+        # The reply sat in our socket for `waited`: this path's own stall (the
+        # timer's lateness, by contrast, is the host's and is in the meter's log).
+        self.state = self.state.on_reply(seq, now - waited, now, max(lag, waited),
+                                         echoed_sent_at=sent_ns * 1e-9,
+                                         peer_delay_s=held_us * 1e-6,
+                                         host_stalls=self._host_stalls())
         if self.on_reply_heard is not None:
             self.on_reply_heard(self, now - waited)
 
@@ -529,7 +338,8 @@ class EchoProber:
         if self.sock is None:
             self.state = self.state.on_send_error(send.seq, now)
             return
-        data = EchoPacket(KIND_REQUEST, send.seq, round(now * 1e9), self.prober_id).encode()
+        data = PACKET.pack(MAGIC, VERSION, KIND_REQUEST, 0, send.seq, round(now * 1e9),
+                           self.prober_id, 0, 0)  # EchoPacket.encode, without the object
         try:
             self.sock.send(data)
         except ConnectionRefusedError:  # a pending ICMP error, reported on this send
@@ -554,12 +364,7 @@ class EchoProber:
         when = max(self.state.next_wakeup(), now)
         if self.sock is None and self.socket_error:
             when = max(when, now + _RETRY_S)
-        if self._timer is not None and self._timer_at == when:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer_at = when
-        self._timer = self._loop.call_at(when, self._on_timer, when)
+        self.timer.set(self, when)
 
 
 # --------------------------------------------------------------------------
@@ -599,6 +404,7 @@ class EchoService:
         self._owns_lag = self.lag is None
         if self.lag is None:
             self.lag = LoopLag(period_s=self.lag_period_s, tolerance_s=self.config.lag_tolerance_s)
+        self.timer = SharedTimer(self.lag)  # one loop timer for every path
         self._prober_id = _random_id()
         self.probers: dict[ProbePath, EchoProber] = {p: self._prober(p) for p in self.paths}
         self._by_addresses = {(p.source, p.peer): pr for p, pr in self.probers.items()}
@@ -608,13 +414,19 @@ class EchoService:
                                         on_heard=self._heard) if self.respond else None)
         self.responder_error = ""
         self._retry: asyncio.TimerHandle | None = None
-        self._suspects: set[EchoProber] = set()  # paths confirming a loss right now
+        # Witness bookkeeping, O(1) per reply: the live paths (UP or SUSPECT)
+        # by port, and the two latest replies from different paths (so any
+        # path can be told the latest reply of another).
+        self._live: dict[str, set[EchoProber]] = {}
+        self._latest: tuple[float, EchoProber | None] = (float("-inf"), None)
+        self._second: float = float("-inf")
         self._started = False
 
     def _prober(self, path: ProbePath) -> EchoProber:
         return EchoProber(path, self.config, echo_port=self.echo_port, tos=self.tos,
                           netns=self.netns, lag=self.lag, prober_id=self._prober_id,
-                          on_change=self._changed, on_reply_heard=self._reply_heard)
+                          on_change=self._changed, on_reply_heard=self._reply_heard,
+                          timer=self.timer, others_heard=self._others_heard)
 
     def start(self) -> None:
         if self._owns_lag or not self.lag.started:
@@ -623,12 +435,23 @@ class EchoService:
             self.lag.heartbeat(self.lag_period_s)
         self._started = True
         self._start_responder()
-        for prober in self.probers.values():
-            prober.start()
+        # Spread the paths' probes evenly over one interval, and they stay
+        # spread (each keeps its own cadence): N paths cost N/interval small
+        # wake-ups' worth of work, never N probes (and N replies, and N
+        # answers at the peer) in one lump that stalls the loop.
+        probers = list(self.probers.values())
+        loop = asyncio.get_running_loop()
+        for prober in probers:  # sockets first: opening them takes time
+            prober._loop = loop
+            prober._open()
+        start, spacing = loop.time(), self.config.interval_s / max(1, len(probers))
+        for i, prober in enumerate(probers):
+            prober.start(start + i * spacing)
 
     def close(self) -> None:
         for prober in self.probers.values():
             prober.close()
+        self.timer.close()
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
@@ -649,14 +472,15 @@ class EchoService:
         for path in [p for p in self.probers if p not in wanted]:
             prober = self.probers.pop(path)
             prober.close()
-            self._suspects.discard(prober)
+            self._live.get(path.port, set()).discard(prober)
             if self.on_change is not None:
                 self.on_change(path, prober.assessment())  # the owner re-reads that port
         for path in wanted:
             if path not in self.probers:
                 prober = self.probers[path] = self._prober(path)
-                if self._started:
-                    prober.start()
+                if self._started:  # at a random phase: the others keep theirs
+                    prober.start(asyncio.get_running_loop().time()
+                                 + random.random() * self.config.interval_s)
         self.paths = wanted
         self._by_addresses = {(p.source, p.peer): pr for p, pr in self.probers.items()}
 
@@ -702,28 +526,57 @@ class EchoService:
 
     def _changed(self, prober: EchoProber, assessment: Assessment) -> None:
         """Each path's other paths are its witnesses. When one starts
-        confirming a loss, it is told whether any other path is live, and
-        every live witness probes at once, so its confirmation can tell a
-        dead path from a silent host (core.probe: Prober.witnessed). Only
-        suspects hear of replies elsewhere: nothing is done per reply for
-        the paths that are fine."""
-        if prober.state.state is PathState.SUSPECT:
-            live = [p for p in self.probers.values() if p is not prober
-                    and p.state.state in (PathState.UP, PathState.SUSPECT)]
-            prober.state = prober.state.witnessed(bool(live))
-            self._suspects.add(prober)
-            for other in live:
-                if other.state.state is PathState.UP and other.sock is not None:
-                    other.poke()
+        confirming a loss, it is told whether any other path is live, and a
+        few live witnesses (`_WITNESS_POKES`, other rails first) probe at
+        once, so its confirmation can tell a dead path from a silent host
+        (core.probe: Prober.witnessed); with many paths, their steady probes'
+        replies witness too. A few, not all: a rail blackhole makes every
+        path of the rail suspect within one interval, and each poking every
+        other path was O(paths^2) probes. Replies elsewhere are not pushed to
+        the suspects: a suspect reads the latest (`_others_heard`) when it
+        judges, so a reply costs O(1) whatever the number of paths."""
+        state = prober.state.state
+        live = self._live.setdefault(prober.path.port, set())
+        if state in (PathState.UP, PathState.SUSPECT):
+            live.add(prober)
         else:
-            self._suspects.discard(prober)
+            live.discard(prober)
+        if state is PathState.SUSPECT:
+            others_live = any(ps for port, ps in self._live.items()
+                              if ps and (port != prober.path.port or len(ps) > 1))
+            prober.state = prober.state.witnessed(others_live, self._others_heard(prober))
+            for other in self._witnesses(prober):
+                other.poke()
         if self.on_change is not None:
             self.on_change(prober.path, assessment)
 
+    def _witnesses(self, suspect: EchoProber) -> list[EchoProber]:
+        """Up to `_WITNESS_POKES` UP paths other than `suspect`, those on other ports first."""
+        chosen: list[EchoProber] = []
+        ports = sorted(self._live, key=lambda port: port == suspect.path.port)
+        for port in ports:
+            for other in self._live[port]:
+                if (other is not suspect and other.state.state is PathState.UP
+                        and other.sock is not None):
+                    chosen.append(other)
+                    if len(chosen) >= _WITNESS_POKES:
+                        return chosen
+        return chosen
+
     def _reply_heard(self, prober: EchoProber, received_at: float) -> None:
-        for other in self._suspects:
-            if other is not prober:
-                other.state = other.state.witnessed(other.state.others_live, received_at)
+        latest, latest_by = self._latest
+        if prober is latest_by:
+            self._latest = (max(latest, received_at), prober)
+        elif received_at >= latest:
+            self._second, self._latest = latest, (received_at, prober)
+        else:
+            self._second = max(self._second, received_at)
+
+    def _others_heard(self, prober: EchoProber) -> float | None:
+        """The latest reply any path but `prober` received (None: none yet)."""
+        latest, latest_by = self._latest
+        at = self._second if prober is latest_by else latest
+        return None if at == float("-inf") else at
 
     def _heard(self, heard: dict[tuple[str, str], float]) -> None:
         """The responder's batch: which peers' probes reached which of our addresses, when."""

@@ -22,8 +22,11 @@ false reroutes), so:
 * **Our own stalls are not the path's fault.** The adapter reports how late
   each handling ran (event-loop lag). A miss whose time in flight was covered
   by stalls for `max_stall_ratio` of the timeout (all of it, by default) is
-  UNKNOWN, not lost; so is a reply that was late only by the time we, or the
-  responder (it reports how long it held the request), sat on it. An unjudged
+  UNKNOWN, not lost (the loop's stalls are the host's, kept once for all paths
+  in a core.stalls.StallLog the adapter passes in as `host_stalls`; a path
+  keeps only its own, such as a reply's wait in its socket); so is a reply
+  that was late only by the time we, or the responder (it reports how long it
+  held the request), sat on it. An unjudged
   burst probe is replaced (up to `burst_max`) rather than spoiling the burst.
   An ICMP port unreachable from the peer (host up, daemon restarting) makes
   misses UNKNOWN for `refused_grace_s`.
@@ -73,10 +76,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from linkpassd.core.model import Assessment, Verdict
+from linkpassd.core.stalls import STALL_MEMORY_S, StallLog
 
 SEQ_MODULO = 2**32  # sequence numbers are 32-bit on the wire
 _JUDGED_MEMORY = 256  # recently judged probes remembered, to recognise late replies
-_STALL_MEMORY_S = 2.0  # how long a recorded stall can matter for a probe in flight
+_STALL_MEMORY_S = STALL_MEMORY_S  # how long a recorded stall can matter for a probe in flight
 _MIN_LOSS_SAMPLE = 20  # steady outcomes needed before the measured loss sizes the burst
 
 
@@ -212,8 +216,21 @@ def _with(obj, **changes):
     return new
 
 
-def _stalled(stalls: Iterable[tuple[float, float]], start: float, end: float) -> float:
-    return sum(max(0.0, min(e, end) - max(s, start)) for s, e in stalls)
+def _stalled(stalls: Iterable[tuple[float, float]], start: float, end: float,
+             host: StallLog | None = None) -> float:
+    """How much of [start, end] was stalled: by the path's own stalls and
+    the host's (`host`, the loop's one log), each moment counted once."""
+    own = [(max(s, start), min(e, end)) for s, e in stalls if e > start and s < end]
+    if host is None:
+        return sum(e - s for s, e in own)
+    if not own:
+        return host.covered(start, end)
+    total, reach = 0.0, start
+    for s, e in sorted(own + host.overlapping(start, end)):
+        if e > reach:
+            total += e - max(s, reach)
+            reach = e
+    return total
 
 
 @dataclass(frozen=True)
@@ -268,13 +285,17 @@ class Prober:
 
     def next_wakeup(self) -> float:
         """When the adapter must call poll() next (a send is due or a deadline passes)."""
-        times = [f.deadline for f in self.inflight]
-        times.append(float("-inf") if self.next_send is None else self.next_send)
+        if self.next_send is None:
+            return float("-inf")
+        t = self.next_send
+        for f in self.inflight:
+            if f.deadline < t:
+                t = f.deadline
         if self.burst_due:
-            times.append(self.burst_due[0])
+            t = min(t, self.burst_due[0])
         if self.grace_until is not None:
-            times.append(self.grace_until)
-        return min(times)
+            t = min(t, self.grace_until)
+        return t
 
     def assessment(self) -> Assessment:
         """This path's judgement as a health signal (see core.signals)."""
@@ -324,6 +345,18 @@ class Prober:
         if lag < self.config.lag_tolerance_s:
             return self
         start = now - lag
+        stalls = self.stalls
+        if not stalls or start >= stalls[-1][0]:
+            # The usual order (stalls are measured as they end): append or
+            # merge with the last, no sort; forget what ended too long ago.
+            keep = 0
+            while keep < len(stalls) and stalls[keep][1] < now - _STALL_MEMORY_S:
+                keep += 1
+            stalls = stalls[keep:]
+            if stalls and start <= stalls[-1][1]:
+                last = stalls[-1]
+                return _with(self, stalls=stalls[:-1] + ((last[0], max(last[1], now)),))
+            return _with(self, stalls=stalls + ((start, now),))
         merged: list[tuple[float, float]] = []
         for s, e in sorted(self.stalls + ((start, now),)):
             if e < now - _STALL_MEMORY_S:
@@ -334,18 +367,31 @@ class Prober:
                 merged.append((s, e))
         return _with(self, stalls=tuple(merged))
 
-    def poll(self, now: float, lag: float = 0.0) -> tuple["Prober", tuple[Send, ...]]:
-        """Judge the probes whose deadline passed, then say which probes to send now."""
-        p = self.note_lag(now, lag)._expire(now)
+    def poll(self, now: float, lag: float = 0.0,
+             host_stalls: StallLog | None = None) -> tuple["Prober", tuple[Send, ...]]:
+        """Judge the probes whose deadline passed, then say which probes to send now.
+        `host_stalls`: the loop's stalls, kept once for all paths (core.stalls);
+        they count as this path's own."""
+        p = self.note_lag(now, lag)._expire(now, host_stalls)
         if p.state is PathState.SUSPECT and p.grace_until is not None and now >= p.grace_until:
             p = p._go_down(now)
         sends: list[Send] = []
         if p.next_send is None or now >= p.next_send:
-            p, send = p._send(now, burst=False)
+            # Keep the cadence and its phase, but never catch up on slots a
+            # stall swallowed: the next slot of the grid after now. (The phase
+            # matters: the adapter spreads its paths over one interval, and a
+            # stall that re-aligned them would make them all due at once, for good.)
+            interval = p.config.interval_s
+            if p.next_send is None:
+                nxt = now + interval
+            else:
+                nxt = p.next_send + interval
+                if nxt <= now:
+                    nxt += math.floor((now - nxt) / interval + 1) * interval
+                    if nxt <= now:  # rounding
+                        nxt += interval
+            p, send = p._send(now, burst=False, next_send=nxt)
             sends.append(send)
-            # Keep the cadence, but never catch up on slots a stall swallowed.
-            nxt = now if p.next_send is None else p.next_send + p.config.interval_s
-            p = _with(p, next_send=nxt if nxt > now else now + p.config.interval_s)
         while p.burst_due and p.burst_due[0] <= now:
             p = _with(p, burst_due=p.burst_due[1:])
             p, send = p._send(now, burst=True)
@@ -353,7 +399,8 @@ class Prober:
         return p, tuple(sends)
 
     def on_reply(self, seq: int, received_at: float, now: float, lag: float = 0.0,
-                 echoed_sent_at: float | None = None, peer_delay_s: float = 0.0) -> "Prober":
+                 echoed_sent_at: float | None = None, peer_delay_s: float = 0.0,
+                 host_stalls: StallLog | None = None) -> "Prober":
         """A reply to probe `seq` arrived at `received_at` (the kernel's receive
         time when the adapter has it, else `now`). `echoed_sent_at` is the send
         time the reply carries (it must match ours); `peer_delay_s` is how long
@@ -365,14 +412,29 @@ class Prober:
             flight = None  # same number, another probe: a stale reply
         if flight is None:
             return p._late_or_stray(seq, echoed_sent_at, now)
-        p = _with(p, inflight=tuple(f for f in p.inflight if f is not flight))
+        inflight = tuple(f for f in p.inflight if f is not flight)
         if received_at <= flight.deadline:
             outcome = Outcome.OK
-            p = _with(p, rtt_s=max(0.0, received_at - flight.sent_at))
+            rtt = max(0.0, received_at - flight.sent_at)
+            if (p.state is PathState.UP and not p.degraded and not flight.burst
+                    and len(p.window) + 1 != p.config.loss_window):
+                # The common case, in one copy: what _judge would do for an
+                # on-time steady reply on a clean path (a success cannot
+                # degrade it, except by filling the window, which is judged
+                # then for the first time).
+                c, window = p.counters, p.window + (False,)
+                if len(window) > p.config.loss_window:
+                    window = window[-p.config.loss_window:]
+                judged = p.judged + ((flight.seq, flight.sent_at),)
+                return _with(p, inflight=inflight, rtt_s=rtt, window=window,
+                             judged=judged[-_JUDGED_MEMORY:],
+                             counters=_with(c, received=c.received + 1))
+            p = _with(p, inflight=inflight, rtt_s=rtt)
         else:
+            p = _with(p, inflight=inflight)
             p = p._count(late=1)
             # Late only by the time we or the responder sat on it: not the path's doing.
-            ours = _stalled(p.stalls, flight.sent_at, received_at)
+            ours = _stalled(p.stalls, flight.sent_at, received_at, host_stalls)
             on_time_but_for_stalls = (received_at - peer_delay_s - ours <= flight.deadline
                                       or ours >= p.config.stall_budget_s)
             outcome = Outcome.UNKNOWN if on_time_but_for_stalls else Outcome.LATE
@@ -425,13 +487,16 @@ class Prober:
         c = self.counters
         return _with(self, counters=_with(c, **{k: getattr(c, k) + v for k, v in deltas.items()}))
 
-    def _send(self, now: float, burst: bool) -> tuple["Prober", Send]:
-        seq = self.next_seq
+    def _send(self, now: float, burst: bool, **changes) -> tuple["Prober", Send]:
+        """Send a probe now (and apply `changes` in the same copy: this runs
+        for every probe of every path, so it copies the prober once)."""
+        seq, c = self.next_seq, self.counters
         flight = InFlight(seq, now, now + self.config.timeout_s, burst)
-        p = _with(self, next_seq=seq % (SEQ_MODULO - 1) + 1, inflight=self.inflight + (flight,))
-        return p._count(sent=1), Send(seq, burst)
+        p = _with(self, next_seq=seq % (SEQ_MODULO - 1) + 1, inflight=self.inflight + (flight,),
+                  counters=_with(c, sent=c.sent + 1), **changes)
+        return p, Send(seq, burst)
 
-    def _expire(self, now: float) -> "Prober":
+    def _expire(self, now: float, host_stalls: StallLog | None = None) -> "Prober":
         p = self
         for flight in self.inflight:
             if flight.deadline > now:
@@ -439,7 +504,7 @@ class Prober:
             p = _with(p, inflight=tuple(f for f in p.inflight if f is not flight))
             if p.refused_at is not None and now - p.refused_at <= p.config.refused_grace_s:
                 p = p._count(unknown_other=1)._judge(flight, Outcome.UNKNOWN, now)
-            elif _stalled(p.stalls, flight.sent_at, now) >= p.config.stall_budget_s:
+            elif _stalled(p.stalls, flight.sent_at, now, host_stalls) >= p.config.stall_budget_s:
                 p = p._count(unknown_lag=1)._judge(flight, Outcome.UNKNOWN, now)
             else:
                 p = p._judge(flight, Outcome.LOST, now)

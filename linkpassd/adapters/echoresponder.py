@@ -1,0 +1,289 @@
+"""The echo wire format and the responder: what every linkpassd answers.
+
+See adapters.echo for the protocol (port, packet, admission, timestamps). Kept
+apart from the probers (adapters.echo) so each module stays readable; echo
+re-exports every name here, so callers import from adapters.echo.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from linkpassd.core.admission import ResponderPolicy, SourceLimiter
+
+ECHO_PORT = 4793
+MAGIC = b"LPEC"
+VERSION = 1
+KIND_REQUEST = 1
+KIND_REPLY = 2
+PACKET = struct.Struct("!4sBBHIQQQI")
+
+# Linux values Python's socket module does not name (asm-generic; x86-64 and arm64).
+SO_TIMESTAMPNS = 35
+SCM_TIMESTAMPNS = SO_TIMESTAMPNS
+IP_PKTINFO = 8
+_TIMESPEC = struct.Struct("@qq")
+_PKTINFO = struct.Struct("@i4s4s")
+_ANCILLARY = socket.CMSG_SPACE(_TIMESPEC.size) + socket.CMSG_SPACE(_PKTINFO.size)
+_RECV_BYTES = 512  # more than a valid packet; longer ones are truncated and flagged
+_RESPONDER_WAKE_S = 0.2  # the responder thread checks for close() this often
+_HANDOFF_S = 0.010  # the responder hands what it heard to the loop at most this often
+# The responder's receive queue: ~1,300 small datagrams, 25 ms of a 50,000/s
+# flood, so a thread descheduled for a moment on a busy host still sees (and
+# counts) what arrived meanwhile. Only a queue the thread cannot keep up with
+# fills it; then requests wait at most this long, rather than being dropped.
+_RESPONDER_RCVBUF = 1 << 20
+SO_RCVBUFFORCE = 33
+_U32 = struct.Struct("!I")
+_MSG_TRUNC = int(socket.MSG_TRUNC)
+
+
+# --------------------------------------------------------------------------
+# Packets
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EchoPacket:
+    kind: int
+    seq: int
+    sent_ns: int
+    prober_id: int
+    responder_id: int = 0
+    held_us: int = 0
+
+    def encode(self) -> bytes:
+        return PACKET.pack(MAGIC, VERSION, self.kind, 0, self.seq, self.sent_ns,
+                           self.prober_id, self.responder_id, self.held_us)
+
+
+def parse(data: bytes, truncated: bool = False) -> tuple[EchoPacket | None, str]:
+    """A packet, or None and why not. Never raises on any input."""
+    if truncated or len(data) > PACKET.size:
+        return None, "too long"
+    if len(data) < PACKET.size:
+        return None, "too short"
+    magic, version, kind, _reserved, seq, sent_ns, prober_id, responder_id, held_us = \
+        PACKET.unpack(data)
+    if magic != MAGIC:
+        return None, "bad magic"
+    if version != VERSION:
+        return None, f"version {version}"
+    if kind not in (KIND_REQUEST, KIND_REPLY):
+        return None, f"kind {kind}"
+    return EchoPacket(kind, seq, sent_ns, prober_id, responder_id, held_us), ""
+
+
+def _random_id() -> int:
+    return secrets.randbits(64) or 1
+
+
+def _udp_socket(netns: str | None) -> socket.socket:
+    """A UDP socket in `netns` (None: ours). Sockets keep their namespace, so
+    only creation needs to happen inside it."""
+    if netns is None:
+        return socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    from pyroute2.netns import create_socket
+    return create_socket(netns, socket.AF_INET, socket.SOCK_DGRAM, flags=0)
+
+
+def _cmsgs(ancdata) -> tuple[float | None, tuple[int, bytes] | None]:
+    """(kernel receive time as unix seconds, (ifindex, local address)) when present."""
+    rx, info = None, None
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(payload) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(payload)
+            rx = sec + nsec * 1e-9
+        elif level == socket.IPPROTO_IP and kind == IP_PKTINFO and len(payload) >= _PKTINFO.size:
+            ifindex, spec_dst, _addr = _PKTINFO.unpack_from(payload)
+            info = (ifindex, spec_dst)
+    return rx, info
+
+
+# --------------------------------------------------------------------------
+# Responder
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class ResponderTally:
+    """Written by the responder's thread only; read by the loop (plain ints: no handoff).
+    The daemon reports them as core.model.ResponderCounters."""
+
+    requests: int = 0  # well-formed requests from allowed sources to a rail address
+    answered: int = 0
+    refused_address: int = 0  # sent to a local address that is no rail's (loopback, management)
+    refused_source: int = 0  # from a source neither in the fabric prefixes nor a probe peer
+    rate_limited: int = 0  # the source's token bucket was empty
+    malformed: int = 0
+    ignored: int = 0  # well-formed but not a request: never answered
+    send_errors: int = 0
+    recv_errors: int = 0
+
+
+HeardCallback = Callable[[dict[tuple[str, str], float]], None]
+
+
+class EchoResponder:
+    """Answers the requests its `policy` admits (core.admission), from the
+    address each was sent to, out of the interface it came in on. One socket,
+    bound to the wildcard address, for all rails: a rail address that appears
+    late (or comes back) is answered at once, nothing to re-bind; requests to
+    any other local address are seen, counted and dropped.
+
+    It answers on its own thread, not on the event loop: a reply held up by
+    our loop's work (a reconcile, a status request, a log burst) reads as
+    path loss at the peer, and a peer whose rail has one live path left has
+    no other path to vouch for us. The thread needs the GIL only briefly per
+    datagram and releases it in every receive, so even a flood costs the loop
+    little; the daemon lowers the interpreter's switch interval so the thread
+    gets the GIL within a millisecond. Refused datagrams are dropped on the
+    destination and source address alone, before any parsing. The thread
+    hands the loop nothing per packet: counters are plain integers the loop
+    reads, and which peers reached us (`on_heard`: {(our address, peer
+    address): monotonic time}) is handed over at most every `_HANDOFF_S`."""
+
+    def __init__(self, port: int = ECHO_PORT, address: str = "0.0.0.0", netns: str | None = None,
+                 policy: ResponderPolicy | None = None, on_heard: HeardCallback | None = None):
+        self.port = port
+        self.address = address
+        self.netns = netns
+        self.policy = policy if policy is not None else ResponderPolicy()  # answers nobody
+        self.limiter = SourceLimiter(*self.policy.limits)
+        self.on_heard = on_heard
+        self.responder_id = _random_id()
+        self.counters = ResponderTally()
+        self.sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._heard: dict[tuple[str, str], float] = {}  # the thread's, until handed over
+        self._handed_at = 0.0
+
+    def set_policy(self, policy: ResponderPolicy) -> None:
+        """Answer by a new policy from now on (a reload). Rate buckets are kept
+        unless the rate limits changed. Safe while the thread runs: it reads
+        both attributes once per datagram."""
+        if policy.limits != self.policy.limits:
+            self.limiter = SourceLimiter(*policy.limits)
+        self.policy = policy
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        sock = _udp_socket(self.netns)
+        try:
+            sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            try:  # beyond net.core.rmem_max needs CAP_NET_ADMIN, which the daemon has
+                sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, _RESPONDER_RCVBUF)
+            except PermissionError:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RESPONDER_RCVBUF)
+            sock.bind((self.address, self.port))
+            sock.settimeout(_RESPONDER_WAKE_S)  # so close() is seen without a datagram
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._serve, args=(sock,),
+                                        name=f"echo-responder-{self.port}", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        if self.sock is None:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(2 * _RESPONDER_WAKE_S + 1.0)
+            self._thread = None
+        self.sock.close()
+        self.sock = None
+
+    def _serve(self, sock: socket.socket) -> None:
+        while not self._stop.is_set():
+            try:
+                data, ancdata, flags, src = sock.recvmsg(_RECV_BYTES, _ANCILLARY)
+            except (TimeoutError, InterruptedError):
+                self._hand_off(time.monotonic(), force=True)
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    return
+                self.counters.recv_errors += 1
+                continue
+            try:
+                self._answer(data, ancdata, flags, src)
+            except Exception:  # noqa: BLE001 - nothing from outside may end the responder
+                self.counters.malformed += 1
+
+    def _hand_off(self, now: float, force: bool = False) -> None:
+        """Give the loop what was heard since the last hand-off, batched."""
+        if not self._heard or (not force and now - self._handed_at < _HANDOFF_S):
+            return
+        heard, self._heard, self._handed_at = self._heard, {}, now
+        if self.on_heard is None:
+            return
+        if self._thread is not None and self._loop is not None:
+            try:
+                self._loop.call_soon_threadsafe(self.on_heard, heard)
+            except RuntimeError:  # the loop is closed: we are shutting down
+                pass
+        else:
+            self.on_heard(heard)
+
+    def _answer(self, data: bytes, ancdata, flags: int, src) -> None:
+        # Cheapest first: where it was sent, who sent it, whether they may; only then parse.
+        policy = self.policy
+        info = None
+        for level, kind, payload in ancdata:
+            if kind == IP_PKTINFO and level == socket.IPPROTO_IP and len(payload) >= _PKTINFO.size:
+                info = _PKTINFO.unpack_from(payload)  # (ifindex, local address, header destination)
+                break
+        if not policy.answers_to(b"" if info is None else info[2]):
+            self.counters.refused_address += 1
+            return
+        source = _U32.unpack(socket.inet_aton(src[0]))[0]
+        if not policy.allows(source):
+            self.counters.refused_source += 1
+            return
+        # parse()'s checks without building an EchoPacket: this runs for every
+        # request of every peer (the int flag: the enum's & costs as much again).
+        if flags & _MSG_TRUNC or len(data) != PACKET.size:
+            self.counters.malformed += 1
+            return
+        magic, version, kind, _r, seq, sent_ns, prober_id, _rid, _held = PACKET.unpack(data)
+        if magic != MAGIC or version != VERSION or kind not in (KIND_REQUEST, KIND_REPLY):
+            self.counters.malformed += 1
+            return
+        if kind != KIND_REQUEST:
+            self.counters.ignored += 1
+            return
+        self.counters.requests += 1
+        now = time.monotonic()
+        if not self.limiter.allow(source, now):
+            self.counters.rate_limited += 1
+            return
+        rx, _ = _cmsgs(ancdata)
+        held = 0 if rx is None else min(max(0, round((time.time() - rx) * 1e6)), 2**32 - 1)
+        reply = PACKET.pack(MAGIC, VERSION, KIND_REPLY, 0, seq, sent_ns, prober_id,
+                            self.responder_id, held)  # EchoPacket(...).encode()
+        try:
+            if info is None:
+                self.sock.sendto(reply, src)
+            else:
+                ifindex, local, _dst = info
+                pktinfo = _PKTINFO.pack(ifindex, local, bytes(4))
+                self.sock.sendmsg([reply], [(socket.IPPROTO_IP, IP_PKTINFO, pktinfo)], 0, src)
+            self.counters.answered += 1
+        except OSError:
+            self.counters.send_errors += 1
+        if info is not None and self.on_heard is not None:
+            self._heard[(socket.inet_ntoa(info[1]), src[0])] = now
+            self._hand_off(now)

@@ -1,0 +1,104 @@
+"""One event-loop timer for every echo path of the service.
+
+Each path's next deadline (a send, a probe's timeout, a burst probe) lives in
+one core.schedule.DeadlineQueue, and the loop holds a single timer handle: at
+the earliest deadline, rounded up to a millisecond grid so that the paths due
+within the same millisecond run in one wake-up. The lag of that wake-up is
+measured and recorded once (not once per path), into the daemon's loop-lag
+meter. Why: with a handle per path, a send or a reply cancelled and re-created
+that path's handle, and every path woke the loop on its own (issue 11).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from linkpassd.adapters.looplag import LoopLag
+from linkpassd.core.schedule import DEFAULT_GRAIN_S, DeadlineQueue, batched_wake
+
+_RETRY_AFTER_FAILURE_S = 1.0  # a key whose run raised is run again this much later
+# Keys run per wake-up at most; the rest run after the loop has polled its
+# sockets again. A probe costs tens of microseconds in Python, so a backlog of
+# hundreds (after a stall, or a mesh larger than the host can probe) holds
+# carrier and BFD events for one slice (a millisecond or two), not all of it.
+MAX_RUNS_PER_WAKEUP = 32
+
+
+class Due(Protocol):
+    def due(self, now: float, lag: float) -> None:
+        """Run: a deadline of this key passed (`lag`: how late the loop woke)."""
+
+
+class SharedTimer:
+    """Runs `key.due(now, lag)` for every key whose deadline passed, from one
+    loop timer. `set` from inside a run is fine (the timer is re-armed once,
+    after the run). Counts its wake-ups and runs, for measurement."""
+
+    def __init__(self, lag: LoopLag | None = None, grain_s: float = DEFAULT_GRAIN_S,
+                 max_runs: int = MAX_RUNS_PER_WAKEUP):
+        self.lag = lag
+        self.grain_s = grain_s
+        self.max_runs = max_runs
+        self.queue: DeadlineQueue[Due] = DeadlineQueue()
+        self.wakeups = 0  # loop wake-ups of this timer
+        self.runs = 0  # keys run (one wake-up runs every key due by then)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._armed_at: float | None = None
+        self._firing = False
+
+    def set(self, key: Due, when: float) -> None:
+        """Run `key` at `when` (loop time), replacing its previous deadline."""
+        self.queue.set(key, when)
+        if not self._firing:
+            self._arm()
+
+    def discard(self, key: Due) -> None:
+        self.queue.discard(key)
+        if not len(self.queue) and not self._firing:
+            self._cancel()
+
+    def close(self) -> None:
+        self._cancel()
+        self.queue = DeadlineQueue()
+
+    def _cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._handle = self._armed_at = None
+
+    def _arm(self) -> None:
+        earliest = self.queue.earliest()
+        if earliest is None:
+            self._cancel()
+            return
+        wake = batched_wake(earliest, self.grain_s)
+        if self._handle is not None and self._armed_at == wake:
+            return
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        self._cancel()
+        self._armed_at = wake
+        self._handle = self._loop.call_at(wake, self._fire)
+
+    def _fire(self) -> None:
+        scheduled, self._handle, self._armed_at = self._armed_at, None, None
+        now = self._loop.time()
+        lag = max(0.0, now - scheduled)
+        self.wakeups += 1
+        if self.lag is not None:
+            self.lag.record(now, lag)
+        self._firing = True
+        try:
+            for key, _when in self.queue.pop_due(now, self.max_runs):
+                self.runs += 1
+                try:
+                    key.due(now, lag)
+                except Exception as exc:  # noqa: BLE001 - one path's bug must not stop the rest
+                    self._loop.call_exception_handler(
+                        {"message": f"echo timer: {key!r} failed", "exception": exc})
+                    self.queue.set(key, now + _RETRY_AFTER_FAILURE_S)
+        finally:
+            self._firing = False
+            self._arm()
