@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import errno
 import os
 from collections.abc import Callable
 
@@ -95,6 +96,7 @@ class BoundedNetlink:
         self.timeout_s = float(timeout_s)
         self.requests = 0  # every request sent, reads included
         self.timeouts = 0
+        self.races_forgotten = 0  # EINVALs of the send/receive dump race, read past (see dump)
         self.strict = False  # the kernel filters dumps; known after the first request
         self._strict_wanted = strict_check
         self._socket_ready = False
@@ -136,7 +138,7 @@ class BoundedNetlink:
         the kernel marks inconsistent (NLM_F_DUMP_INTR: the table changed
         mid-dump) is re-read, never used: the daemon must not plan from a
         partial view.  Raises KernelReadError (or a subclass) naming ``what``."""
-        for _ in range(DUMP_ATTEMPTS):
+        for attempt in range(DUMP_ATTEMPTS):
             try:
                 replies = await self.request(make_msg(), msg_type, _F_DUMP)
             except TimeoutError:
@@ -146,10 +148,32 @@ class BoundedNetlink:
             except NetlinkError as e:
                 raise KernelReadError(f"{what}: {kernel_message(e)}", e.code) from e
             except OSError as e:
+                if attempt + 1 < DUMP_ATTEMPTS and self._forget_dump_race(e):
+                    continue
                 raise KernelSocketError(f"{what}: netlink socket failed: {e}", e.errno) from e
             if not any(r["header"]["flags"] & NLM_F_DUMP_INTR for r in replies):
                 return replies
         raise DumpInterrupted(f"{what} (type {msg_type}) interrupted {DUMP_ATTEMPTS} times")
+
+    def _forget_dump_race(self, exc: OSError) -> bool:
+        """Requests are sent from a worker thread while the event loop reads
+        the replies. When a dump the send started finishes in the kernel
+        between the reader's lockless "a dump is running" check and its call
+        to continue it, the kernel reports EINVAL once as a socket error
+        (netlink_recvmsg -> netlink_dump with no dump running; sk_err is
+        cleared when read). The socket itself is fine, but pyroute2 keeps that
+        error and raises it on every later use: forget it, count it, and read
+        again (True). Any other socket error stays an error (False)."""
+        event = getattr(self.ipr, "_error_event", None)
+        try:
+            kept = self.ipr.status["error"]
+        except (AttributeError, KeyError, TypeError):
+            return False
+        if exc.errno != errno.EINVAL or event is None or not event.is_set() or kept is not exc:
+            return False
+        event.clear()
+        self.races_forgotten += 1
+        return True
 
     def _sender_thread(self) -> concurrent.futures.ThreadPoolExecutor:
         # One thread: while a send is stuck in the kernel the next ones wait
