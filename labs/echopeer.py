@@ -31,9 +31,15 @@ NETNS_PEER = "198.19.9.1"
 LAB_RANGE = "198.18.0.0/15"
 
 
+# --no-rate-limit: one namespace standing in for a whole rack of peers gets
+# every host's probes from one source per rail, far over a real host's rate.
+UNLIMITED = {"rate_pps": 1e7, "burst": 1_000_000}
+
+
 async def _serve(port: int, duration: float, allow: list[str],
-                 addresses: list[str] | None) -> dict:
-    responder = EchoResponder(port=port, policy=ResponderPolicy.build(addresses, allow))
+                 addresses: list[str] | None, limits: dict | None = None) -> dict:
+    responder = EchoResponder(port=port,
+                              policy=ResponderPolicy.build(addresses, allow, **(limits or {})))
     responder.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -56,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"answer sources in this prefix (repeatable; default {LAB_RANGE})")
     parser.add_argument("--address", action="append", metavar="IP",
                         help="answer only requests sent to this address (repeatable; default any)")
+    parser.add_argument("--no-rate-limit", action="store_true",
+                        help="no per-source rate limit (one namespace standing in for many peers)")
     args = parser.parse_args(argv)
     if not 1 <= args.port <= 65535:
         parser.error(f"--port must be 1..65535, got {args.port}")
@@ -66,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
         ResponderPolicy.build(policy_args[1], policy_args[0])
     except ValueError as exc:
         parser.error(f"--allow/--address: {exc}")
-    counters = asyncio.run(_serve(args.port, args.duration, *policy_args))
+    counters = asyncio.run(_serve(args.port, args.duration, *policy_args,
+                                  UNLIMITED if args.no_rate_limit else None))
     print(json.dumps({"event": "stopped", "counters": counters}), flush=True)
     return 0
 
