@@ -313,6 +313,7 @@ class Daemon(StateFiles, Operations, StatusReport):
             self._answer_commands(events)
 
     async def _handle(self, events: list, now: float) -> None:
+        echo_ports: dict[str, None] = {}  # ports whose echo paths changed, in order
         for event in events:
             if isinstance(event, Shutdown):
                 log.info("shutdown", signal=event.signal)
@@ -341,7 +342,9 @@ class Daemon(StateFiles, Operations, StatusReport):
             elif isinstance(event, BfdEvent):
                 self._observe_bfd(event, now)
             elif isinstance(event, EchoChange):
-                self._observe_echo(event.port, now)
+                echo_ports.setdefault(event.port, None)
+        for port in echo_ports:  # once per port and batch: a rail blackhole changes every path
+            self._observe_echo(port, now)
         if not all(p in self.links for p in self.ports()):
             return  # no full picture of the ports yet
         decision = policy.decide(self.config, self.port_states(now), self.allocation)

@@ -418,6 +418,7 @@ class EchoService:
         # by port, and the two latest replies from different paths (so any
         # path can be told the latest reply of another).
         self._live: dict[str, set[EchoProber]] = {}
+        self._assessed: dict[ProbePath, Assessment] = {}  # as of each path's last change
         self._latest: tuple[float, EchoProber | None] = (float("-inf"), None)
         self._second: float = float("-inf")
         self._started = False
@@ -472,6 +473,7 @@ class EchoService:
         for path in [p for p in self.probers if p not in wanted]:
             prober = self.probers.pop(path)
             prober.close()
+            self._assessed.pop(path, None)
             self._live.get(path.port, set()).discard(prober)
             if self.on_change is not None:
                 self.on_change(path, prober.assessment())  # the owner re-reads that port
@@ -521,8 +523,20 @@ class EchoService:
                                  malformed=c.malformed + c.ignored)
 
     def assessments(self, port: str | None = None) -> tuple[Assessment, ...]:
-        return tuple(pr.assessment() for p, pr in self.probers.items()
-                     if port is None or p.port == port)
+        """Each path's assessment as of its last verdict change, or of the
+        last news from the peer's own probes (which way a one-way fault
+        runs). Built once per such change: the daemon reads a rail's paths at
+        every change of any of them, and rebuilding them all each time was
+        O(paths) per change, O(paths²) for a rail blackhole."""
+        out = []
+        for path, prober in self.probers.items():
+            if port is not None and path.port != port:
+                continue
+            known = self._assessed.get(path)
+            if known is None:
+                known = self._assessed[path] = prober.assessment()
+            out.append(known)
+        return tuple(out)
 
     def _changed(self, prober: EchoProber, assessment: Assessment) -> None:
         """Each path's other paths are its witnesses. When one starts
@@ -547,6 +561,7 @@ class EchoService:
             prober.state = prober.state.witnessed(others_live, self._others_heard(prober))
             for other in self._witnesses(prober):
                 other.poke()
+        self._assessed[prober.path] = assessment
         if self.on_change is not None:
             self.on_change(prober.path, assessment)
 
@@ -584,3 +599,5 @@ class EchoService:
             prober = self._by_addresses.get(pair)
             if prober is not None and prober.sock is not None:
                 prober.peer_heard(at)
+                # The detail says which way a one-way fault runs: rebuild it.
+                self._assessed.pop(prober.path, None)
