@@ -17,6 +17,7 @@ from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from structlog.testing import capture_logs
 
 from linkpassd.adapters import ethtool as et
+from linkpassd.adapters import ethtool_msgs as msgs
 from linkpassd.adapters.ethtool import (
     LOWER_PAGE0,
     EthtoolSensor,
@@ -129,7 +130,7 @@ def headers():
 
 
 MESSAGE_CLASSES = [et.linkstate_msg, et.stats_msg, et.stats_msg.stats_grp, et.fec_msg,
-                   et.fec_msg.fec_stats, et.module_eeprom_msg, et.ethtool_header, et.ethtool_bitset]
+                   et.fec_msg.fec_stats, et.module_eeprom_msg, msgs.ethtool_header, msgs.ethtool_bitset]
 
 
 def test_attribute_numbers_match_the_uapi_headers(headers):
@@ -153,9 +154,9 @@ def test_command_flag_and_stat_numbers_match_the_uapi_headers(headers):
 
 
 def test_link_ext_state_names_match_the_uapi_headers(headers):
-    for number, name in enumerate(et.LINK_EXT_STATES):
+    for number, name in enumerate(msgs.LINK_EXT_STATES):
         assert headers[f"ETHTOOL_LINK_EXT_STATE_{name}"] == number
-    for names in et.LINK_EXT_SUBSTATES.values():
+    for names in msgs.LINK_EXT_SUBSTATES.values():
         for number, name in enumerate(names, start=1):
             assert headers[f"ETHTOOL_LINK_EXT_SUBSTATE_{name}"] == number
 
