@@ -247,34 +247,36 @@ class _ControlServicer(pb_grpc.ControlServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Exception as exc:  # a provider bug is INTERNAL, not the caller's fault
             log.exception("control_drain_failed", port=port, error=str(exc))
-            await context.abort(grpc.StatusCode.INTERNAL, f"drain of {port!r} failed: {exc}")
+            await context.abort(grpc.StatusCode.INTERNAL, f"drain change of {port!r} failed: {exc}")
         raise AssertionError("unreachable: abort raises")
 
-    async def Drain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.DrainResponse:
+    async def _drain_request(self, context: grpc.aio.ServicerContext, action: str,
+                             port: str) -> tuple[DrainControl, str]:
+        """What Drain and Undrain check first: a provider, an admin caller, a port."""
         drains = self._drains
         if drains is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this linkpassd takes no drains")
-        by = await self._admin_caller(context, "drain")
-        if not request.port:
+        by = await self._admin_caller(context, action)
+        if not port:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no port given")
+        assert drains is not None
+        return drains, by
+
+    # The daemon records each drain and undrain as an event (with who and
+    # why), which is its log line: nothing more is logged here.
+    async def Drain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.DrainResponse:
+        drains, by = await self._drain_request(context, "drain", request.port)
         d = request.duration_s
         if not math.isfinite(d) or d < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"duration_s must be 0 (until undrained) or more, not {d!r}")
         state = await self._drain_call(context, request.port, lambda: drains.drain(
             request.port, request.reason, d or None, by))
-        log.info("control_drain", port=request.port, by=by, reason=request.reason, duration_s=d or None)
         return pb.DrainResponse(state=port_state_to_proto(state))
 
     async def Undrain(self, request: pb.UndrainRequest, context: grpc.aio.ServicerContext) -> pb.UndrainResponse:
-        drains = self._drains
-        if drains is None:
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this linkpassd takes no drains")
-        by = await self._admin_caller(context, "undrain")
-        if not request.port:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no port given")
+        drains, by = await self._drain_request(context, "undrain", request.port)
         state = await self._drain_call(context, request.port, lambda: drains.undrain(request.port, by))
-        log.info("control_undrain", port=request.port, by=by)
         return pb.UndrainResponse(state=port_state_to_proto(state))
 
     # -- health ------------------------------------------------------------
