@@ -1,0 +1,144 @@
+"""The aggregator's store, behind one small interface.
+
+The server never talks SQL: it calls a `Store`. The embedded default is
+SQLite in WAL mode (`sqlite_store.SqliteStore`); a PostgreSQL store can take
+its place by implementing the same methods.
+
+Exactly once: an event is named by (host_id, boot_id, seq). `add_events`
+inserts those it does not hold yet and ignores the others, so an agent that
+resends after a reconnect (or after the aggregator was killed before it could
+ack) never creates a duplicate. It returns only once what it stored is
+durable (committed), and the server acks only after it returned.
+
+Every method is a coroutine: the SQLite store runs its statements on one
+worker thread of its own, so the gRPC event loop never waits on the disk.
+Times are unix seconds (wall clock).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class StoreError(Exception):
+    """The store refused or failed an operation; the message says which and why."""
+
+
+class OutOfOrder(StoreError):
+    """A batch whose seqs are not strictly increasing."""
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One event of a host, as the server hands it to the store."""
+
+    seq: int
+    wall: float  # the host's time of the event
+    kind: str  # core.events.EventKind value, e.g. "rail_path"
+    severity: str
+    port: str
+    rail: str
+    body: bytes  # the serialized linkpass.v1.Event, returned as given
+    absorbed_gpus: int = 0  # > 0: a failure absorbed, with this many GPUs behind it (aggregator.savings)
+
+
+@dataclass(frozen=True)
+class StoredEvent:
+    id: int  # the store's order of arrival (a cursor)
+    host_id: str
+    boot_id: str
+    seq: int
+    wall: float
+    kind: str
+    port: str
+    body: bytes
+    stored_at: float
+
+
+@dataclass(frozen=True)
+class HostRow:
+    host_id: str
+    boot_id: str
+    version: str
+    first_seen: float
+    last_seen: float
+    inventory: bytes  # serialized linkpass.v1.Inventory (b"" before the first)
+    report: bytes  # serialized linkpass.v1.PortReport (b"" before the first)
+    last_seq: int  # newest stored seq of boot_id
+    events_lost: int  # events the host reported dropped, or seqs never received, all boots
+
+
+@dataclass(frozen=True)
+class EventQuery:
+    host_id: str = ""
+    port: str = ""
+    kind: str = ""
+    since: float | None = None
+    until: float | None = None
+    after_id: int = 0
+    limit: int = 1000
+
+
+@dataclass(frozen=True)
+class DayTotal:
+    day: str  # "YYYY-MM-DD", UTC, by the event's wall time
+    failures_absorbed: int
+    gpus: int  # sum of GPUs behind the failed ports (x restart cost = GPU time saved)
+
+
+@dataclass(frozen=True)
+class AddResult:
+    stored: int  # newly stored by this call
+    duplicates: int  # already held (a resend)
+    last_seq: int  # newest seq of this boot now held durably
+    lost: int = 0  # seqs skipped over by this batch (never received, or dropped as a gap)
+
+
+class Store(Protocol):
+    async def open(self) -> None:
+        """Create or migrate the schema to this release's version; refuse
+        (StoreError) a database whose schema is newer than this release."""
+
+    async def close(self) -> None: ...
+
+    async def hello(self, host_id: str, boot_id: str, version: str, now: float) -> dict[str, int]:
+        """Record a host's (re)connection; return, per boot of this host the
+        store holds, the newest stored seq (what the agent may drop)."""
+
+    async def set_inventory(self, host_id: str, inventory: bytes, now: float) -> None: ...
+
+    async def set_report(self, host_id: str, report: bytes, now: float) -> None: ...
+
+    async def touch(self, host_id: str, now: float) -> None:
+        """A heartbeat: the host is alive at `now`."""
+
+    async def add_events(self, host_id: str, boot_id: str, events: Sequence[EventRow],
+                         gap: tuple[int, int] | None, now: float) -> AddResult:
+        """Store the events not held yet, durably, before returning. `events`
+        must be strictly increasing in seq (OutOfOrder otherwise, nothing
+        stored). `gap` is a range the agent dropped; it and any seq skipped
+        between the newest held and the first new one count as lost."""
+
+    async def hosts(self, host_ids: Sequence[str] = ()) -> list[HostRow]: ...
+
+    async def events(self, query: EventQuery) -> list[StoredEvent]:
+        """Oldest first, by id."""
+
+    async def day_totals(self, since: float, until: float) -> list[DayTotal]:
+        """Absorbed failures per UTC day with wall time in [since, until)."""
+
+    async def prune(self, before: float) -> int:
+        """Delete events with wall time before `before` (retention); the
+        number deleted. Absorbed-failure totals stay."""
+
+
+@dataclass
+class StoreStats:
+    """Counters a store keeps for the aggregator's metrics."""
+
+    events_stored: int = 0
+    events_duplicate: int = 0
+    events_lost: int = 0
+    write_seconds: list[float] = field(default_factory=list)
