@@ -54,7 +54,12 @@ numbers). What made it grow faster than the paths, and what replaced it:
 - all paths probing in the same instant (and re-aligned by any stall): the
   service spreads them over one interval and each keeps its phase;
 - a suspicion poking every live path, every reply pushed to every suspect:
-  now a few witnesses (other rails first) and two numbers per reply.
+  now a few witnesses (other rails first) and two numbers per reply;
+- a rail blackhole making each of the rail's paths confirm on its own (with
+  128 peers, ~1,000 probes in ~10 ms, a 130 ms stall, detection in 230-280
+  ms): now at most two paths of a rail confirm at once, the others wait, and
+  once one has confirmed, a rail silent on every path takes all its live
+  paths DOWN (core.railwatch): a few dozen probes, whatever the peers.
 What remains is 50-100 us of CPU per probe on that VM (send, reply and
 judgement in Python, and the kernel's veth path both ways).
 
@@ -93,6 +98,7 @@ from linkpassd.adapters.wakeups import SharedTimer
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.model import Assessment, ResponderCounters
 from linkpassd.core.probe import PathState, Prober, ProbeConfig, Send
+from linkpassd.core.railwatch import RailWatch
 
 _BATCH = 64  # datagrams handled per wake-up, so a flood cannot starve the loop
 _MAX_KERNEL_DELAY_S = 1.0  # beyond this a receive timestamp is a clock step, not a delay
@@ -148,7 +154,8 @@ class EchoProber:
                  prober_id: int | None = None,
                  on_reply_heard: Callable[["EchoProber", float], None] | None = None,
                  timer: SharedTimer | None = None,
-                 others_heard: Callable[["EchoProber"], float | None] | None = None):
+                 others_heard: Callable[["EchoProber"], float | None] | None = None,
+                 on_lost: Callable[["EchoProber", float], None] | None = None):
         self.path = path
         self.state = Prober(path.peer, config or ProbeConfig())
         self.echo_port = echo_port
@@ -163,6 +170,8 @@ class EchoProber:
         self.rtt_counts = [0] * (len(RTT_BUCKETS_S) + 1)  # replies per RTT bucket, last: +Inf
         self.rtt_sum_s = 0.0
         self.others_heard = others_heard
+        self.on_lost = on_lost  # (prober, send time): a probe of ours was judged lost
+        self._lost_seen: float | None = None
         self.sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._owns_timer = timer is None
@@ -350,7 +359,18 @@ class EchoProber:
                 self._close_socket()
                 self.socket_error = f"{self.path}: {exc.strerror or exc}"
 
+    def start_burst(self) -> None:
+        """Confirm the held suspicion now (its rail's turn: core.railwatch);
+        the timer sends the first probe within a millisecond."""
+        self.state = self.state.start_burst(self._loop.time())
+        self._schedule()
+
     def _after(self) -> None:
+        lost_at = self.state.lost_sent_at
+        if lost_at is not None and lost_at != self._lost_seen:
+            self._lost_seen = lost_at
+            if self.on_lost is not None:
+                self.on_lost(self, lost_at)
         # What the verdict depends on; the assessment (text) is built only on a change.
         key = (self.state.state, self.state.degraded, bool(self.socket_error))
         if key != self._reported:
@@ -418,16 +438,20 @@ class EchoService:
         # by port, and the two latest replies from different paths (so any
         # path can be told the latest reply of another).
         self._live: dict[str, set[EchoProber]] = {}
+        self.rails = RailWatch()  # one confirmation per rail at a time, and rail verdicts
         self._assessed: dict[ProbePath, Assessment] = {}  # as of each path's last change
         self._latest: tuple[float, EchoProber | None] = (float("-inf"), None)
         self._second: float = float("-inf")
         self._started = False
 
     def _prober(self, path: ProbePath) -> EchoProber:
-        return EchoProber(path, self.config, echo_port=self.echo_port, tos=self.tos,
-                          netns=self.netns, lag=self.lag, prober_id=self._prober_id,
-                          on_change=self._changed, on_reply_heard=self._reply_heard,
-                          timer=self.timer, others_heard=self._others_heard)
+        prober = EchoProber(path, self.config, echo_port=self.echo_port, tos=self.tos,
+                            netns=self.netns, lag=self.lag, prober_id=self._prober_id,
+                            on_change=self._changed, on_reply_heard=self._reply_heard,
+                            timer=self.timer, others_heard=self._others_heard,
+                            on_lost=self._lost)
+        prober.state = replace(prober.state, coordinated=True)  # bursts by the rail's turn
+        return prober
 
     def start(self) -> None:
         if self._owns_lag or not self.lag.started:
@@ -475,6 +499,8 @@ class EchoService:
             prober.close()
             self._assessed.pop(path, None)
             self._live.get(path.port, set()).discard(prober)
+            for other in self.rails.forget(path.port, prober):
+                self._begin_burst(other)
             if self.on_change is not None:
                 self.on_change(path, prober.assessment())  # the owner re-reads that port
         for path in wanted:
@@ -549,21 +575,67 @@ class EchoService:
         other path was O(paths^2) probes. Replies elsewhere are not pushed to
         the suspects: a suspect reads the latest (`_others_heard`) when it
         judges, so a reply costs O(1) whatever the number of paths."""
-        state = prober.state.state
-        live = self._live.setdefault(prober.path.port, set())
+        state, port = prober.state.state, prober.path.port
+        live = self._live.setdefault(port, set())
         if state in (PathState.UP, PathState.SUSPECT):
             live.add(prober)
         else:
             live.discard(prober)
+        was_bursting = self.rails.bursting(port, prober)
         if state is PathState.SUSPECT:
-            others_live = any(ps for port, ps in self._live.items()
-                              if ps and (port != prober.path.port or len(ps) > 1))
+            others_live = any(ps for p, ps in self._live.items()
+                              if ps and (p != port or len(ps) > 1))
             prober.state = prober.state.witnessed(others_live, self._others_heard(prober))
-            for other in self._witnesses(prober):
-                other.poke()
         self._assessed[prober.path] = assessment
         if self.on_change is not None:
             self.on_change(prober.path, assessment)
+        # The rail's turn (core.railwatch), once the change is reported: what
+        # follows may change this path again, or others of its rail.
+        if state is PathState.SUSPECT:
+            if prober.state.burst_held and self.rails.suspect(port, prober):
+                self._begin_burst(prober)
+            return
+        for other in self.rails.settled(port, prober):
+            self._begin_burst(other)
+        if state is PathState.DOWN and was_bursting:  # DOWN by its own confirmation
+            self.rails.burst_lost(port, prober.state.suspect_since)
+            self._judge_rail(port, poke=True)
+
+    def _begin_burst(self, prober: EchoProber) -> None:
+        """`prober` confirms its suspicion now, and a few witnesses probe at once."""
+        if prober.state.state is not PathState.SUSPECT or not prober.state.burst_held:
+            return
+        prober.start_burst()
+        for other in self._witnesses(prober):
+            other.poke()
+
+    def _lost(self, prober: EchoProber, sent_at: float) -> None:
+        port = prober.path.port
+        self.rails.lost(port, prober, sent_at)
+        if self.rails.silent(port):
+            self._judge_rail(port)
+
+    def _judge_rail(self, port: str, poke: bool = False) -> None:
+        """Take every live path of `port` DOWN if its rail is dead (core.railwatch);
+        if it may be but some live paths have not lost a probe in its silence
+        yet, and `poke`, probe those now rather than wait for their turn."""
+        live = self._live.get(port) or set()
+        if not self.rails.dead(port, live):
+            if poke:
+                for other in self.rails.unconfirmed(port, live):
+                    if other.state.state is PathState.UP and other.sock is not None:
+                        other.poke()
+            return
+        victims = list(live)
+        self.rails.concluded(port)
+        now = victims[0]._loop.time()
+        why = (f"no reply on any path of {port} since a path of it lost a probe and its "
+               f"confirmation, and {min(self.rails.evidence, len(victims))} or more of its "
+               f"{len(victims)} live paths lost probes too: the rail, not the peers")
+        for other in victims:
+            other.state = other.state.rail_down(now, why)
+        for other in victims:
+            other._after()
 
     def _witnesses(self, suspect: EchoProber) -> list[EchoProber]:
         """Up to `_WITNESS_POKES` UP paths other than `suspect`, those on other ports first."""
@@ -579,6 +651,7 @@ class EchoService:
         return chosen
 
     def _reply_heard(self, prober: EchoProber, received_at: float) -> None:
+        self.rails.heard(prober.path.port, received_at)
         latest, latest_by = self._latest
         if prober is latest_by:
             self._latest = (max(latest, received_at), prober)

@@ -35,6 +35,11 @@ false reroutes), so:
   counted as unanswered, never as lost.
 * Recovery from DOWN needs `rise` on-time replies in a row. Hold-down is not
   here: the port health machine (core.health) applies it to the port verdict.
+* **One rail-wide fault, a few confirmations** (core.railwatch): a
+  `coordinated` prober (the echo service's) does not burst by itself when it
+  becomes suspect; it waits (`burst_held`) for its rail's turn, since a dead
+  rail makes every path of it suspect at once, and 128 bursts at once stalled
+  the daemon. A rail judged dead takes its live paths DOWN (`rail_down`).
 
 Detection arithmetic (the worst case, the fault landing just after a reply):
 the next steady probe leaves within `interval_s`; its miss is judged `timeout_s`
@@ -264,6 +269,13 @@ class Prober:
     others_live: bool = False
     others_heard_at: float | None = None
     grace_until: float | None = None  # a lost burst, alone: DOWN at this time unless a reply comes
+    # Rail coordination (core.railwatch): with `coordinated`, a suspicion does
+    # not burst by itself; it waits (`burst_held`) until the adapter calls
+    # start_burst(), so a rail-wide fault is confirmed by a few paths, not all.
+    coordinated: bool = False
+    burst_held: bool = False
+    suspect_since: float = 0.0  # when the probe whose loss raised the suspicion was sent
+    lost_sent_at: float | None = None  # send time of the latest probe judged lost
     counters: ProbeCounters = field(default_factory=ProbeCounters)
 
     # ---------------------------------------------------------------- views
@@ -316,6 +328,12 @@ class Prober:
         stats = self._stats()
         if self.state is PathState.SUSPECT:
             lost = self.burst_outcomes.count(Outcome.LOST)
+            if self.burst_held:
+                text = ("suspect: probe missed, waiting while other paths of the rail confirm "
+                        f"a loss; {stats}")
+                if self.degraded:
+                    return Assessment(sig, Verdict.DEGRADED, "suspect", text)
+                return Assessment(sig, Verdict.DOWN, "suspect", text, confirmed=False)
             text = (f"suspect: probe missed, confirming with {self.burst_size} probes "
                     f"({lost} lost so far); {stats}")
             if self.degraded:
@@ -442,6 +460,23 @@ class Prober:
                 p = p._count(unknown_lag=1)
         return p._judge(flight, outcome, now, replied=True)
 
+    def start_burst(self, now: float) -> "Prober":
+        """Start the held confirmation now (a coordinated suspect's turn, see
+        core.railwatch): the next poll sends its first probe."""
+        if self.state is not PathState.SUSPECT or not self.burst_held:
+            return self
+        cfg = self.config
+        due = tuple(now + i * cfg.burst_interval_s for i in range(self.burst_size))
+        return _with(self, burst_held=False, burst_from=now, burst_due=due,
+                     burst_scheduled=self.burst_size, burst_outcomes=())
+
+    def rail_down(self, now: float, why: str) -> "Prober":
+        """The path's rail was judged dead (core.railwatch): an UP or suspect
+        path is DOWN; a DOWN or never-up one stays as it is."""
+        if self.state not in (PathState.UP, PathState.SUSPECT):
+            return self
+        return self._go_down(now, why)
+
     def on_send_error(self, seq: int, now: float) -> "Prober":
         """The probe could not be sent: no evidence either way."""
         flight = next((f for f in self.inflight if f.seq == seq), None)
@@ -530,7 +565,10 @@ class Prober:
         if outcome is Outcome.OK:
             p = p._count(received=1)
         elif outcome is Outcome.LOST:
-            p = p._count(**{"unanswered" if p.state is PathState.NEVER_UP else "lost": 1})
+            if p.state is PathState.NEVER_UP:
+                p = p._count(unanswered=1)
+            else:
+                p = _with(p._count(lost=1), lost_sent_at=flight.sent_at)
         missed = outcome in (Outcome.LOST, Outcome.LATE)
 
         if p.state in (PathState.NEVER_UP, PathState.DOWN):
@@ -550,7 +588,7 @@ class Prober:
         if p.state is PathState.SUSPECT:
             if replied:
                 return p._end_suspicion(now, "a reply arrived during confirmation")
-            if flight.burst and flight.sent_at >= p.burst_from:
+            if flight.burst and not p.burst_held and flight.sent_at >= p.burst_from:
                 p = _with(p, burst_outcomes=p.burst_outcomes + (outcome,))
                 if outcome is Outcome.UNKNOWN and p.burst_scheduled < p.config.burst_max:
                     # No evidence either way: replace it, rather than give up on the burst.
@@ -562,7 +600,7 @@ class Prober:
                     return p._conclude_burst(now)
             return p
         if outcome is Outcome.LOST and not flight.burst:
-            return p._suspect(now)
+            return p._suspect(now, flight.sent_at)
         return p
 
     def _window(self, lost: bool, now: float) -> "Prober":
@@ -582,19 +620,20 @@ class Prober:
                          reason=f"loss back to {ratio:.0%} (<= {cfg.clear_loss_ratio:.0%})")
         return p
 
-    def _suspect(self, now: float) -> "Prober":
+    def _suspect(self, now: float, since: float) -> "Prober":
         cfg = self.config
         n = len(self.window)
         k = burst_size(cfg, sum(self.window) / n if n >= _MIN_LOSS_SAMPLE else 0.0)
-        due = tuple(now + i * cfg.burst_interval_s for i in range(k))
+        due = () if self.coordinated else tuple(now + i * cfg.burst_interval_s for i in range(k))
         p = _with(self, state=PathState.SUSPECT, burst_from=now, burst_due=due,
-                  burst_size=k, burst_scheduled=k, burst_outcomes=(), grace_until=None)
+                  burst_size=k, burst_scheduled=k, burst_outcomes=(), grace_until=None,
+                  burst_held=self.coordinated, suspect_since=since)
         return p._count(bursts=1)
 
     def _end_suspicion(self, now: float, why: str) -> "Prober":
         # `since` is untouched: the reported verdict (UP or DEGRADED) never changed.
         return _with(self, state=PathState.UP, burst_due=(), burst_outcomes=(),
-                     grace_until=None, reason=f"suspicion cleared: {why}")
+                     grace_until=None, burst_held=False, reason=f"suspicion cleared: {why}")
 
     def _conclude_burst(self, now: float) -> "Prober":
         if self.grace_until is not None:
@@ -618,17 +657,19 @@ class Prober:
             return _with(self, burst_due=(), grace_until=now + self.config.peer_grace_s)
         return self._go_down(now)
 
-    def _go_down(self, now: float) -> "Prober":
-        lost = self.burst_outcomes.count(Outcome.LOST)
-        reason = (f"no reply to a probe nor to {lost} confirmation probes "
-                  "(blackhole or one-way loss)")
+    def _go_down(self, now: float, reason: str = "") -> "Prober":
+        if not reason:
+            lost = self.burst_outcomes.count(Outcome.LOST)
+            reason = (f"no reply to a probe nor to {lost} confirmation probes "
+                      "(blackhole or one-way loss)")
         p = _with(self, state=PathState.DOWN, degraded=False, since=now, reason=reason,
-                  burst_due=(), burst_outcomes=(), window=(), streak=0, grace_until=None)
+                  burst_due=(), burst_outcomes=(), window=(), streak=0, grace_until=None,
+                  burst_held=False)
         return p._count(downs=1)
 
     def _become_up(self, now: float, why: str) -> "Prober":
         return _with(self, state=PathState.UP, degraded=False, since=now, reason=why,
-                     window=(), burst_due=(), burst_outcomes=())
+                     window=(), burst_due=(), burst_outcomes=(), burst_held=False)
 
 
 # --------------------------------------------------------------------------

@@ -261,8 +261,13 @@ def test_a_suspect_pokes_a_few_witnesses_on_other_rails_first():
         pr.poke = lambda pr=pr: poked.append(pr)
         svc._changed(pr, pr.assessment())
     suspect = next(iter(svc.probers.values()))
-    suspect.state = replace(suspect.state, state=PathState.SUSPECT)
+    # A suspicion of the service's (coordinated: core.railwatch) waits for its
+    # rail's turn; the first of its rail confirms at once, and then pokes.
+    suspect.state = replace(suspect.state, state=PathState.SUSPECT, burst_held=True)
+    started = []
+    suspect.start_burst = lambda: started.append(suspect)
     svc._changed(suspect, suspect.assessment())
+    assert started == [suspect]
     assert len(poked) == echo._WITNESS_POKES
     assert all(p.path.port != suspect.path.port for p in poked)
     assert suspect.state.others_live

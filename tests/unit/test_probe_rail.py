@@ -1,0 +1,323 @@
+"""A rail-wide fault is confirmed at a cost independent of the rail's peers
+(core.railwatch, issue 11): at most a few paths of a rail confirm a loss at
+once, and a dead rail takes all its live paths DOWN as soon as one path has
+confirmed and enough others are silent too; dead peers only fail their own
+paths; random loss fails nothing.
+
+`MeshSim` runs the real EchoService (its probers, rail bookkeeping and
+witnesses) on simulated time: a fake loop clock, the service's timer replaced
+by a deadline queue the simulation drains, and fake sockets on a simulated
+network that answers as a responder would. No root, no sleeps.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections import deque
+from dataclasses import replace
+
+import pytest
+
+from linkpassd.adapters import echo
+from linkpassd.core.probe import PathState, ProbeConfig, Prober, detection_bound_s
+from linkpassd.core.railwatch import MAX_BURSTING, RAIL_EVIDENCE, RailWatch
+from linkpassd.core.schedule import DeadlineQueue, batched_wake
+
+PORTS = ("lpnone0", "lpnone1")
+
+
+class _Loop:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def time(self) -> float:
+        return self.t
+
+    def add_reader(self, *_a) -> None:
+        pass
+
+    def remove_reader(self, *_a) -> None:
+        pass
+
+
+class _Timer:
+    """SharedTimer's interface on simulated time (1 ms grain, like the real one)."""
+
+    def __init__(self) -> None:
+        self.queue: DeadlineQueue = DeadlineQueue()
+
+    def set(self, key, when: float) -> None:
+        self.queue.set(key, when)
+
+    def discard(self, key) -> None:
+        self.queue.discard(key)
+
+    def close(self) -> None:
+        self.queue = DeadlineQueue()
+
+
+class _Sock:
+    def __init__(self, net: "MeshSim", prober: echo.EchoProber) -> None:
+        self.net, self.prober, self.inbox = net, prober, deque()
+
+    def fileno(self) -> int:
+        return -1
+
+    def send(self, data: bytes) -> int:
+        self.net.transmit(self.prober, data)
+        return len(data)
+
+    def recvmsg(self, _n, _anc):
+        if not self.inbox:
+            raise BlockingIOError
+        return self.inbox.popleft(), [], 0, None
+
+
+class MeshSim:
+    """`peers` per port, every path answered after `rtt` unless the fault
+    rules drop it: a dead port (both ways), dead peers, random loss each way."""
+
+    def __init__(self, peers: int, ports=PORTS, config: ProbeConfig | None = None,
+                 seed: int = 0, rtt: float = 0.0002) -> None:
+        self.config = config or ProbeConfig()
+        paths = [echo.ProbePath(port, f"198.18.{i}.2", f"198.19.{j // 200}.{j % 200 + 1}")
+                 for i, port in enumerate(ports) for j in range(peers)]
+        self.svc = echo.EchoService(paths, self.config, respond=False, lag_period_s=None)
+        self.loop, self.timer = _Loop(), _Timer()
+        self.svc.timer = self.timer
+        self.rng, self.rtt = random.Random(seed), rtt
+        self.dead_ports: set[str] = set()
+        self.dead_peers: set[str] = set()
+        self.loss = 0.0  # per direction
+        self.sends: list[tuple[float, echo.EchoProber]] = []
+        self.events: list = []
+        self._order = itertools.count()
+        self.changes: list[tuple[float, echo.ProbePath, str]] = []
+        self.svc.on_change = lambda path, a: self.changes.append((self.loop.t, path, a.status))
+        spacing = self.config.interval_s / len(paths)
+        for i, pr in enumerate(self.svc.probers.values()):
+            pr._loop, pr.timer, pr.sock = self.loop, self.timer, _Sock(self, pr)
+            pr.state = replace(pr.state, next_send=self.loop.t + i * spacing)
+            pr._schedule()
+
+    @property
+    def probers(self) -> list[echo.EchoProber]:
+        return list(self.svc.probers.values())
+
+    def on(self, port: str) -> list[echo.EchoProber]:
+        return [pr for pr in self.probers if pr.path.port == port]
+
+    def _dropped(self, pr: echo.EchoProber) -> bool:
+        return (pr.path.port in self.dead_ports or pr.path.peer in self.dead_peers
+                or self.rng.random() < self.loss)
+
+    def transmit(self, pr: echo.EchoProber, data: bytes) -> None:
+        self.sends.append((self.loop.t, pr))
+        if self._dropped(pr) or self._dropped(pr):  # request, then reply
+            return
+        magic, version, _kind, _r, seq, sent_ns, prober_id, _rid, _held = echo.PACKET.unpack(data)
+        reply = echo.PACKET.pack(magic, version, echo.KIND_REPLY, 0, seq, sent_ns, prober_id, 7, 0)
+        heapq.heappush(self.events, (self.loop.t + self.rtt, next(self._order), pr, reply))
+
+    def run(self, seconds: float) -> "MeshSim":
+        until = self.loop.t + seconds
+        while True:
+            earliest = self.timer.queue.earliest()
+            wake = math.inf if earliest is None else batched_wake(earliest)
+            arrival = self.events[0][0] if self.events else math.inf
+            if min(wake, arrival) > until:
+                break
+            if arrival <= wake:
+                t, _, pr, reply = heapq.heappop(self.events)
+                self.loop.t = max(self.loop.t, t)
+                if pr.sock is not None:
+                    pr.sock.inbox.append(reply)
+                    pr._readable()
+            else:
+                self.loop.t = max(self.loop.t, wake)
+                for key, _when in self.timer.queue.pop_due(self.loop.t):
+                    key.due(self.loop.t, 0.0)
+        self.loop.t = until
+        return self
+
+    def states(self, port: str) -> list[PathState]:
+        return [pr.state.state for pr in self.on(port)]
+
+
+def _up(sim: MeshSim) -> MeshSim:
+    sim.run(0.5)  # rise = 3 replies at 50 ms
+    assert all(pr.state.state is PathState.UP for pr in sim.probers)
+    return sim
+
+
+# ---------------------------------------------------------------- the mesh
+
+
+def test_a_rail_blackhole_with_128_peers_costs_a_bounded_number_of_probes_and_is_fast():
+    """All 128 paths of a dead rail miss within one interval. Before, each
+    confirmed on its own (8 probes) and poked witnesses: ~1,000 extra probes
+    in ~10 ms, which stalled the daemon's loop. Now a couple of paths confirm,
+    and the rail's verdict takes the others DOWN: extra probes stay a few
+    dozen, and the rail is DOWN about when the first path is (not when the
+    last path's steady probe comes round)."""
+    sim = _up(MeshSim(128))
+    cfg = sim.config
+    start, mark = sim.loop.t, len(sim.sends)
+    sim.dead_ports.add(PORTS[0])
+    window = 0.2
+    sim.run(window)
+    all_down = max((t for t, path, status in sim.changes
+                    if t >= start and path.port == PORTS[0] and status == "down"), default=None)
+    assert all(s is PathState.DOWN for s in sim.states(PORTS[0]))
+    assert all(s is PathState.UP for s in sim.states(PORTS[1]))
+    # The first trigger misses within one path's spacing; then one burst, its timeouts.
+    bound = (cfg.interval_s / 256 + cfg.timeout_s + (cfg.burst_count - 1) * cfg.burst_interval_s
+             + cfg.timeout_s + 0.004)
+    assert all_down - start <= bound, f"rail down after {(all_down - start) * 1e3:.1f} ms"
+    sent = len(sim.sends) - mark
+    steady = 256 * (math.ceil(window / cfg.interval_s) + 1)
+    extra = sent - steady
+    assert extra <= 2 * MAX_BURSTING * cfg.burst_count + 16, f"{extra} extra probes"
+    # And never more than a handful of probes in any one millisecond beyond the steady rate.
+    per_ms: dict[int, int] = {}
+    for t, _pr in sim.sends[mark:]:
+        per_ms[int((t - start) * 1000)] = per_ms.get(int((t - start) * 1000), 0) + 1
+    assert max(per_ms.values()) <= 16, max(per_ms.values())
+    assert sim.svc.rails.verdicts == 1
+
+
+def test_the_rail_comes_back_path_by_path_after_the_blackhole_clears():
+    sim = _up(MeshSim(16))
+    sim.dead_ports.add(PORTS[0])
+    sim.run(0.2)
+    assert all(s is PathState.DOWN for s in sim.states(PORTS[0]))
+    sim.dead_ports.clear()
+    sim.run(0.3)  # rise = 3 replies
+    assert all(s is PathState.UP for s in sim.states(PORTS[0]) + sim.states(PORTS[1]))
+
+
+@pytest.mark.parametrize("peers,dead", [(16, 4), (128, 10), (128, 1), (4, 2)])
+def test_peers_that_die_fail_only_their_own_paths_not_the_rail(peers, dead):
+    """Peer hosts going down (not the rail): their paths go DOWN, each by its
+    own confirmation (waiting for a slot when more die than may confirm at
+    once), and no other path of the rail does, ever."""
+    sim = _up(MeshSim(peers, seed=peers + dead))
+    victims = {pr.path.peer for pr in sim.on(PORTS[0])[:dead]}
+    sim.dead_peers |= victims
+    sim.run(1.5)
+    for pr in sim.probers:
+        dead_peer = pr.path.peer in victims
+        assert (pr.state.state is PathState.DOWN) == dead_peer, (pr.path, pr.state.reason)
+    assert not any(status == "down" for _t, path, status in sim.changes
+                   if path.peer not in victims)
+    assert sim.svc.rails.verdicts == 0
+    if dead > MAX_BURSTING:
+        assert sim.svc.rails.held > 0  # some waited their turn
+
+
+def test_a_rail_with_few_peers_is_judged_by_poking_them():
+    """Two peers per rail: when the first path has confirmed, the other is
+    poked rather than waited for."""
+    sim = _up(MeshSim(2))
+    start = sim.loop.t
+    sim.dead_ports.add(PORTS[0])
+    sim.run(0.2)
+    downs = [t for t, path, status in sim.changes if path.port == PORTS[0] and status == "down"]
+    assert len(downs) == 2 and all(s is PathState.UP for s in sim.states(PORTS[1]))
+    cfg = sim.config
+    # The second path is DOWN with the rail, at most a poke's timeout after the
+    # first (before: only when its own steady probe came round, and its burst).
+    assert max(downs) - min(downs) <= cfg.timeout_s + 0.002
+    assert max(downs) - start <= detection_bound_s(cfg, witnessed=True) + cfg.timeout_s + 0.004
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_five_percent_random_loss_on_every_path_never_confirms(seed):
+    sim = _up(MeshSim(32, seed=seed))
+    sim.loss = 0.05
+    sim.run(30.0)  # 64 paths x 600 probes: ~3,700 suspicions
+    assert sum(pr.counters.bursts for pr in sim.probers) > 1000
+    assert all(pr.counters.downs == 0 for pr in sim.probers)
+    assert sim.svc.rails.verdicts == 0
+    assert not any(status == "down" for _t, _p, status in sim.changes)
+
+
+# ------------------------------------------------------------------ pure parts
+
+
+def test_at_most_max_bursting_paths_of_a_rail_confirm_and_the_rest_wait_in_order():
+    rw = RailWatch(max_bursting=2)
+    assert rw.suspect("r0", "a") and rw.suspect("r0", "b")
+    assert not rw.suspect("r0", "c") and not rw.suspect("r0", "d")
+    assert rw.suspect("r1", "x")  # another rail has its own slots
+    assert rw.suspect("r0", "a")  # asking again changes nothing
+    assert rw.settled("r0", "d") == []  # a waiting path cleared: nobody promoted
+    assert rw.settled("r0", "a") == ["c"]
+    assert rw.bursting("r0", "c") and not rw.bursting("r0", "a")
+    assert rw.held == 2
+
+
+def test_a_rail_is_dead_only_with_a_confirmed_path_silence_and_enough_evidence():
+    rw = RailWatch(evidence=3)
+    live = {"b", "c", "d", "e"}
+    rw.heard("r", 1.0)
+    for p, t in (("b", 1.1), ("c", 1.2)):
+        rw.lost("r", p, t)
+    assert not rw.dead("r", live)  # nobody confirmed
+    rw.burst_lost("r", since=1.05)
+    assert rw.silent("r") and not rw.dead("r", live)  # two of three
+    assert sorted(rw.unconfirmed("r", live)) in (["d"], ["e"])
+    rw.lost("r", "x", 1.3)  # not a live path: no evidence
+    assert not rw.dead("r", live)
+    rw.lost("r", "d", 1.3)
+    assert rw.dead("r", live)
+    rw.heard("r", 1.25)  # a reply on the rail: it is alive, and losses before it go
+    assert not rw.silent("r") and not rw.dead("r", live)
+    rw.burst_lost("r", since=1.2)  # a confirmation from before the reply: not a silence
+    assert not rw.silent("r")
+
+
+def test_with_fewer_live_paths_than_the_evidence_all_of_them_must_be_silent():
+    rw = RailWatch()
+    rw.burst_lost("r", since=5.0)
+    rw.lost("r", "a", 5.1)
+    assert not rw.dead("r", {"a", "b"})
+    rw.lost("r", "b", 5.2)
+    assert rw.dead("r", {"a", "b"}) and RAIL_EVIDENCE > 2
+    assert not rw.dead("r", set())
+    with pytest.raises(ValueError, match="max_bursting"):
+        RailWatch(max_bursting=0)
+
+
+def test_a_coordinated_suspect_waits_for_its_turn_then_confirms_as_before():
+    cfg = ProbeConfig()
+    p = replace(Prober("198.19.0.1", cfg), coordinated=True, state=PathState.UP,
+                next_send=1.0)
+    p, sends = p.poll(1.0)
+    (steady,) = sends
+    p, _ = p.poll(1.0 + cfg.timeout_s + 1e-6)  # the steady probe is lost
+    assert p.state is PathState.SUSPECT and p.burst_held and p.burst_due == ()
+    assert p.suspect_since == pytest.approx(1.0) and p.lost_sent_at == pytest.approx(1.0)
+    assert "waiting" in p.assessment().detail and p.assessment().effective is None
+    t = 1.02
+    p = p.start_burst(t)
+    assert not p.burst_held and len(p.burst_due) == cfg.burst_count and p.burst_from == t
+    p = p.witnessed(True, t + 0.005)
+    while p.state is PathState.SUSPECT:
+        t = max(p.next_wakeup(), t)
+        p, _ = p.poll(t)
+    assert p.state is PathState.DOWN and "confirmation" in p.reason
+
+
+def test_rail_down_takes_up_and_suspect_paths_down_and_leaves_the_others():
+    base = Prober("198.19.0.1")
+    for state, becomes in ((PathState.UP, PathState.DOWN), (PathState.SUSPECT, PathState.DOWN),
+                           (PathState.NEVER_UP, PathState.NEVER_UP),
+                           (PathState.DOWN, PathState.DOWN)):
+        p = replace(base, state=state).rail_down(2.0, "the rail")
+        assert p.state is becomes
+    p = replace(base, state=PathState.UP).rail_down(2.0, "the rail")
+    assert p.reason == "the rail" and p.counters.downs == 1 and p.since == 2.0
