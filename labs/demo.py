@@ -10,7 +10,11 @@ With linkpassd the leaves run FRR bfdd and each host rail a BFD session.
 With linkpassd it also prints `linkpassctl status` on lph1 before, during and
 after the cable pull, what `linkpassctl nccl-env` would give a launcher before
 and during it, and at the end `linkpassctl events`: every decision linkpassd
-made from the cable pull to its recovery. Everything is torn down at the end, and verified gone.
+made from the cable pull to its recovery. Both daemons report to a linkpass-aggregator
+(started with the lab, reached over a Unix socket), which hands out their echo
+peers; the demo ends with `linkpassctl fleet` and the address of the
+aggregator's page, saved as HTML (and PNG, with chromium) because the lab is
+gone by then. Everything is torn down at the end, and verified gone.
 
 Run as root from the repo root: `make demo` (or .venv/bin/python -m labs.demo).
 """
@@ -21,8 +25,10 @@ import argparse
 import json
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
+from labs.browser import chromium, screenshot
 from labs.scenario import FLOWS, MECHANISMS, REVERSE, ScenarioLab, TrialResult
 
 DEMO_FAULTS = ("cable-pull", "silent-blackhole")
@@ -54,6 +60,27 @@ def table(results: dict[tuple[str, str], TrialResult], fault_s: float) -> str:
     return "\n".join(lines)
 
 
+def fleet_view(lab: ScenarioLab) -> str:
+    """`linkpassctl fleet` and `fleet summary` against the lab's aggregator, and
+    its page saved (the page lives only as long as the lab)."""
+    agg = lab.lab.aggregator
+    grid = agg.ctl()
+    summary = agg.ctl("summary", "--days", "1")
+    page = RESULTS / "demo-fleet.html"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    with urllib.request.urlopen(agg.web_url, timeout=10) as reply:
+        page.write_bytes(reply.read())
+    saved = [str(page)]
+    if chromium():
+        saved.append(str(screenshot(agg.web_url, RESULTS / "demo-fleet.png")))
+    return ("linkpassctl fleet (the aggregator's view of both hosts, after the faults):\n"
+            + indent(grid.stdout if grid.returncode == 0 else grid.stderr)
+            + "\nlinkpassctl fleet summary --days 1:\n"
+            + indent(summary.stdout if summary.returncode == 0 else summary.stderr)
+            + f"\nthe aggregator's page was {agg.web_url} while the lab ran; saved: "
+            + " and ".join(saved))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mechanisms", default=",".join(MECHANISMS),
@@ -81,9 +108,10 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[tuple[str, str], TrialResult] = {}
     events = ""
+    fleet = ""
     for mech in mechanisms:
         print(f"== {COLUMN[mech]} ({mech})", flush=True)
-        with ScenarioLab(mech) as lab:
+        with ScenarioLab(mech, aggregator=mech == "linkpassd") as lab:
             events_from = events_to = 0
             if mech == "linkpassd":
                 print("  linkpassctl status on lph1, before:\n" + indent(lab.status_text()))
@@ -115,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"pull to its recovery\n"
                           + indent(lab.events_text(after=events_from,
                                                    limit=events_to - events_from)))
+                fleet = fleet_view(lab)
         print(f"  lab torn down, nothing left behind ({time.monotonic() - started:.0f} s)\n",
               flush=True)
 
@@ -132,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps([t.as_dict() for t in results.values()], indent=2))
     if events:
         print("\n" + events)
+    if fleet:
+        print("\n" + fleet)
     print(f"\nresults: {out}   total {time.monotonic() - started:.0f} s")
     return 0
 

@@ -132,14 +132,20 @@ class TrialResult:
 class ScenarioLab:
     """The dualrail lab with one host-routing mechanism, reused across trials."""
 
-    def __init__(self, mechanism: str, *, rate: int = 1000):
+    def __init__(self, mechanism: str, *, rate: int = 1000, aggregator: bool = False):
+        """`aggregator`: (linkpassd only) both daemons report to a lab
+        aggregator (`self.lab.aggregator`), which also hands out their probe
+        peers (no probe_peers in the configs)."""
         if mechanism not in MECHANISMS:
             raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
+        if aggregator and mechanism != "linkpassd":
+            raise ValueError("an aggregator needs the linkpassd mechanism")
         self.mechanism = mechanism
         self.rate = rate
         self.lab = dualrail(mechanism, linkpassd_timers=LAB_TIMERS,
                             bfd=LAB_BFD if mechanism == "linkpassd" else None,
-                            probes=LAB_PROBES if mechanism == "linkpassd" else None)
+                            probes=LAB_PROBES if mechanism == "linkpassd" else None,
+                            aggregator=aggregator, mesh=aggregator)
         self.trials = 0
 
     def __enter__(self) -> "ScenarioLab":

@@ -44,6 +44,7 @@ from linkpassd.adapters.links import LinkEvent, LinkMonitor, LinkSnapshot
 from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.sensor import Sensor
 from linkpassd.adapters.watchdog import Watchdog
+from linkpassd.agent.link import AggregatorLink, MeshPeersChanged
 from linkpassd.operations import DrainCommand, Operations, cause_of
 from linkpassd.persist import ECHO_SIGNAL, StateFiles
 from linkpassd.status import StatusReport
@@ -102,7 +103,7 @@ class ShutdownRequested(Exception):
     pass
 
 
-class Daemon(StateFiles, Operations, StatusReport):
+class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
     def __init__(self, config: Config, config_path: str | None = None,
                  clock=time.monotonic, wallclock=time.time):
         self.config = config
@@ -151,6 +152,7 @@ class Daemon(StateFiles, Operations, StatusReport):
         self.allocation: alloc.Allocation | None = None  # None: a fresh start's numbering
         self.saved_allocation: alloc.Allocation | None = None  # what allocation.json says now
         self._init_operations()
+        self._init_agent()
 
     # ------------------------------------------------------------------ tasks
 
@@ -176,6 +178,7 @@ class Daemon(StateFiles, Operations, StatusReport):
         self._refresh_rdma()
         self._open_health_file()
         self._start_metrics(loop)
+        self._open_spool()  # before the first event
         control = ControlServer(self.config.control_socket, self.status,
                                 explain_provider=self.explain, events=self.events,
                                 health=self.health_doc, drains=self,
@@ -196,6 +199,7 @@ class Daemon(StateFiles, Operations, StatusReport):
                 tasks.create_task(self.bfd.run(), name="bfd")
                 tasks.create_task(self._reconcile_loop(), name="reconcile")
                 tasks.create_task(self.watchdog.run(), name="watchdog")
+                tasks.create_task(self._agent_task(), name="agent")
         except* ShutdownRequested:
             pass
         finally:
@@ -203,6 +207,7 @@ class Daemon(StateFiles, Operations, StatusReport):
             self._emit(EventKind.STOPPED, "stopped", message="linkpassd stopped; routes left as "
                        "they are (fail-static)")
             self._flush_events()
+            self._close_agent()
             self._health_stopped()
             await control.stop(0.5)
             if self.metrics is not None:
@@ -311,6 +316,7 @@ class Daemon(StateFiles, Operations, StatusReport):
             self._flush_events()
             self._publish_health(now)
             self._answer_commands(events)
+            self._agent_after_pass()
 
     async def _handle(self, events: list, now: float) -> None:
         echo_ports: dict[str, None] = {}  # ports whose echo paths changed, in order
@@ -343,6 +349,8 @@ class Daemon(StateFiles, Operations, StatusReport):
                 self._observe_bfd(event, now)
             elif isinstance(event, EchoChange):
                 echo_ports.setdefault(event.port, None)
+            elif isinstance(event, MeshPeersChanged):
+                self._take_mesh_peers()
         for port in echo_ports:  # once per port and batch: a rail blackhole changes every path
             self._observe_echo(port, now)
         if not all(p in self.links for p in self.ports()):
@@ -478,7 +486,7 @@ class Daemon(StateFiles, Operations, StatusReport):
     def _sync_echo(self) -> None:
         """Run the echo service the config asks for: at start and on reload. A
         change of peers or timers starts it anew (paths begin as never up)."""
-        spec = echo_spec(self.config)
+        spec = echo_spec(self.config, self.mesh_peers, self.mesh_probers)
         if spec == self.echo_spec:
             return
         if (self.echo is not None and spec is not None and self.echo_spec is not None
@@ -518,8 +526,8 @@ class Daemon(StateFiles, Operations, StatusReport):
     def _reset_signals(self, drop=(), restart=()) -> None:
         """Forget signals on every port (core.health.reset_signals): echo on a
         port that no longer probes is dropped, not awaited."""
-        echo_ports = {r.port for r in self.config.rails
-                      if self.config.probes.enabled and r.probe_peers}
+        spec = echo_spec(self.config, self.mesh_peers, self.mesh_probers)
+        echo_ports = {p.port for p in spec.paths} if spec is not None else set()
         for port, h in list(self.health.items()):
             gone = set(drop) | ({ECHO_SIGNAL} if port not in echo_ports else set())
             self.health[port] = health.reset_signals(h, self.config.health, drop=gone,
@@ -734,6 +742,7 @@ class Daemon(StateFiles, Operations, StatusReport):
         # A session whose spec changed starts anew: a bad verdict it gave is
         # held until the new session proves the path (a reload keeps every
         # verdict whose evidence is unchanged).
+        self._agent_reloaded(old)
         before, after = bfd_specs(old), bfd_specs(new)
         self.health = {p: h for p, h in self.health.items() if p in self.ports()}
         self._reset_signals(drop=before.keys() - after.keys(),

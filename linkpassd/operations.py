@@ -96,6 +96,7 @@ class Operations:
                 self.metrics.on_event(event)
         if recorded:
             self.events.publish()
+            self._agent_offer(recorded)  # agent.link: a bounded hand-off, never a wait
 
     @staticmethod
     def _log_event(event: Event) -> None:

@@ -6,6 +6,7 @@ the config; the daemon calls these at start and on every reload.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from linkpassd.adapters.bfd import BfdAgent, PeerSpec
@@ -60,21 +61,31 @@ class EchoSpec:
     responder: ResponderPolicy  # what our responder answers (core.admission)
 
 
-def echo_spec(config: Config) -> EchoSpec | None:
+def echo_spec(config: Config,
+              mesh_peers: Mapping[str, Sequence[str]] | None = None,
+              mesh_probers: Mapping[str, Sequence[str]] | None = None) -> EchoSpec | None:
     """None when probing is off. On, the responder runs even without peers:
-    other hosts may probe us."""
+    other hosts may probe us. `mesh_peers`: per rail name, the peers the
+    aggregator's probe mesh hands out (validated, agent.reports); each rail
+    probes the union of its config's probe_peers and those, in that order.
+    `mesh_probers`: the hosts the mesh has probing us; the responder answers
+    them too (the mesh is not symmetric)."""
     p = config.probes
     if not p.enabled:
         return None
+    mesh = mesh_peers or {}
+    peers = {r.name: tuple(dict.fromkeys((*r.probe_peers, *mesh.get(r.name, ()))))
+             for r in config.rails}
     paths = tuple(ProbePath(port=r.port, source=r.address, peer=peer)
-                  for r in config.rails for peer in r.probe_peers)
+                  for r in config.rails for peer in peers[r.name])
     probe = ProbeConfig(interval_s=p.interval_ms / 1e3, timeout_s=p.timeout_ms / 1e3,
                         burst_count=p.burst_count, burst_interval_s=p.burst_interval_ms / 1e3,
                         rise=p.rise, loss_window=p.loss_window, max_loss_ratio=p.max_loss_ratio,
                         clear_loss_ratio=p.clear_loss_ratio)
     responder = ResponderPolicy.build(
         (r.address for r in config.rails), p.fabric_prefixes,
-        (peer for r in config.rails for peer in r.probe_peers),
+        (*(peer for r in config.rails for peer in peers[r.name]),
+         *(src for r in config.rails for src in (mesh_probers or {}).get(r.name, ()))),
         rate_pps=p.responder_rate_pps, burst=p.responder_burst)
     return EchoSpec(paths, probe, p.port, p.tos,
                     p.lag_heartbeat_ms / 1e3 if p.lag_heartbeat_ms > 0 else None, responder)

@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(iproute2 ethtool nftables tshark tcpdump iputils-ping mininet frr python3-venv python3-dev gcc prometheus)
+# chromium: the headless browser test of the aggregator's page (tests/labs/test_fleet_lab.py).
+APT_PACKAGES=(iproute2 ethtool nftables tshark tcpdump iputils-ping mininet frr python3-venv python3-dev gcc prometheus chromium)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -36,6 +36,7 @@ from mininet.net import Mininet
 from mininet.node import Host, Node
 from mininet.topo import Topo
 
+from labs.aggproc import AggregatorProc
 from labs.frr import BfdPeer, FrrBfd, mnexec_attach
 from labs.topos import frrbgp
 from labs.topos.nl import LinkSetter, arp_who_has
@@ -167,7 +168,8 @@ class Lab:
                  carrier_events: str = "physical",
                  linkpassd_timers: dict[str, float | int] | None = None,
                  linkpassd_log_level: str = "info",
-                 bfd: dict | None = None, probes: dict | None = None):
+                 bfd: dict | None = None, probes: dict | None = None,
+                 aggregator: bool = False, mesh: bool = False):
         if mechanism not in MECHANISMS:
             raise LabError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
         if carrier_events not in CARRIER_EVENTS:
@@ -182,6 +184,14 @@ class Lab:
         self.linkpassd_log_level = linkpassd_log_level
         self.bfd = bfd_options(bfd)
         self.probes = None if probes is None else dict(probes)
+        # `aggregator`: a linkpass-aggregator in the root namespace (labs.aggproc),
+        # reached by the daemons over a Unix socket in the work directory; with
+        # `mesh` the configs name no probe peers: the aggregator's mesh does.
+        if mesh and not aggregator:
+            raise LabError("mesh=True needs aggregator=True")
+        self.want_aggregator = aggregator
+        self.aggregator: AggregatorProc | None = None
+        self.mesh = mesh
         self._own_workdir = workdir is None
         self._workdir_arg = workdir
         self.workdir: Path | None = None
@@ -247,8 +257,12 @@ class Lab:
                             *(f"{k}={v}" for k, v in setup.sysctls.items())])
             if setup.ip_batch:
                 self.run(name, ["ip", "-batch", "-"], input="\n".join(setup.ip_batch) + "\n")
+        if self.want_aggregator:
+            self.aggregator = AggregatorProc(self.workdir / "aggregator")
         for host in self.plan.hosts:
             self._write_host_files(host)
+        if self.aggregator is not None:
+            self.aggregator.start()
         deadline = time.monotonic() + CARRIER_WAIT_S
         for host in self.plan.hosts:
             for rail in host.rails:
@@ -313,6 +327,8 @@ class Lab:
                 step(f"clearing {fault}", fault.clear)
             step("stopping FRR", self._stop_frr)
             step("stopping processes", self._stop_processes)
+            if self.aggregator is not None:  # after the daemons: they may report to the end
+                step("stopping the aggregator", self._stop_aggregator)
             if self.net is not None:
                 for name in self.nodes:
                     step(f"{name}: nft cleanup", lambda n=name: self._delete_nft_tables(n))
@@ -339,6 +355,11 @@ class Lab:
                 shutil.rmtree(self.workdir, ignore_errors=True)
         if problems:
             raise LabLeakError("lab teardown left problems:\n  " + "\n  ".join(problems))
+
+    def _stop_aggregator(self) -> list[str]:
+        code = self.aggregator.stop()
+        return [] if code in (0, None) else [
+            f"aggregator exited with {code}; its log ends:\n{self.aggregator.log_tail(1500)}"]
 
     def _stop_frr(self) -> list[str]:
         """bgpd, bfdd, then zebra in each node (FrrBfd.stop), by PID; anything
@@ -648,7 +669,9 @@ class Lab:
         text = linkpassd_toml(plan, control_socket=self.control_socket(plan),
                               run_dir=str(self.run_dir(plan)), timers=self.linkpassd_timers,
                               log_level=self.linkpassd_log_level, bfd=self.bfd,
-                              probes=self.probes, peers=self.echo_peers(plan))
+                              probes=self.probes,
+                              peers=None if self.mesh else self.echo_peers(plan),
+                              aggregator=self.aggregator.address if self.aggregator else None)
         parse_config(text, source=f"<lab {plan.name}>")
         return text
 

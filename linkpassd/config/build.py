@@ -19,11 +19,12 @@ from typing import Any, NoReturn
 
 from linkpassd.config.checks import (MAX_FILE_BYTES, RESERVED_RULE_PRIORITIES, RESERVED_TABLES,
                                      ConfigError, _count, _got, _Invalid, _parse_interface, _show)
-from linkpassd.config.schema import (BFD, DAEMON, HEALTH, METRICS, MULTIPATH, OWNERSHIP, PROBES, RAIL,
-                                     ROUTING, SCHEMA, SENSORS, TIMERS, Section)
+from linkpassd.config.schema import (AGGREGATOR, BFD, DAEMON, HEALTH, METRICS, MULTIPATH, OWNERSHIP,
+                                     PROBES, RAIL, ROUTING, SCHEMA, SENSORS, TIMERS, Section)
 from linkpassd.core import alloc
-from linkpassd.core.model import (BfdSettings, Config, HealthPolicy, MultipathConfig, Ownership,
-                                  ProbeSettings, RailConfig, SensorConfig, Timers)
+from linkpassd.core.model import (AggregatorSettings, BfdSettings, Config, HealthPolicy,
+                                  MultipathConfig, Ownership, ProbeSettings, RailConfig,
+                                  SensorConfig, Timers)
 
 # --------------------------------------------------------------------------
 # Loading
@@ -200,6 +201,8 @@ class _Builder:
                     bfd=r["bfd"],
                     probe_peers=r["probe_peers"],
                     probe_table=probe_table,
+                    gpus=r["gpus"],
+                    leaf=r["leaf"],
                 )
                 for r, table, probe_table in zip(rails, rail_tables, probe_tables)
             ),
@@ -235,8 +238,35 @@ class _Builder:
             admin_group=daemon["admin_group"],
             event_buffer=daemon["event_buffer"],
             metrics_listen=self.section(doc, METRICS)["listen"],
+            aggregator=self.aggregator(doc),
             source=self.source,
         )
+
+    def aggregator(self, doc: Mapping[str, Any]) -> AggregatorSettings | None:
+        """[aggregator], when present. The TLS files are opened here, so a
+        missing or unreadable one is a config error now, not a connection
+        that fails every few seconds later."""
+        if AGGREGATOR.name not in doc:
+            return None
+        agg = self.section(doc, AGGREGATOR)
+        files = [key for key in ("ca", "cert", "key") if agg[key]]
+        if agg["insecure"]:
+            if files:
+                self.fail(f"aggregator.{files[0]}", "set together with insecure = true; use "
+                          "either mutual TLS (ca, cert, key) or insecure (labs only), not both")
+        else:
+            for key in ("ca", "cert", "key"):
+                path = agg[key]
+                if not path:
+                    self.fail(f"aggregator.{key}", "missing: mutual TLS needs ca, cert and key "
+                              "(or insecure = true, for labs only)")
+                try:
+                    with open(path, "rb") as handle:
+                        handle.read(1)
+                except OSError as exc:
+                    self.fail(f"aggregator.{key}",
+                              f"cannot read {path!r}: {exc.strerror or exc}")
+        return AggregatorSettings(**agg)
 
     def check_health(self, health: dict[str, Any]) -> None:
         if not health["flap_reuse"] < health["flap_suppress"]:

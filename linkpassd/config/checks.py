@@ -332,6 +332,58 @@ def _listen_address() -> _Check:
     return _Check("empty (off) or IP:PORT", run)
 
 
+_HOST_NAME_RE = re.compile(r"(?=.{1,253}$)[A-Za-z0-9_]([A-Za-z0-9_-]{0,62})(\.[A-Za-z0-9_]([A-Za-z0-9_-]{0,62}))*\.?")
+
+
+def _host_port() -> _Check:
+    """HOST:PORT where HOST is a DNS name, an IPv4 address or [IPv6] (resolved
+    when the agent connects, never here), or unix:/abs/path (an aggregator on
+    this machine; the labs' daemons reach theirs so across namespaces)."""
+    def run(value: str) -> None:
+        if value.startswith("unix:"):
+            path = value[len("unix:"):]
+            if not path.startswith("/") or len(path.encode()) > 107:
+                raise _Invalid(f"{_show(value)}: a Unix socket needs an absolute path of at most "
+                               "107 bytes (unix:/run/...)")
+            return
+        host, sep, port = value.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise _Invalid(f"{_show(value)} is not HOST:PORT (e.g. agg.example:7443) with a port "
+                           "in 1..65535")
+        if host.startswith("[") and host.endswith("]"):
+            try:
+                ipaddress.IPv6Address(host[1:-1])
+            except ValueError:
+                raise _Invalid(f"{_show(host)} is not an IPv6 address in brackets") from None
+        elif not _HOST_NAME_RE.fullmatch(host):
+            raise _Invalid(f"{_show(host)} is neither a host name nor an IPv4 address "
+                           "(an IPv6 address goes in brackets: [fd00::1]:7443)")
+
+    return _Check("HOST:PORT (a name, an IPv4 address or [IPv6]) or unix:/path", run)
+
+
+def _host_id() -> _Check:
+    """A host's name as its certificate names it (DNS SAN), or empty."""
+    def run(value: str) -> None:
+        if value and not _HOST_NAME_RE.fullmatch(value):
+            raise _Invalid(f"{_show(value)} is not a host name (letters, digits, '-', '_' and "
+                           "dots, as in the host's certificate)")
+
+    return _Check("a host name, or empty (the system's host name)", run)
+
+
+def _label() -> _Check:
+    """A free-form name shown in the fleet view (a leaf switch): printable, no spaces."""
+    def run(value: str) -> None:
+        if len(value) > 64:
+            raise _Invalid(f"{_show(value)} is longer than 64 characters")
+        for char in value:
+            if char.isspace() or not char.isprintable():
+                raise _Invalid(f"{_show(value)} contains {char!r}; use a name without spaces")
+
+    return _Check("empty, or ≤ 64 printable characters without spaces", run)
+
+
 def _group_name() -> _Check:
     def run(value: str) -> None:
         if value and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]{0,31}\$?", value):
@@ -350,6 +402,15 @@ def _abs_path(max_bytes: int | None = None) -> _Check:
             raise _Invalid(f"{_show(value)} is longer than {max_bytes} bytes, the limit for a Unix socket path")
 
     return _Check("absolute path" + (f", ≤ {max_bytes} bytes" if max_bytes else ""), run)
+
+
+def _empty_or(check: _Check) -> _Check:
+    """`check`, or the empty string (not set)."""
+    def run(value: str) -> None:
+        if value != "":
+            check(value)
+
+    return _Check(f"empty, or {check.doc}", run)
 
 
 def _route_protocol(value: int) -> None:

@@ -58,6 +58,9 @@ def render_reference_markdown() -> str:
     ]
     for section in SCHEMA:
         out += ["", f"## `{section.header}`", "", section.help, ""]
+        if section.switch:
+            out += [f"Optional: without a `{section.header}` section the feature is off; with "
+                    "one, its required keys must be set.", ""]
         out += ["| key | type | default | allowed | description |", "|---|---|---|---|---|"]
         for opt in section.options:
             if opt.required:

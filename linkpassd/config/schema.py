@@ -12,9 +12,9 @@ from typing import Any
 from linkpassd.config.checks import (BOOL, FLOAT, IFNAME, INT, IPV4_ADDRESS, IPV4_CIDR,
                                      IPV4_INTERFACE, NAME, NH_TIMER_MAX_S, NON_EMPTY,
                                      ROUTE_PROTOCOL, STR, STR_LIST, SUN_PATH_MAX, U32_MAX, UNIQUE,
-                                     _abs_path, _at_least, _between, _Check, _each, _greater_than,
-                                     _group_name, _int_range, _listen_address, _one_of,
-                                     _Type)
+                                     _abs_path, _at_least, _between, _Check, _each, _empty_or,
+                                     _greater_than, _group_name, _host_id, _host_port, _int_range,
+                                     _label, _listen_address, _one_of, _Type)
 
 # --------------------------------------------------------------------------
 # The schema: every option, once
@@ -50,6 +50,7 @@ class Section:
     help: str
     options: tuple[Option, ...]
     rules: tuple[str, ...] = ()  # checks across options, for the reference
+    switch: bool = False  # the section's presence turns its feature on (absent: off)
 
     def option(self, key: str) -> Option | None:
         return next((o for o in self.options if o.key == key), None)
@@ -112,6 +113,44 @@ METRICS = Section(
         Option("listen", STR, "",
                "Address to serve metrics on, e.g. `127.0.0.1:9469`; empty: no metrics.",
                (_listen_address(),)),
+    ),
+)
+
+AGGREGATOR = Section(
+    "aggregator",
+    array=False,
+    switch=True,
+    help="Report to a linkpass-aggregator (the fleet view) over one gRPC stream: this host's "
+         "rails, port and path state and every event, and take from it the probe mesh's echo "
+         "peers and operators' drains. Absent: linkpassd runs standalone. Events wait in a "
+         "bounded spool in `state_dir` while the aggregator is away and are sent when it is "
+         "back; the host is protected the same either way. Certificates: "
+         "`scripts/linkpass-certs` (docs/aggregator.md).",
+    options=(
+        Option("address", STR, REQUIRED,
+               "The aggregator's `HOST:PORT`, e.g. `agg.example:7443` (resolved at each "
+               "connection attempt).",
+               (_host_port(),)),
+        Option("host_id", STR, "",
+               "The name this host reports as; its certificate must name it. Empty: the "
+               "system's host name.",
+               (_host_id(),), default_doc="the system's host name"),
+        Option("ca", STR, "", "PEM file of the CA that signed the aggregator's certificate.",
+               (_empty_or(_abs_path()),)),
+        Option("cert", STR, "", "PEM file of this host's certificate (mutual TLS).",
+               (_empty_or(_abs_path()),)),
+        Option("key", STR, "", "PEM file of this host's private key.",
+               (_empty_or(_abs_path()),)),
+        Option("insecure", BOOL, False,
+               "Plaintext, no certificates: for labs only (linkpassd says so loudly at start)."),
+        Option("spool_max_events", INT, 100_000,
+               "Unacknowledged events kept on disk (`<state_dir>/spool`); past this the oldest "
+               "are dropped, counted and reported to the aggregator as a gap.",
+               (_int_range(100, 10_000_000),)),
+    ),
+    rules=(
+        "`ca`, `cert` and `key` are all set, and readable, unless `insecure = true`",
+        "`insecure = true` with any of `ca`, `cert`, `key` is refused (which one was meant?)",
     ),
 )
 
@@ -393,6 +432,14 @@ RAIL = Section(
                (_U32,),
                default_doc="lowest free table (on a first start, after the rails' and groups' "
                            "tables), kept by rail name"),
+        Option("gpus", INT, 1,
+               "GPUs whose traffic this port carries, for the aggregator's count of GPU-hours "
+               "a failover saved.",
+               (_int_range(0, 1024),)),
+        Option("leaf", STR, "",
+               "The leaf switch this port is cabled to, e.g. `leaf-a07`, for the aggregator's "
+               "probe mesh (it picks echo peers under other leaves). Empty: unknown.",
+               (_label(),)),
     ),
     rules=(
         "`name`, `port` and the host part of `address` are unique across rails",
@@ -444,5 +491,5 @@ MULTIPATH = Section(
     ),
 )
 
-SCHEMA: tuple[Section, ...] = (DAEMON, METRICS, OWNERSHIP, TIMERS, HEALTH, SENSORS, BFD, PROBES, ROUTING,
+SCHEMA: tuple[Section, ...] = (DAEMON, METRICS, AGGREGATOR, OWNERSHIP, TIMERS, HEALTH, SENSORS, BFD, PROBES, ROUTING,
                                RAIL, MULTIPATH)

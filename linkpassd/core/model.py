@@ -94,6 +94,8 @@ class RailConfig:
     bfd: bool = False  # single-hop BFD session with `gateway`
     probe_peers: tuple[str, ...] = ()  # peer daemons' addresses, echo-probed from this rail
     probe_table: int | None = None  # keeps the rail's own path for probes (probing enabled)
+    gpus: int = 1  # GPUs whose traffic the port carries (the aggregator's savings)
+    leaf: str = ""  # the leaf switch the port is cabled to ("": unknown; the probe mesh)
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,20 @@ class ProbeSettings:
     fabric_prefixes: tuple[str, ...] = ()  # sources answered besides the probe peers
     responder_rate_pps: float = 5000.0  # per source
     responder_burst: int = 1000
+
+
+@dataclass(frozen=True)
+class AggregatorSettings:
+    """Where linkpassd reports to (linkpass-aggregator) and how: the agent's
+    stream. Absent from the config: standalone."""
+
+    address: str  # host:port of the aggregator
+    host_id: str = ""  # "": the host name (the agent reads it when it connects)
+    ca: str = ""  # PEM files for mutual TLS; all three unless `insecure`
+    cert: str = ""
+    key: str = ""
+    insecure: bool = False  # plaintext, labs only
+    spool_max_events: int = 100_000  # unacknowledged events kept on disk; the oldest go first
 
 
 @dataclass(frozen=True)
@@ -162,6 +178,7 @@ class Config:
     admin_group: str = ""  # may also drain/undrain; root always may
     event_buffer: int = 2048
     metrics_listen: str = ""  # "" : no metrics endpoint
+    aggregator: AggregatorSettings | None = None  # None: standalone
     source: str = "<memory>"  # the file this came from, for messages
 
     def rail(self, name: str) -> RailConfig:

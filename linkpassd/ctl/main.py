@@ -304,6 +304,9 @@ def undrain(target: Target, port: str, output: str) -> None:
 from linkpassd.ctl.nccl import nccl_env  # noqa: E402 - reads health.json, not the socket
 cli.add_command(nccl_env)
 
+from linkpassd.ctl.fleet import fleet  # noqa: E402 - talks to linkpass-aggregator, not the socket
+cli.add_command(fleet)
+
 
 PROG_NAME = "linkpassctl"
 

@@ -70,6 +70,6 @@ def test_linkpassctl_without_a_daemon_is_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_aggregator_says_it_is_not_implemented():
-    proc = run("linkpassd.aggregator.main")
-    assert proc.returncode == 2 and "not implemented" in proc.stderr
+def test_aggregator_without_its_config_names_the_file():
+    proc = run("linkpassd.aggregator.main", "--config", "/nonexistent/aggregator.toml")
+    assert proc.returncode == 2 and "/nonexistent/aggregator.toml: cannot read" in proc.stderr

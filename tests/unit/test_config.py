@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from linkpassd import config as cfgmod
 from linkpassd.config import (SCHEMA, ConfigError, build_config, check_config_main, load_config,
                               parse_config, render_reference_markdown)
-from linkpassd.core.model import (BfdSettings, Config, MultipathConfig, Ownership, ProbeSettings,
-                                  RailConfig, Timers)
+from linkpassd.core.model import (AggregatorSettings, BfdSettings, Config, MultipathConfig,
+                                  Ownership, ProbeSettings, RailConfig, Timers)
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "linkpassd.toml"
@@ -324,7 +324,7 @@ def _defaults_toml() -> str:
     lines = []
     for section in SCHEMA:
         values = [o for o in section.options if not o.required and o.default is not None]
-        if section.array:
+        if section.array or section.switch:  # a switch section's presence turns it on
             continue
         lines.append(f"[{section.name}]")
         lines += [f"{o.key} = {cfgmod._toml_literal(o.default)}" for o in values]
@@ -355,7 +355,7 @@ def _model_default(cls, name):
 @pytest.mark.parametrize("section,cls", [
     ("daemon", Config), ("ownership", Ownership), ("timers", Timers),
     ("routing", Config), ("rail", RailConfig), ("multipath", MultipathConfig),
-    ("probes", ProbeSettings), ("bfd", BfdSettings),
+    ("probes", ProbeSettings), ("bfd", BfdSettings), ("aggregator", AggregatorSettings),
 ])
 def test_schema_defaults_match_the_model(section, cls):
     """The model's defaults (used by tests that build Config directly) and the file's agree."""
@@ -582,3 +582,107 @@ def test_any_text_is_config_or_configerror(text):
         parse_config(text, "fuzz.toml")
     except ConfigError as exc:
         assert len(str(exc).splitlines()) == 1
+
+
+# --- [aggregator] and the rails' gpus/leaf ------------------------------------
+
+
+def _tls_files(tmp_path) -> dict[str, str]:
+    paths = {}
+    for name in ("ca", "cert", "key"):
+        path = tmp_path / f"{name}.pem"
+        path.write_text("-----BEGIN TEST-----\n")
+        paths[name] = str(path)
+    return paths
+
+
+def _with_aggregator(**keys: object) -> str:
+    body = "\n".join(f"{k} = {cfgmod._toml_literal(v)}" for k, v in keys.items())
+    return MINIMAL_RAIL + "\n[aggregator]\n" + body + "\n"
+
+
+def test_without_an_aggregator_section_linkpassd_is_standalone():
+    assert parse_config(BASE, "t.toml").aggregator is None
+
+
+def test_an_aggregator_with_mutual_tls_files_is_taken_as_written(tmp_path):
+    files = _tls_files(tmp_path)
+    config = parse_config(_with_aggregator(address="agg.example:7443", host_id="gpu-017",
+                                           spool_max_events=500, **files), "t.toml")
+    assert config.aggregator == AggregatorSettings(address="agg.example:7443", host_id="gpu-017",
+                                                   spool_max_events=500, **files)
+
+
+def test_an_aggregator_on_a_unix_socket_is_accepted():
+    config = parse_config(_with_aggregator(address="unix:/tmp/lplab-x/agg.sock", insecure=True),
+                          "t.toml")
+    assert config.aggregator.address == "unix:/tmp/lplab-x/agg.sock"
+
+
+def test_an_insecure_aggregator_needs_no_files():
+    config = parse_config(_with_aggregator(address="198.18.0.9:7443", insecure=True), "t.toml")
+    assert config.aggregator.insecure and config.aggregator.ca == ""
+    assert config.aggregator.spool_max_events == 100_000 and config.aggregator.host_id == ""
+
+
+@pytest.mark.parametrize("keys,key,reason", [
+    (dict(insecure=True), "aggregator.address", "missing required key"),
+    (dict(address="agg.example", insecure=True), "aggregator.address", "not HOST:PORT"),
+    (dict(address="agg.example:0", insecure=True), "aggregator.address", "port in 1..65535"),
+    (dict(address="agg example:7443", insecure=True), "aggregator.address",
+     "neither a host name nor an IPv4 address"),
+    (dict(address="[fd00::zz]:7443", insecure=True), "aggregator.address", "not an IPv6 address"),
+    (dict(address="unix:agg.sock", insecure=True), "aggregator.address", "absolute path"),
+    (dict(address="a:1", insecure=True, spool_max_events=99), "aggregator.spool_max_events",
+     "outside 100..10000000"),
+    (dict(address="a:1", insecure=True, spool_max_events=10_000_001),
+     "aggregator.spool_max_events", "outside 100..10000000"),
+    (dict(address="a:1", insecure=True, host_id="bad host"), "aggregator.host_id",
+     "not a host name"),
+    (dict(address="a:1", insecure=True, ca="relative/ca.pem"), "aggregator.ca",
+     "not an absolute path"),
+    (dict(address="a:1"), "aggregator.ca", "mutual TLS needs ca, cert and key"),
+    (dict(address="a:1", insecure=True, extra=1), "aggregator.extra", "unknown key"),
+])
+def test_a_bad_aggregator_section_is_one_precise_line(keys, key, reason):
+    with pytest.raises(ConfigError) as info:
+        parse_config(_with_aggregator(**keys), "t.toml")
+    assert info.value.key == key and reason in info.value.reason, str(info.value)
+
+
+def test_tls_files_must_exist_and_be_readable(tmp_path):
+    files = _tls_files(tmp_path)
+    missing = dict(files, key=str(tmp_path / "nope.pem"))
+    with pytest.raises(ConfigError) as info:
+        parse_config(_with_aggregator(address="a:1", **missing), "t.toml")
+    assert info.value.key == "aggregator.key" and "nope.pem" in info.value.reason
+    assert "No such file" in info.value.reason
+    with pytest.raises(ConfigError) as info:
+        parse_config(_with_aggregator(address="a:1", **dict(files, ca=str(tmp_path))), "t.toml")
+    assert info.value.key == "aggregator.ca" and "cannot read" in info.value.reason
+
+
+def test_insecure_together_with_tls_files_is_refused(tmp_path):
+    files = _tls_files(tmp_path)
+    with pytest.raises(ConfigError) as info:
+        parse_config(_with_aggregator(address="a:1", insecure=True, cert=files["cert"]), "t.toml")
+    assert info.value.key == "aggregator.cert" and "insecure" in info.value.reason
+
+
+def test_rails_say_their_gpus_and_leaf():
+    config = parse_config(MINIMAL_RAIL + 'gpus = 8\nleaf = "leaf-a07"\n', "t.toml")
+    assert (config.rails[0].gpus, config.rails[0].leaf) == (8, "leaf-a07")
+    plain = parse_config(MINIMAL_RAIL, "t.toml").rails[0]
+    assert (plain.gpus, plain.leaf) == (1, "")
+    for bad, key in (("gpus = -1", "rail[0].gpus"), ('leaf = "leaf a"', "rail[0].leaf"),
+                     ('gpus = "8"', "rail[0].gpus")):
+        with pytest.raises(ConfigError) as info:
+            parse_config(MINIMAL_RAIL + bad + "\n", "t.toml")
+        assert info.value.key == key
+
+
+def test_the_reference_says_the_aggregator_section_is_optional():
+    doc = render_reference_markdown()
+    section = doc.split("## `[aggregator]`")[1].split("## ")[0]
+    assert "without a `[aggregator]` section the feature is off" in section
+    assert "| `spool_max_events` |" in section

@@ -542,9 +542,10 @@ def test_provider_failure_is_reported_not_hidden(sock: Path) -> None:
     assert result.stderr == "linkpassctl: linkpassd answered INTERNAL: status unavailable: state not ready\n"
 
 
-def test_aggregator_says_it_is_not_implemented() -> None:
-    proc = subprocess.run([sys.executable, "-c", "from linkpassd.aggregator.main import main; main()"],
+def test_aggregator_without_its_config_exits_2_with_one_line() -> None:
+    proc = subprocess.run([sys.executable, "-c", "import sys; from linkpassd.aggregator.main import main; "
+                           "sys.exit(main(['--config', '/nonexistent/aggregator.toml']))"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stdout == ""
-    assert len(proc.stderr.splitlines()) == 1 and "not implemented" in proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and "/nonexistent/aggregator.toml: cannot read" in proc.stderr

@@ -19,7 +19,7 @@ import pytest
 UNIT_DIR = Path(__file__).resolve().parents[2] / "systemd"
 UNITS = {
     "linkpassd.service": "/usr/local/bin/linkpassd --config /etc/linkpass/linkpassd.toml",
-    "linkpass-aggregator.service": "/usr/local/bin/linkpass-aggregator --db ",
+    "linkpass-aggregator.service": "/usr/local/bin/linkpass-aggregator --config /etc/linkpass/aggregator.toml",
 }
 
 
@@ -76,6 +76,27 @@ def test_a_bad_config_exit_status_is_not_restarted(tmp_path: Path) -> None:
     assert status != 0 and str(status) in setting("linkpassd.service",
                                                   "RestartPreventExitStatus").split()
     assert "1" not in setting("linkpassd.service", "RestartPreventExitStatus").split()
+
+
+def test_aggregator_unit_checks_its_config_and_does_not_restart_on_a_bad_one(tmp_path: Path) -> None:
+    """Type=notify with a watchdog; ExecStartPre checks the file ExecStart
+    serves; the exit status of a bad config at start is the one
+    RestartPreventExitStatus= names (a crash, 1, is still restarted)."""
+    from linkpassd.aggregator import main as aggregator
+
+    unit = "linkpass-aggregator.service"
+    assert setting(unit, "Type") == "notify" and setting(unit, "NotifyAccess") == "main"
+    assert setting(unit, "WatchdogSec").endswith("s")
+    pre = setting(unit, "ExecStartPre").split()
+    start = setting(unit, "ExecStart").split()
+    assert pre[0] == start[0] and "--check-config" in pre
+    assert pre[pre.index("--config") + 1] == start[start.index("--config") + 1]
+    bad = tmp_path / "aggregator.toml"
+    bad.write_text("[aggregator]\nno_such_key = 1\n")
+    status = aggregator.main(["--config", str(bad)])
+    assert status != 0 and str(status) in setting(unit, "RestartPreventExitStatus").split()
+    assert "1" not in setting(unit, "RestartPreventExitStatus").split()
+    assert setting(unit, "DynamicUser") == "yes" and setting(unit, "CapabilityBoundingSet") == ""
 
 
 def test_watchdog_interval_leaves_room_for_the_reconcile_loop() -> None:

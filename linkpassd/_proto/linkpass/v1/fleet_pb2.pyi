@@ -156,12 +156,14 @@ class ProbePeers(_message.Message):
     def __init__(self, generation: _Optional[int] = ..., rails: _Optional[_Iterable[_Union[RailPeers, _Mapping]]] = ...) -> None: ...
 
 class RailPeers(_message.Message):
-    __slots__ = ("rail", "peers")
+    __slots__ = ("rail", "peers", "probed_by")
     RAIL_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
+    PROBED_BY_FIELD_NUMBER: _ClassVar[int]
     rail: str
     peers: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, rail: _Optional[str] = ..., peers: _Optional[_Iterable[str]] = ...) -> None: ...
+    probed_by: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, rail: _Optional[str] = ..., peers: _Optional[_Iterable[str]] = ..., probed_by: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Command(_message.Message):
     __slots__ = ("id", "drain", "undrain", "by")

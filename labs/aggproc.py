@@ -1,0 +1,137 @@
+"""A linkpass-aggregator for a lab: started in the root namespace, reached over
+a Unix socket.
+
+The lab's daemons live in their hosts' network namespaces; a Unix socket in
+the lab's work directory reaches them all without giving the aggregator an
+address in any namespace, so no lab traffic leaves the lab and nothing
+listens on the machine's network. The web page listens on loopback only.
+Insecure mode (plaintext, host names trusted): labs only, and the aggregator
+says so at start.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+READY_S = 30.0
+
+
+def _free_loopback_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class AggregatorProc:
+    """One aggregator process; `start()` returns once it serves, `stop()`
+    ends it by PID. `pause()`/`resume()` freeze it (SIGSTOP/SIGCONT): an
+    aggregator that is away without closing its connections."""
+
+    def __init__(self, workdir: Path, *, heartbeat_s: float = 1.0, peers_per_rail: int = 3):
+        self.workdir = Path(workdir)
+        self.socket_path = self.workdir / "aggregator.sock"
+        self.address = f"unix:{self.socket_path}"
+        self.web_port = _free_loopback_port()
+        self.web_url = f"http://127.0.0.1:{self.web_port}/"
+        self.config_path = self.workdir / "aggregator.toml"
+        self.log_path = self.workdir / "aggregator.log"
+        self.heartbeat_s = heartbeat_s
+        self.peers_per_rail = peers_per_rail
+        self.proc: subprocess.Popen | None = None
+        self.paused = False
+
+    def write_config(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(f"""# written by labs/aggproc.py
+[aggregator]
+listen = "{self.address}"
+database = "{self.workdir / 'fleet.db'}"
+heartbeat_s = {self.heartbeat_s}
+
+[tls]
+insecure = true
+
+[mesh]
+peers_per_rail = {self.peers_per_rail}
+
+[web]
+listen = "127.0.0.1:{self.web_port}"
+""")
+
+    def start(self) -> "AggregatorProc":
+        if self.proc is not None and self.proc.poll() is None:
+            raise RuntimeError("aggregator already running")
+        self.write_config()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "linkpassd.aggregator.main",
+                                          "--config", str(self.config_path)],
+                                         stdout=log, stderr=subprocess.STDOUT)
+        self.wait_serving(READY_S)
+        return self
+
+    def wait_serving(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        with grpc.insecure_channel(self.address) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while time.monotonic() < deadline:
+                if self.proc is not None and self.proc.poll() is not None:
+                    raise RuntimeError(f"aggregator exited with {self.proc.returncode}; its log:\n"
+                                       + self.log_tail())
+                try:
+                    if stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0).status == \
+                            health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                time.sleep(0.1)
+        raise RuntimeError(f"aggregator not serving after {timeout:g} s; its log:\n"
+                           + self.log_tail())
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
+
+    def pause(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+        self.paused = True
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+        self.paused = False
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL after 15 s; the exit status (None if never started)."""
+        if self.proc is None:
+            return None
+        if self.paused:
+            self.resume()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def ctl(self, *args: str, timeout: float = 20) -> subprocess.CompletedProcess:
+        """`linkpassctl fleet ARGS` against this aggregator (insecure)."""
+        return subprocess.run([sys.executable, "-m", "linkpassd.ctl.main", "fleet",
+                               "--aggregator", self.address, "--insecure", *args],
+                              capture_output=True, text=True, timeout=timeout)
+
+    def channel(self) -> grpc.Channel:
+        """A plaintext channel to the aggregator (the caller closes it)."""
+        return grpc.insecure_channel(self.address)

@@ -1,0 +1,246 @@
+"""The daemon's side of the aggregator stream. A mixin of `Daemon`.
+
+What the daemon does for the agent is constant time and never waits:
+- `_agent_offer(events)`: each recorded event goes to the spool writer's
+  bounded hand-off (agent.spool.SpoolWriter);
+- `_agent_after_pass()`: tells the agent a pass ended (it builds a report
+  later, in its own time, if it is due);
+- probe peers from the aggregator land in `mesh_slot` (the newest only) and
+  one `MeshPeersChanged` on the daemon's queue, at most one pending; the
+  next pass applies them through `_sync_echo` (wiring.echo_spec: the union
+  with the config's probe_peers; probers of peers that stay keep running);
+- a drain or undrain command goes through the same drain queue as the
+  control API (operations.Operations.drain), and its answer goes back.
+
+The agent runs in one supervised task: whatever it raises is logged and it
+starts again; a reload that changes [aggregator] restarts it (the spool,
+with everything unacknowledged, is kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from dataclasses import dataclass
+
+import grpc
+import structlog
+
+from linkpassd._proto.linkpass.v1 import fleet_pb2
+from linkpassd.adapters.feeds import Latest
+from linkpassd.agent import reports
+from linkpassd.agent.client import AgentClient
+from linkpassd.agent.spool import Spool, SpoolWriter
+from linkpassd.core.drain import DrainError, DrainNotTaken, DrainPending, NotDrained, UnknownPort
+from linkpassd.core.model import Config
+
+log = structlog.get_logger("linkpassd")
+
+SPOOL_DIR = "spool"  # in the state directory
+AGENT_RESTART_S = 5.0  # after the agent task itself failed (a bug): start it again this late
+MAX_REASON = 1024
+
+
+@dataclass(frozen=True)
+class MeshPeersChanged:
+    """The aggregator handed down new probe peers (in `Daemon.mesh_slot`)."""
+
+
+class DaemonHost:
+    """What the agent sees of the daemon (agent.client.AgentHost)."""
+
+    def __init__(self, daemon) -> None:
+        self.daemon = daemon
+
+    def inventory(self) -> fleet_pb2.Inventory:
+        return reports.inventory(self.daemon.config, self.daemon.rdma)
+
+    def port_report(self) -> fleet_pb2.PortReport:
+        return reports.daemon_report(self.daemon)
+
+    def take_peers(self, message: fleet_pb2.ProbePeers) -> None:
+        self.daemon._offer_mesh_peers(message)
+
+    async def command(self, command: fleet_pb2.Command) -> tuple[int, str]:
+        return await self.daemon._agent_command(command)
+
+
+def _code(status: grpc.StatusCode) -> int:
+    return status.value[0]
+
+
+class AggregatorLink:
+    def _init_agent(self) -> None:
+        self.agent: AgentClient | None = None
+        self.spool: Spool | None = None
+        self.spool_writer: SpoolWriter | None = None
+        self.mesh_peers: dict[str, tuple[str, ...]] = {}  # applied: rail -> peers
+        self.mesh_probers: dict[str, tuple[str, ...]] = {}  # applied: rail -> who probes us
+        # handed down, not applied yet: (peers, probers)
+        self.mesh_slot: Latest[tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]] = Latest()
+        self.mesh_message: fleet_pb2.ProbePeers | None = None
+        self.mesh_problems: tuple[str, ...] = ()
+        self._mesh_nudged = False
+        self._agent_changed: asyncio.Event | None = None
+
+    # ------------------------------------------------------------ spool
+
+    def _open_spool(self) -> None:
+        """The hand-off exists from the start, so the `started` event is kept;
+        the spool itself is read on its own thread (agent.spool)."""
+        settings = self.config.aggregator
+        if settings is None or self.spool is not None:
+            return
+        self.spool = Spool(os.path.join(self.config.state_dir, SPOOL_DIR),
+                           settings.spool_max_events)
+        self.spool_writer = SpoolWriter(self.spool)
+
+    def _agent_offer(self, events) -> None:
+        if self.spool_writer is not None and self.config.aggregator is not None and events:
+            self.spool_writer.offer(events)
+
+    def _agent_after_pass(self) -> None:
+        if self.agent is not None:
+            self.agent.poke()
+
+    def _close_agent(self) -> None:
+        """At shutdown: what waits in the hand-off (the `stopped` event) is written."""
+        if self.spool_writer is not None:
+            self.spool_writer.flush()
+        if self.spool is not None:
+            self.spool.close()
+
+    # ------------------------------------------------------------ the task
+
+    async def _agent_task(self) -> None:
+        """The agent, as [aggregator] says, for as long as the daemon runs."""
+        self._agent_changed = asyncio.Event()
+        writer: asyncio.Task | None = None
+        try:
+            while True:
+                settings = self.config.aggregator
+                if settings is None:
+                    await self._agent_changed.wait()
+                    self._agent_changed.clear()
+                    continue
+                self._open_spool()
+                if writer is None or writer.done():
+                    writer = asyncio.create_task(self._run_spool_writer(), name="spool-writer")
+                self.agent = AgentClient(settings, self.spool, DaemonHost(self),
+                                         boot_id=self.events.boot_id,
+                                         dropped=lambda: self.spool_writer.dropped)
+                self.spool_writer.on_written = self.agent.wake
+                run = asyncio.create_task(self.agent.run(), name="agent")
+                changed = asyncio.create_task(self._agent_changed.wait())
+                try:
+                    await asyncio.wait({run, changed}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    run.cancel()
+                    changed.cancel()
+                    await asyncio.gather(run, changed, return_exceptions=True)
+                self.agent = None
+                self._agent_changed.clear()
+                if run.done() and not run.cancelled() and run.exception() is not None:
+                    log.error("agent_failed", error=repr(run.exception()),
+                              retry_s=AGENT_RESTART_S, exc_info=run.exception())
+                    await asyncio.sleep(AGENT_RESTART_S)
+        finally:
+            self.agent = None
+            if writer is not None:
+                writer.cancel()
+                await asyncio.gather(writer, return_exceptions=True)
+
+    async def _run_spool_writer(self) -> None:
+        while True:
+            try:
+                await self.spool_writer.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a disk must not end the daemon
+                log.error("spool_failed", error=repr(exc), retry_s=AGENT_RESTART_S)
+                await asyncio.sleep(AGENT_RESTART_S)
+
+    def _agent_reloaded(self, old: Config) -> None:
+        """In a reload, before the echo service is synced: a changed
+        [aggregator] restarts the agent (the spool is kept); the mesh's
+        peers are checked again against the new rails."""
+        new = self.config.aggregator
+        if old.aggregator != new:
+            log.info("aggregator_config_changed",
+                     address=new.address if new is not None else "none (standalone)")
+            if self.spool is not None and new is not None \
+                    and new.spool_max_events != self.spool.max_events:
+                self.spool.submit(self.spool.set_max_events, new.spool_max_events)
+            if self._agent_changed is not None:
+                self._agent_changed.set()
+        if self.mesh_message is not None:  # before _sync_echo uses them with the new rails
+            self.mesh_peers, _problems = reports.validate_peers(self.config, self.mesh_message)
+            self.mesh_probers, _problems = reports.validate_probers(self.config, self.mesh_message)
+            self.mesh_slot.publish((self.mesh_peers, self.mesh_probers))
+
+    # ------------------------------------------------------------ probe mesh
+
+    def _offer_mesh_peers(self, message: fleet_pb2.ProbePeers) -> None:
+        """From the agent: keep the newest; the next pass applies it."""
+        self.mesh_message = message
+        usable, problems = reports.validate_peers(self.config, message)
+        probers, prober_problems = reports.validate_probers(self.config, message)
+        problems += prober_problems
+        if tuple(problems) != self.mesh_problems:
+            self.mesh_problems = tuple(problems)
+            for problem in problems[:20]:
+                log.warning("aggregator_peer_ignored", problem=problem)
+            if len(problems) > 20:
+                log.warning("aggregator_peers_ignored", more=len(problems) - 20)
+        if usable and not self.config.probes.enabled:
+            log.warning("aggregator_peers_unused", note="[probes] enabled is false")
+        self.mesh_slot.publish((usable, probers))
+        if not self._mesh_nudged:
+            self._mesh_nudged = True
+            self.queue.put_nowait(MeshPeersChanged())
+
+    def _take_mesh_peers(self) -> None:
+        """In the reconcile loop: probe the newest peers from now on."""
+        self._mesh_nudged = False
+        peers, probers = self.mesh_slot.value or ({}, {})
+        if (peers, probers) == (self.mesh_peers, self.mesh_probers):
+            return
+        self.mesh_peers, self.mesh_probers = peers, probers
+        self._sync_echo()
+        self._reset_signals()  # a port left without paths drops its echo opinion
+        log.info("mesh_peers_applied", generation=getattr(self.mesh_message, "generation", 0),
+                 peers=sum(len(p) for p in peers.values()),
+                 probed_by=sum(len(p) for p in probers.values()))
+
+    # ------------------------------------------------------------ commands
+
+    async def _agent_command(self, command: fleet_pb2.Command) -> tuple[int, str]:
+        """A fleet drain/undrain, through the control API's drain path; the
+        answer as a gRPC status code and message (control_server's mapping)."""
+        by = f"{command.by[:128] or 'an operator'} via the aggregator"
+        action = command.WhichOneof("action")
+        try:
+            if action == "drain":
+                d = command.drain
+                if not d.port:
+                    return _code(grpc.StatusCode.INVALID_ARGUMENT), "no port given"
+                if not math.isfinite(d.duration_s) or d.duration_s < 0:
+                    return (_code(grpc.StatusCode.INVALID_ARGUMENT),
+                            f"duration_s must be 0 (until undrained) or more, not {d.duration_s!r}")
+                await self.drain(d.port, d.reason[:MAX_REASON], d.duration_s or None, by)
+                return _code(grpc.StatusCode.OK), f"{d.port} drained"
+            if action == "undrain":
+                if not command.undrain.port:
+                    return _code(grpc.StatusCode.INVALID_ARGUMENT), "no port given"
+                await self.undrain(command.undrain.port, by)
+                return _code(grpc.StatusCode.OK), f"{command.undrain.port} undrained"
+            return _code(grpc.StatusCode.INVALID_ARGUMENT), "a command with no action"
+        except (UnknownPort, NotDrained) as exc:
+            return _code(grpc.StatusCode.NOT_FOUND), str(exc)
+        except DrainPending as exc:
+            return _code(grpc.StatusCode.ABORTED), str(exc)
+        except DrainNotTaken as exc:
+            return _code(grpc.StatusCode.UNAVAILABLE), str(exc)
+        except DrainError as exc:
+            return _code(grpc.StatusCode.INVALID_ARGUMENT), str(exc)

@@ -1,0 +1,85 @@
+"""Who is calling: the host or operator a client certificate names.
+
+gRPC has already verified the certificate chain against our CA when a call
+reaches us (the server requires a client certificate; no certificate or an
+untrusted one fails the TLS handshake, before any handler runs). What is left
+is reading the names, which grpc puts into `context.auth_context()` as lists
+of bytes (verified against grpcio 1.85 in tests/unit/test_agg_identity.py):
+
+    x509_common_name               [b"h1"]
+    x509_subject_alternative_name  [b"h1", b"linkpass://host/h1"]  (every SAN, mixed)
+    peer_dns                       [b"h1"]                          (DNS SANs)
+    peer_uri                       [b"linkpass://host/h1"]          (URI SANs)
+
+(`peer_spiffe_id` appears only for a single spiffe:// URI: not ours.)
+
+The rules (docs/aggregator.md):
+- a *host* certificate carries the URI SAN `linkpass://host/<host_id>` and
+  names the same host as DNS SAN (or, without DNS SANs, as its CN): both must
+  agree, so a certificate issued for a web server named like a host does not
+  pass as that host, nor one whose names contradict each other;
+- an *operator* certificate carries the URI SAN `linkpass://operator/<name>`.
+More than one identity of a kind makes the certificate ambiguous: it gets none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import grpc
+
+HOST_URI_PREFIX = "linkpass://host/"
+OPERATOR_URI_PREFIX = "linkpass://operator/"
+
+
+@dataclass(frozen=True)
+class PeerIdentity:
+    host_id: str | None  # the host this certificate may report as
+    operator: str | None  # the operator it belongs to
+    subject: str  # for messages and logs: what the certificate says
+    insecure: bool = False  # plaintext lab mode: nothing was verified
+
+    def describe(self) -> str:
+        if self.insecure:
+            return "an unverified peer (insecure mode)"
+        return f"certificate {self.subject}"
+
+
+INSECURE = PeerIdentity(host_id=None, operator=None, subject="(insecure mode)", insecure=True)
+
+
+def _texts(values: Iterable[bytes] | None) -> list[str]:
+    return [v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v) for v in values or ()]
+
+
+def _one(values: list[str]) -> str | None:
+    distinct = sorted(set(values))
+    return distinct[0] if len(distinct) == 1 else None
+
+
+def from_auth_context(auth: Mapping[str, Iterable[bytes]]) -> PeerIdentity:
+    """The identity a verified certificate's names give (see the module doc)."""
+    uris = _texts(auth.get("peer_uri"))
+    dns = _texts(auth.get("peer_dns"))
+    cn = _texts(auth.get("x509_common_name"))
+    uri_hosts = [u[len(HOST_URI_PREFIX):] for u in uris if u.startswith(HOST_URI_PREFIX)]
+    operators = [u[len(OPERATOR_URI_PREFIX):] for u in uris if u.startswith(OPERATOR_URI_PREFIX)]
+    host = _one(uri_hosts)
+    if host is not None:
+        names = dns if dns else cn  # the CN counts only without DNS SANs (RFC 6125)
+        if host not in names or not host:
+            host = None
+    operator = _one(operators)
+    if operator == "":
+        operator = None
+    parts = [f"CN={cn[0]}"] if cn else []
+    parts += [f"DNS:{d}" for d in dns] + [f"URI:{u}" for u in uris]
+    return PeerIdentity(host_id=host, operator=operator, subject="[" + ", ".join(parts or ["no names"]) + "]")
+
+
+def peer_identity(context: grpc.aio.ServicerContext, insecure: bool) -> PeerIdentity:
+    """The caller of this RPC; INSECURE in plaintext mode (nothing to read)."""
+    if insecure:
+        return INSECURE
+    return from_auth_context(context.auth_context() or {})

@@ -1,0 +1,47 @@
+"""The aggregator's Prometheus metrics, in a registry of its own.
+
+Counted where things happen (the server's ingestion and stream paths), so a
+scrape reads plain numbers and never touches the store. A registry of its own
+keeps tests (several servers in one process) and the daemon's metrics apart.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client.exposition import start_http_server
+
+from linkpassd.aggregator.settings import split_listen
+
+WRITE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class AggregatorMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        ProcessCollector(registry=r)
+        self.hosts_connected = Gauge("linkpass_aggregator_hosts_connected",
+                                     "Hosts with an open agent stream now", registry=r)
+        self.events_stored = Counter("linkpass_aggregator_events_stored_total",
+                                     "Events stored (first time seen)", registry=r)
+        self.events_duplicate = Counter("linkpass_aggregator_events_duplicate_total",
+                                        "Events received again and ignored (resends)", registry=r)
+        self.events_lost = Counter("linkpass_aggregator_events_lost_total",
+                                   "Events hosts dropped or never sent (gaps in their seqs)", registry=r)
+        self.store_write_seconds = Histogram("linkpass_aggregator_store_write_seconds",
+                                             "Time to store one event batch durably",
+                                             buckets=WRITE_BUCKETS_S, registry=r)
+        self.stream_errors = Counter("linkpass_aggregator_stream_errors_total",
+                                     "Agent streams ended by the aggregator, by gRPC status code",
+                                     ["code"], registry=r)
+        self.watchers_dropped = Counter("linkpass_aggregator_watchers_dropped_total",
+                                        "WatchFleetEvents callers dropped for reading too slowly",
+                                        registry=r)
+        self.plans = Counter("linkpass_aggregator_mesh_plans_total",
+                             "Probe-mesh plans computed", registry=r)
+
+    def serve(self, listen: str):
+        """Start the HTTP endpoint (prometheus_client's own thread); returns
+        (server, thread) for shutdown."""
+        host, port = split_listen(listen)
+        return start_http_server(port, addr=host, registry=self.registry)

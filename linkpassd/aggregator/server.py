@@ -1,0 +1,479 @@
+"""linkpass-aggregator's gRPC server: the agents' streams and the fleet API.
+
+One `HostSession` per agent stream. Each stream has its own reader (into a
+bounded inbox), its own worker (handles the messages in order: a slow store
+write for one host holds back only that host's reads) and its own outbox
+(acks, probe peers, commands). Whatever one host sends (garbage, floods, an
+out-of-order batch) ends *its* stream with a status that says why; other
+streams never wait on it.
+
+Acks go out only after `Store.add_events` returned, i.e. after the events are
+durable; resent events (seq the store already holds) are ignored by the store
+and acked all the same.
+
+Refusals (fleet.proto): INVALID_ARGUMENT for a malformed or out-of-order
+message (naming it), PERMISSION_DENIED when the certificate names another host,
+RESOURCE_EXHAUSTED over a bound (message size: grpc's max_receive_message_length;
+events per batch; queued messages), ABORTED when a newer stream of the same
+host replaced this one. A missing or untrusted certificate never gets here: the
+TLS handshake fails first (identity.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import grpc
+import structlog
+
+from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
+from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
+from linkpassd.aggregator import savings
+from linkpassd.aggregator.fleet_api import FleetServicer
+from linkpassd.aggregator.identity import peer_identity
+from linkpassd.aggregator.metrics import AggregatorMetrics
+from linkpassd.aggregator.planner import MeshPlanner
+from linkpassd.aggregator.settings import Settings
+from linkpassd.aggregator.store import EventRow, OutOfOrder, Store, StoreError
+from linkpassd.aggregator.watch import DEFAULT_QUEUE, EventFanout
+
+log = structlog.get_logger("linkpassd.aggregator")
+
+HELLO_TIMEOUT_S = 10.0  # a stream that says nothing this long after opening is refused
+MAX_EVENTS_PER_BATCH = 1000  # agents send <= 500
+INBOX_MAX = 64  # messages read but not handled yet, per stream (agents keep <= 8 batches unacked)
+OUTBOX_MAX = 1024  # responses not written yet, per stream
+MAX_RAILS = 256
+MAX_ID_CHARS = 253
+
+
+class StreamEnd(Exception):
+    """End this stream with `code` and a message that says why."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def kind_name(value: int) -> str:
+    """EventKind number -> the core name ("rail_path"); unknown numbers (a newer agent) stay
+    visible as "kind_<n>" instead of failing the batch."""
+    try:
+        return cpb.EventKind.Name(value).removeprefix("EVENT_KIND_").lower()
+    except ValueError:
+        return f"kind_{value}"
+
+
+def severity_name(value: int) -> str:
+    try:
+        return cpb.Severity.Name(value).removeprefix("SEVERITY_").lower()
+    except ValueError:
+        return f"severity_{value}"
+
+
+def _check_id(what: str, value: str) -> None:
+    if not value:
+        raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, f"Hello.{what} is empty")
+    if len(value) > MAX_ID_CHARS or not value.isprintable() or value.strip() != value:
+        raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, f"Hello.{what} {value[:80]!r} is not a valid name")
+
+
+class HostSession:
+    """One agent stream, from an accepted Hello to its end."""
+
+    def __init__(self, host_id: str, boot_id: str, version: str, peer: str) -> None:
+        self.host_id = host_id
+        self.boot_id = boot_id
+        self.version = version
+        self.peer = peer
+        self.inventory: pb.Inventory | None = None
+        self.outbox: asyncio.Queue[pb.ConnectResponse] = asyncio.Queue(OUTBOX_MAX)
+        self.ended: asyncio.Future[StreamEnd | None] = asyncio.get_running_loop().create_future()
+        self.commands: dict[str, asyncio.Future[pb.CommandResult]] = {}
+        self.last_seq: dict[str, int] = {}  # per boot: the newest seq this stream sent
+        self.gone = False  # the call itself failed: nothing more can be written
+
+    @property
+    def open(self) -> bool:
+        return not self.ended.done()
+
+    def finish(self, outcome: StreamEnd | None) -> None:
+        """End the stream (None: cleanly); the first outcome wins."""
+        if not self.ended.done():
+            self.ended.set_result(outcome)
+        for future in self.commands.values():
+            if not future.done():
+                future.set_exception(StreamEnd(grpc.StatusCode.UNAVAILABLE,
+                                               f"host {self.host_id} disconnected before answering"))
+
+    def send(self, message: pb.ConnectResponse) -> None:
+        """Queue a response; an agent that stops reading its responses loses its stream."""
+        if not self.open:
+            return
+        try:
+            self.outbox.put_nowait(message)
+        except asyncio.QueueFull:
+            self.finish(StreamEnd(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                  f"host {self.host_id} is not reading its responses ({OUTBOX_MAX} queued)"))
+
+
+class Fleet:
+    """What the servicers share: live sessions and the components around them."""
+
+    def __init__(self, settings: Settings, store: Store, metrics: AggregatorMetrics,
+                 clock: Callable[[], float], *, watcher_queue: int = DEFAULT_QUEUE) -> None:
+        self.settings = settings
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.sessions: dict[str, HostSession] = {}
+        self.fanout = EventFanout(store, queue_size=watcher_queue, on_drop=metrics.watchers_dropped.inc)
+        self.planner = MeshPlanner(self, settings, metrics)
+        self._command_ids = itertools.count(1)
+        self._instance = uuid.uuid4().hex[:8]
+
+    def command_id(self) -> str:
+        return f"{self._instance}-{next(self._command_ids)}"
+
+    def register(self, session: HostSession) -> None:
+        old = self.sessions.get(session.host_id)
+        self.sessions[session.host_id] = session
+        if old is not None:
+            log.info("agent_replaced", host=session.host_id, old_peer=old.peer, peer=session.peer)
+            old.finish(StreamEnd(grpc.StatusCode.ABORTED, "replaced by a newer connection"))
+        self.metrics.hosts_connected.set(len(self.sessions))
+        self.planner.joined(session.host_id)
+
+    def unregister(self, session: HostSession) -> None:
+        if self.sessions.get(session.host_id) is session:
+            del self.sessions[session.host_id]
+            self.metrics.hosts_connected.set(len(self.sessions))
+            self.planner.left(session.host_id)
+
+
+class AgentServicer:
+    """AgentService.Connect (registered by generic handler: see AggregatorServer)."""
+
+    def __init__(self, fleet: Fleet, *, hello_timeout_s: float = HELLO_TIMEOUT_S) -> None:
+        self.fleet = fleet
+        self.hello_timeout_s = hello_timeout_s
+
+    async def Connect(self, requests: AsyncIterator[pb.ConnectRequest],
+                      context: grpc.aio.ServicerContext) -> None:
+        session: HostSession | None = None
+        tasks: list[asyncio.Task[Any]] = []
+        outcome: StreamEnd | None = None
+        try:
+            session = await self._accept(requests, context)
+            inbox: asyncio.Queue[pb.ConnectRequest | None] = asyncio.Queue(INBOX_MAX)
+            tasks = [asyncio.create_task(self._read(session, requests, inbox)),
+                     asyncio.create_task(self._work(session, inbox))]
+            outcome = await self._write(session, context)
+        except StreamEnd as end:
+            outcome = end
+        except asyncio.CancelledError:  # grpc cancels the handler when the agent cancels its call
+            log.info("agent_disconnected", host=None if session is None else session.host_id, peer=context.peer())
+            raise
+        finally:
+            for task in tasks:
+                task.cancel()
+            if session is not None:
+                session.finish(outcome)
+                self.fleet.unregister(session)
+        if outcome is not None:
+            self.fleet.metrics.stream_errors.labels(outcome.code.name).inc()
+            log.warning("agent_stream_ended", host=None if session is None else session.host_id,
+                        peer=context.peer(), code=outcome.code.name, reason=outcome.message)
+            await context.abort(outcome.code, outcome.message)
+        elif session is not None:
+            log.info("agent_disconnected", host=session.host_id, peer=context.peer())
+
+    async def _accept(self, requests: AsyncIterator[pb.ConnectRequest],
+                      context: grpc.aio.ServicerContext) -> HostSession:
+        """Hello first (within the deadline), the certificate's check, Welcome."""
+        try:
+            first = await asyncio.wait_for(anext(requests), self.hello_timeout_s)
+        except (TimeoutError, asyncio.TimeoutError):
+            raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"no Hello within {self.hello_timeout_s:g} s of opening the stream") from None
+        except StopAsyncIteration:
+            raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, "the stream closed before its Hello") from None
+        except Exception as exc:  # the client went away (cancelled, reset) before its Hello
+            raise StreamEnd(grpc.StatusCode.CANCELLED, f"the stream failed before its Hello: {exc}") from None
+        which = first.WhichOneof("body")
+        if which != "hello":
+            raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"the first message must be a Hello, not {which or 'an empty message'}")
+        hello = first.hello
+        _check_id("host_id", hello.host_id)
+        _check_id("boot_id", hello.boot_id)
+        settings = self.fleet.settings
+        identity = peer_identity(context, settings.tls.insecure)
+        if not identity.insecure and identity.host_id != hello.host_id:
+            named = (f"host {identity.host_id!r}" if identity.host_id else
+                     "no host (it needs URI SAN linkpass://host/<id> and that id as DNS SAN)")
+            log.warning("agent_refused", hello_host=hello.host_id, certificate=identity.subject,
+                        peer=context.peer())
+            raise StreamEnd(grpc.StatusCode.PERMISSION_DENIED,
+                            f"Hello says host {hello.host_id!r} but the certificate {identity.subject} names {named}")
+        session = HostSession(hello.host_id, hello.boot_id, hello.version[:200], context.peer())
+        try:
+            stored = await self.fleet.store.hello(hello.host_id, hello.boot_id, session.version, self.fleet.clock())
+        except StoreError as exc:
+            raise StreamEnd(grpc.StatusCode.UNAVAILABLE, f"the aggregator's store failed: {exc}") from None
+        session.inventory = await self._stored_inventory(hello.host_id)
+        self.fleet.register(session)
+        session.send(pb.ConnectResponse(welcome=pb.Welcome(
+            heartbeat_s=settings.heartbeat_s, max_message_bytes=settings.max_message_bytes,
+            stored=[pb.EventAck(boot_id=boot, seq=seq) for boot, seq in sorted(stored.items())])))
+        log.info("agent_connected", host=hello.host_id, boot=hello.boot_id, version=session.version,
+                 peer=context.peer())
+        return session
+
+    async def _stored_inventory(self, host_id: str) -> pb.Inventory | None:
+        """The host's last inventory (for GPUs behind a port) until it sends a new one."""
+        rows = await self.fleet.store.hosts([host_id])
+        if rows and rows[0].inventory:
+            try:
+                return pb.Inventory.FromString(rows[0].inventory)
+            except Exception:  # stored by an older release: the next Inventory replaces it
+                return None
+        return None
+
+    async def _read(self, session: HostSession, requests: AsyncIterator[pb.ConnectRequest],
+                    inbox: asyncio.Queue[pb.ConnectRequest | None]) -> None:
+        try:
+            async for request in requests:
+                try:
+                    inbox.put_nowait(request)
+                except asyncio.QueueFull:
+                    session.finish(StreamEnd(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                             f"more than {INBOX_MAX} messages waiting to be handled: "
+                                             "send at most 8 batches before their acks"))
+                    return
+            await inbox.put(None)  # the agent half-closed: finish what was read, then end
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the call went away (the agent cancelled, a reset): nobody to answer
+            log.info("agent_stream_gone", host=session.host_id, error=str(exc).splitlines()[0] if str(exc) else "")
+            session.finish(None)
+            session.gone = True
+
+    async def _work(self, session: HostSession, inbox: asyncio.Queue[pb.ConnectRequest | None]) -> None:
+        try:
+            while True:
+                request = await inbox.get()
+                if request is None:
+                    session.finish(None)
+                    return
+                await self._handle(session, request)
+        except StreamEnd as end:
+            session.finish(end)
+        except OutOfOrder as exc:
+            session.finish(StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, str(exc)))
+        except StoreError as exc:
+            log.error("store_failed", host=session.host_id, error=str(exc))
+            session.finish(StreamEnd(grpc.StatusCode.UNAVAILABLE, f"the aggregator's store failed: {exc}"))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # our bug: end this stream, keep serving the others
+            log.exception("agent_handler_failed", host=session.host_id, error=str(exc))
+            session.finish(StreamEnd(grpc.StatusCode.INTERNAL, f"aggregator error: {exc}"))
+
+    async def _write(self, session: HostSession, context: grpc.aio.ServicerContext) -> StreamEnd | None:
+        while True:
+            get = asyncio.ensure_future(session.outbox.get())
+            try:
+                await asyncio.wait({get, session.ended}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not get.done():
+                    get.cancel()
+            if get.done() and not get.cancelled():
+                await context.write(get.result())
+                continue
+            outcome = session.ended.result()
+            while outcome is None and not session.gone and not session.outbox.empty():
+                await context.write(session.outbox.get_nowait())  # a clean end: the last acks go out
+            return outcome
+
+    async def _handle(self, session: HostSession, request: pb.ConnectRequest) -> None:
+        fleet = self.fleet
+        which = request.WhichOneof("body")
+        now = fleet.clock()
+        if which == "events":
+            await self._events(session, request.events)
+        elif which == "heartbeat":
+            await fleet.store.touch(session.host_id, now)
+        elif which == "ports":
+            await fleet.store.set_report(session.host_id, request.ports.SerializeToString(), now)
+        elif which == "inventory":
+            await self._inventory(session, request.inventory, now)
+        elif which == "command_result":
+            result = request.command_result
+            future = session.commands.pop(result.id, None)
+            if future is None:
+                log.info("command_result_unexpected", host=session.host_id, id=result.id)
+            elif not future.done():
+                future.set_result(result)
+        elif which == "hello":
+            raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, "a second Hello on the same stream")
+        else:
+            raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, "an empty ConnectRequest (no body set)")
+
+    async def _inventory(self, session: HostSession, inventory: pb.Inventory, now: float) -> None:
+        if len(inventory.rails) > MAX_RAILS:
+            raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"Inventory with {len(inventory.rails)} rails: at most {MAX_RAILS}")
+        names = [r.rail for r in inventory.rails]
+        if "" in names or len(set(names)) != len(names):
+            raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
+                            f"Inventory rails must have distinct non-empty names, got {names[:16]}")
+        await self.fleet.store.set_inventory(session.host_id, inventory.SerializeToString(), now)
+        changed = session.inventory != inventory
+        session.inventory = inventory
+        if changed:
+            self.fleet.planner.changed()
+
+    async def _events(self, session: HostSession, batch: pb.EventBatch) -> None:
+        fleet = self.fleet
+        boot = batch.boot_id
+        count = len(batch.events)
+        if count > MAX_EVENTS_PER_BATCH:
+            raise StreamEnd(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            f"EventBatch of {count} events: at most {MAX_EVENTS_PER_BATCH} per batch")
+        if not boot:
+            raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, "EventBatch without boot_id")
+        gap: tuple[int, int] | None = None
+        if batch.gap_first or batch.gap_last:
+            if not 0 < batch.gap_first <= batch.gap_last:
+                raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"EventBatch gap [{batch.gap_first}, {batch.gap_last}] is not a range of seqs")
+            gap = (batch.gap_first, batch.gap_last)
+        previous = session.last_seq.get(boot, 0)
+        rows = []
+        inventory_rails = session.inventory.rails if session.inventory is not None else ()
+        for event in batch.events:
+            seq = event.seq
+            if seq < 1:
+                raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, f"event seq {seq} of boot {boot}: seqs start at 1")
+            if event.boot_id and event.boot_id != boot:
+                raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"event seq {seq} has boot_id {event.boot_id!r} in a batch of boot {boot!r}")
+            if seq <= previous:
+                where = "in the same batch" if rows else "sent earlier on this stream"
+                raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"out of order: event seq {seq} of boot {boot} after seq {previous} {where}")
+            previous = seq
+            kind = kind_name(event.kind)
+            absorbed = savings.absorbed(kind, event.rail, event.fields)
+            rows.append(EventRow(
+                seq=seq, wall=event.time.ToNanoseconds() / 1e9, kind=kind,
+                severity=severity_name(event.severity), port=event.port, rail=event.rail,
+                body=event.SerializeToString(),
+                absorbed_gpus=savings.gpus_for(inventory_rails, event.rail) if absorbed else 0))
+        session.last_seq[boot] = previous
+        started = time.perf_counter()
+        result = await fleet.store.add_events(session.host_id, boot, rows, gap, fleet.clock())
+        fleet.metrics.store_write_seconds.observe(time.perf_counter() - started)
+        fleet.metrics.events_stored.inc(result.stored)
+        fleet.metrics.events_duplicate.inc(result.duplicates)
+        fleet.metrics.events_lost.inc(result.lost)
+        if result.stored:
+            fleet.fanout.notify()
+        session.send(pb.ConnectResponse(ack=pb.EventAck(boot_id=boot, seq=result.last_seq)))
+
+
+class AggregatorServer:
+    """The grpc.aio server with AgentService, FleetService, health and reflection.
+
+    `start()` binds `settings.listen` (or `listen` when given, e.g.
+    "127.0.0.1:0" in tests) and returns the bound port.
+    """
+
+    def __init__(self, settings: Settings, store: Store, *, metrics: AggregatorMetrics | None = None,
+                 clock: Callable[[], float] = time.time, hello_timeout_s: float = HELLO_TIMEOUT_S,
+                 command_timeout_s: float = 20.0, plan_debounce_s: float = 1.0,
+                 watcher_queue: int = DEFAULT_QUEUE) -> None:
+        self.settings = settings
+        self.metrics = metrics or AggregatorMetrics()
+        self.fleet = Fleet(settings, store, self.metrics, clock, watcher_queue=watcher_queue)
+        self.fleet.planner.debounce_s = plan_debounce_s
+        self.agent = AgentServicer(self.fleet, hello_timeout_s=hello_timeout_s)
+        self.fleet_api = FleetServicer(self.fleet, command_timeout_s=command_timeout_s)
+        self._server: grpc.aio.Server | None = None
+        self._health: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.port = 0
+
+    def credentials(self) -> grpc.ServerCredentials | None:
+        tls = self.settings.tls
+        if tls.insecure:
+            return None
+        with open(tls.key, "rb") as k, open(tls.cert, "rb") as c, open(tls.ca, "rb") as a:
+            key, cert, ca = k.read(), c.read(), a.read()
+        return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+
+    async def start(self, listen: str | None = None) -> int:
+        from grpc_health.v1 import health as grpc_health
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+        from grpc_reflection.v1alpha import reflection
+
+        from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
+
+        if self._server is not None:
+            raise RuntimeError("aggregator server already started")
+        limit = self.settings.max_message_bytes
+        server = grpc.aio.server(options=[
+            ("grpc.max_receive_message_length", limit),
+            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.so_reuseport", 0),  # a second aggregator on the same port must fail, not share it
+            ("grpc.keepalive_time_ms", 60_000),
+            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ])
+        pb_grpc.add_AgentServiceServicer_to_server(self.agent, server)
+        pb_grpc.add_FleetServiceServicer_to_server(self.fleet_api, server)
+        self._health = grpc_health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        agent_name = pb.DESCRIPTOR.services_by_name["AgentService"].full_name
+        fleet_name = pb.DESCRIPTOR.services_by_name["FleetService"].full_name
+        reflection.enable_server_reflection(
+            (agent_name, fleet_name, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+             reflection.SERVICE_NAME), server)
+        address = listen or self.settings.listen
+        credentials = self.credentials()
+        try:
+            if credentials is None:
+                self.port = server.add_insecure_port(address)
+            else:
+                self.port = server.add_secure_port(address, credentials)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {address}: {exc}") from exc
+        await server.start()
+        for name in ("", agent_name, fleet_name):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._server = server
+        self._tasks = [asyncio.create_task(self.fleet.fanout.run()),
+                       asyncio.create_task(self.fleet.planner.run())]
+        return self.port
+
+    async def stop(self, grace: float | None = 5.0) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
+        for session in list(self.fleet.sessions.values()):
+            session.finish(StreamEnd(grpc.StatusCode.UNAVAILABLE, "the aggregator is stopping"))
+        self.fleet_api.stopping.set()
+        await server.stop(grace)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+

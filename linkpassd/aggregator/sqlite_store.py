@@ -1,0 +1,434 @@
+"""The aggregator's embedded store: one SQLite file in WAL mode.
+
+Why these choices:
+
+- **One worker thread.** sqlite3 calls block; the gRPC event loop must not.
+  Every statement runs on one dedicated thread (a single-thread executor)
+  that owns the only connection, so there is no locking between our own
+  writers and the order of calls is the order they were made in.
+- **WAL + synchronous=FULL.** The server acks an event once `add_events`
+  returned, and the agent then deletes it from its spool: an ack is a promise
+  that survives *anything*, a power cut included. In WAL mode
+  synchronous=NORMAL fsyncs only at checkpoints, so a committed transaction
+  survives a crash of the process (SIGKILL: the WAL is in the page cache)
+  but not of the machine: the last commits can roll back after a power cut,
+  and those events would be gone from both sides. synchronous=FULL fsyncs the
+  WAL at every commit, which is exactly "acked only after it is durable".
+  The price is one fsync per `add_events`; batches (up to 500 events, one
+  transaction, executemany) spread it over many events.
+- **Exactly once.** Events are UNIQUE(host_id, boot_id, seq) and go in with
+  INSERT OR IGNORE, so a resend stores nothing twice. `boots` keeps, per boot,
+  the newest seq accounted for, what was counted lost, and the newest seq
+  retention deleted (`floor_seq`): a resend of an event already pruned is a
+  duplicate, not a new arrival.
+- **Savings outlive events.** Each absorbed failure is also written to
+  `absorbed` (same key), which retention does not touch: the page's per-day
+  totals stay right after the events themselves are gone.
+- **Retention in chunks.** `prune` deletes at most PRUNE_CHUNK events per
+  transaction, one worker job each, so writers queued meanwhile run between
+  chunks and the write lock is never held for long.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from linkpassd.aggregator.savings import day_of
+from linkpassd.aggregator.store import (
+    AddResult, DayTotal, EventQuery, EventRow, HostRow, OutOfOrder, StoredEvent, StoreError, StoreStats,
+)
+
+T = TypeVar("T")
+
+PRUNE_CHUNK = 2000  # events deleted per transaction by prune
+BUSY_TIMEOUT_MS = 5000  # another process holding the file (a backup, sqlite3 CLI)
+MAX_SEQ = 2**63 - 1  # SQLite INTEGER; proto seqs are uint64
+WRITE_SECONDS_KEPT = 1024  # StoreStats.write_seconds keeps the newest this many
+
+# Schema migrations, applied in order, each in one transaction; PRAGMA
+# user_version is how many have been applied. Append only: never edit a step
+# that has shipped, add one.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (  # 1: the first schema
+        """CREATE TABLE hosts (
+             host_id TEXT PRIMARY KEY,
+             boot_id TEXT NOT NULL DEFAULT '',
+             version TEXT NOT NULL DEFAULT '',
+             first_seen REAL NOT NULL,
+             last_seen REAL NOT NULL,
+             inventory BLOB NOT NULL DEFAULT x'',
+             report BLOB NOT NULL DEFAULT x'')""",
+        """CREATE TABLE boots (
+             host_id TEXT NOT NULL,
+             boot_id TEXT NOT NULL,
+             last_seq INTEGER NOT NULL DEFAULT 0,
+             lost INTEGER NOT NULL DEFAULT 0,
+             floor_seq INTEGER NOT NULL DEFAULT 0,
+             PRIMARY KEY (host_id, boot_id)) WITHOUT ROWID""",
+        """CREATE TABLE events (
+             id INTEGER PRIMARY KEY AUTOINCREMENT,
+             host_id TEXT NOT NULL,
+             boot_id TEXT NOT NULL,
+             seq INTEGER NOT NULL,
+             wall REAL NOT NULL,
+             kind TEXT NOT NULL,
+             severity TEXT NOT NULL,
+             port TEXT NOT NULL,
+             rail TEXT NOT NULL,
+             body BLOB NOT NULL,
+             stored_at REAL NOT NULL,
+             UNIQUE (host_id, boot_id, seq))""",
+        # An index on (x) holds (x, id): equality on x comes out in id order,
+        # which is what every events() query wants (ORDER BY id, id > after).
+        "CREATE INDEX events_by_host ON events (host_id)",
+        "CREATE INDEX events_by_host_port ON events (host_id, port)",
+        "CREATE INDEX events_by_port ON events (port)",
+        "CREATE INDEX events_by_kind ON events (kind)",
+        "CREATE INDEX events_by_wall ON events (wall)",  # time filters and retention
+        """CREATE TABLE absorbed (
+             host_id TEXT NOT NULL,
+             boot_id TEXT NOT NULL,
+             seq INTEGER NOT NULL,
+             wall REAL NOT NULL,
+             day TEXT NOT NULL,
+             gpus INTEGER NOT NULL,
+             PRIMARY KEY (host_id, boot_id, seq)) WITHOUT ROWID""",
+        "CREATE INDEX absorbed_by_wall ON absorbed (wall)",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+_EVENT_COLUMNS = "id, host_id, boot_id, seq, wall, kind, port, body, stored_at"
+
+
+class SqliteStore:
+    """`Store` on one SQLite file. Create, `await open()`, use, `await close()`."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.stats = StoreStats()
+        self._conn: sqlite3.Connection | None = None
+        self._executor: ThreadPoolExecutor | None = None
+
+    # -- plumbing ---------------------------------------------------------
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(conn, *args)` on the worker thread; sqlite's errors become
+        StoreError naming the file (the caller sees one line, no traceback)."""
+        if self._executor is None:
+            raise StoreError(f"store {self.path} is not open")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, functools.partial(self._call, fn, *args))
+
+    def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"store {self.path} is not open")
+        try:
+            return fn(conn, *args)
+        except (sqlite3.Error, OverflowError) as e:  # OverflowError: an int beyond SQLite's 64 bits
+            if conn.in_transaction:
+                try:
+                    conn.rollback()
+                except sqlite3.Error:
+                    pass
+            raise StoreError(f"database {self.path}: {e}") from None
+
+    @staticmethod
+    def _write(conn: sqlite3.Connection, fn: Callable[[], T]) -> T:
+        """One write transaction: BEGIN IMMEDIATE (takes the write lock up
+        front, so it never fails half-way on a lock upgrade), COMMIT before
+        returning; anything raised rolls it back."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn()
+        except BaseException:
+            conn.rollback()
+            raise
+        conn.execute("COMMIT")
+        return result
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._executor is not None:
+            return
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agg-sqlite")
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(self._executor, self._open_sync)
+        except BaseException:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+            raise
+
+    def _open_sync(self) -> None:
+        try:
+            # isolation_level=None: no implicit transactions; we BEGIN/COMMIT ourselves.
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+        except sqlite3.Error as e:
+            raise StoreError(f"database {self.path}: cannot open: {e}") from None
+        try:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            if mode.lower() != "wal" and self.path != ":memory:":
+                raise StoreError(f"database {self.path}: cannot use WAL mode (journal_mode is {mode})")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            self._migrate(conn)
+        except sqlite3.Error as e:
+            conn.close()
+            raise StoreError(f"database {self.path}: {e}") from None
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"database {self.path} has schema version {version}, newer than this "
+                             f"release's {SCHEMA_VERSION}: use a newer linkpass-aggregator "
+                             f"(or another database file)")
+        for number in range(version + 1, SCHEMA_VERSION + 1):
+            def step(number: int = number) -> None:
+                for statement in MIGRATIONS[number - 1]:
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={number}")
+            self._write(conn, step)
+
+    async def close(self) -> None:
+        executor, self._executor = self._executor, None
+        if executor is None:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.run_in_executor(executor, self._close_sync)
+        finally:
+            executor.shutdown(wait=True)
+
+    def _close_sync(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+    async def schema_version(self) -> int:
+        return await self._run(lambda c: c.execute("PRAGMA user_version").fetchone()[0])
+
+    # -- hosts ----------------------------------------------------------------
+
+    async def hello(self, host_id: str, boot_id: str, version: str, now: float) -> dict[str, int]:
+        return await self._run(self._hello, host_id, boot_id, version, now)
+
+    def _hello(self, conn: sqlite3.Connection, host_id: str, boot_id: str, version: str,
+               now: float) -> dict[str, int]:
+        def tx() -> dict[str, int]:
+            conn.execute(
+                "INSERT INTO hosts (host_id, boot_id, version, first_seen, last_seen) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (host_id) DO UPDATE SET "
+                "boot_id = excluded.boot_id, version = excluded.version, "
+                "last_seen = MAX(last_seen, excluded.last_seen)",
+                (host_id, boot_id, version, now, now))
+            rows = conn.execute("SELECT boot_id, last_seq FROM boots WHERE host_id = ?", (host_id,))
+            return {boot: seq for boot, seq in rows}
+        return self._write(conn, tx)
+
+    async def set_inventory(self, host_id: str, inventory: bytes, now: float) -> None:
+        await self._run(self._set_host_column, "inventory", host_id, inventory, now)
+
+    async def set_report(self, host_id: str, report: bytes, now: float) -> None:
+        await self._run(self._set_host_column, "report", host_id, report, now)
+
+    async def touch(self, host_id: str, now: float) -> None:
+        await self._run(self._set_host_column, "", host_id, b"", now)
+
+    def _set_host_column(self, conn: sqlite3.Connection, column: str, host_id: str, value: bytes,
+                         now: float) -> None:
+        assert column in ("", "inventory", "report")  # never from outside: part of the SQL text
+        def tx() -> None:
+            self._ensure_host(conn, host_id, now)
+            if column:
+                conn.execute(f"UPDATE hosts SET {column} = ?, last_seen = MAX(last_seen, ?) "
+                             "WHERE host_id = ?", (bytes(value), now, host_id))
+            else:
+                conn.execute("UPDATE hosts SET last_seen = MAX(last_seen, ?) WHERE host_id = ?",
+                             (now, host_id))
+        self._write(conn, tx)
+
+    @staticmethod
+    def _ensure_host(conn: sqlite3.Connection, host_id: str, now: float, boot_id: str = "") -> None:
+        """A host row for a host seen before its hello (the server says hello
+        first; the store does not depend on it)."""
+        conn.execute("INSERT OR IGNORE INTO hosts (host_id, boot_id, first_seen, last_seen) "
+                     "VALUES (?, ?, ?, ?)", (host_id, boot_id, now, now))
+
+    async def hosts(self, host_ids: Sequence[str] = ()) -> list[HostRow]:
+        return await self._run(self._hosts, list(host_ids))
+
+    @staticmethod
+    def _hosts(conn: sqlite3.Connection, host_ids: list[str]) -> list[HostRow]:
+        sql = ("SELECT h.host_id, h.boot_id, h.version, h.first_seen, h.last_seen, h.inventory, "
+               "h.report, COALESCE(b.last_seq, 0), "
+               "(SELECT COALESCE(SUM(lost), 0) FROM boots l WHERE l.host_id = h.host_id) "
+               "FROM hosts h LEFT JOIN boots b ON b.host_id = h.host_id AND b.boot_id = h.boot_id")
+        params: tuple[Any, ...] = ()
+        if host_ids:
+            # json_each: any number of ids in one parameter (no variable-count limit).
+            sql += " WHERE h.host_id IN (SELECT value FROM json_each(?))"
+            params = (json.dumps(host_ids),)
+        sql += " ORDER BY h.host_id"
+        return [HostRow(host_id=r[0], boot_id=r[1], version=r[2], first_seen=r[3], last_seen=r[4],
+                        inventory=bytes(r[5]), report=bytes(r[6]), last_seq=r[7], events_lost=r[8])
+                for r in conn.execute(sql, params)]
+
+    # -- events ---------------------------------------------------------------
+
+    async def add_events(self, host_id: str, boot_id: str, events: Sequence[EventRow],
+                         gap: tuple[int, int] | None, now: float) -> AddResult:
+        events = list(events)
+        gap = _checked(events, gap)  # before any I/O: a refused batch stores nothing
+        started = time.monotonic()
+        result = await self._run(self._add_events, host_id, boot_id, events, gap, now)
+        stats = self.stats
+        stats.events_stored += result.stored
+        stats.events_duplicate += result.duplicates
+        stats.events_lost += result.lost
+        stats.write_seconds.append(time.monotonic() - started)
+        if len(stats.write_seconds) > 2 * WRITE_SECONDS_KEPT:
+            del stats.write_seconds[:-WRITE_SECONDS_KEPT]
+        return result
+
+    def _add_events(self, conn: sqlite3.Connection, host_id: str, boot_id: str,
+                    events: list[EventRow], gap: tuple[int, int] | None, now: float) -> AddResult:
+        """Accounting, with prev = the boot's newest seq accounted for before
+        this batch (every seq above it is not held):
+        - events at or below floor_seq were pruned by retention: duplicates;
+        - the rest go in with INSERT OR IGNORE; those ignored are duplicates;
+        - top = the newest seq this batch covers (its last event, or the end
+          of its declared gap); every seq in (prev, top] the batch does not
+          carry is lost (dropped by the agent, or a hole);
+        - a new event at or below prev fills a hole counted lost before: the
+          boot's lost count (HostRow.events_lost) goes down by one for each;
+          AddResult.lost and StoreStats.events_lost count only newly lost.
+        last_seq becomes max(prev, top): what the agent may drop."""
+        def tx() -> AddResult:
+            self._ensure_host(conn, host_id, now, boot_id)
+            conn.execute("UPDATE hosts SET last_seen = MAX(last_seen, ?) WHERE host_id = ?",
+                         (now, host_id))
+            conn.execute("INSERT OR IGNORE INTO boots (host_id, boot_id) VALUES (?, ?)",
+                         (host_id, boot_id))
+            prev, lost_before, floor = conn.execute(
+                "SELECT last_seq, lost, floor_seq FROM boots WHERE host_id = ? AND boot_id = ?",
+                (host_id, boot_id)).fetchone()
+            fresh = [e for e in events if e.seq > floor]
+            before = conn.total_changes
+            conn.executemany(
+                "INSERT OR IGNORE INTO events (host_id, boot_id, seq, wall, kind, severity, port, rail, "
+                "body, stored_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(host_id, boot_id, e.seq, e.wall, e.kind, e.severity, e.port, e.rail, bytes(e.body), now)
+                 for e in fresh])
+            stored = conn.total_changes - before
+            absorbed = [(host_id, boot_id, e.seq, e.wall, day_of(e.wall), e.absorbed_gpus)
+                        for e in fresh if e.absorbed_gpus > 0]
+            if absorbed:
+                conn.executemany("INSERT OR IGNORE INTO absorbed (host_id, boot_id, seq, wall, day, gpus) "
+                                 "VALUES (?, ?, ?, ?, ?, ?)", absorbed)
+            top = max(events[-1].seq if events else 0, gap[1] if gap else 0)
+            above = sum(1 for e in events if e.seq > prev)
+            newly_lost = (top - prev) - above if top > prev else 0
+            filled = stored - above  # new arrivals at or below prev: holes filled late
+            lost = max(0, lost_before + newly_lost - filled)
+            last_seq = max(prev, top)
+            conn.execute("UPDATE boots SET last_seq = ?, lost = ? WHERE host_id = ? AND boot_id = ?",
+                         (last_seq, lost, host_id, boot_id))
+            # `lost` reports only what this batch newly counted (never negative:
+            # it feeds a Prometheus counter); a late fill lowers the boot's total.
+            return AddResult(stored=stored, duplicates=len(events) - stored, last_seq=last_seq,
+                             lost=newly_lost)
+        return self._write(conn, tx)
+
+    async def events(self, query: EventQuery) -> list[StoredEvent]:
+        if query.limit < 1:
+            raise StoreError(f"event query limit must be 1 or more, not {query.limit}")
+        return await self._run(self._events, query)
+
+    @staticmethod
+    def _events(conn: sqlite3.Connection, query: EventQuery) -> list[StoredEvent]:
+        where = ["id > ?"]
+        params: list[Any] = [min(query.after_id, MAX_SEQ)]  # a uint64 cursor past any id: nothing after
+        for column, value in (("host_id", query.host_id), ("port", query.port), ("kind", query.kind)):
+            if value:
+                where.append(f"{column} = ?")
+                params.append(value)
+        if query.since is not None:
+            where.append("wall >= ?")
+            params.append(query.since)
+        if query.until is not None:
+            where.append("wall < ?")
+            params.append(query.until)
+        params.append(query.limit)
+        sql = (f"SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(where)} "
+               "ORDER BY id LIMIT ?")
+        return [StoredEvent(id=r[0], host_id=r[1], boot_id=r[2], seq=r[3], wall=r[4], kind=r[5],
+                            port=r[6], body=bytes(r[7]), stored_at=r[8])
+                for r in conn.execute(sql, params)]
+
+    async def day_totals(self, since: float, until: float) -> list[DayTotal]:
+        return await self._run(self._day_totals, since, until)
+
+    @staticmethod
+    def _day_totals(conn: sqlite3.Connection, since: float, until: float) -> list[DayTotal]:
+        rows = conn.execute("SELECT day, COUNT(*), SUM(gpus) FROM absorbed WHERE wall >= ? AND wall < ? "
+                            "GROUP BY day ORDER BY day", (since, until))
+        return [DayTotal(day=day, failures_absorbed=n, gpus=gpus) for day, n, gpus in rows]
+
+    async def prune(self, before: float) -> int:
+        """Chunk by chunk, each its own worker job and transaction, so what
+        callers queued meanwhile runs between chunks."""
+        deleted = 0
+        while True:
+            n = await self._run(self._prune_chunk, before, PRUNE_CHUNK)
+            deleted += n
+            if n < PRUNE_CHUNK:
+                return deleted
+
+    def _prune_chunk(self, conn: sqlite3.Connection, before: float, chunk: int) -> int:
+        def tx() -> int:
+            rows = conn.execute("DELETE FROM events WHERE id IN "
+                                "(SELECT id FROM events WHERE wall < ? LIMIT ?) "
+                                "RETURNING host_id, boot_id, seq", (before, chunk)).fetchall()
+            floors: dict[tuple[str, str], int] = {}
+            for host_id, boot_id, seq in rows:
+                floors[(host_id, boot_id)] = max(seq, floors.get((host_id, boot_id), 0))
+            conn.executemany("UPDATE boots SET floor_seq = MAX(floor_seq, ?) "
+                             "WHERE host_id = ? AND boot_id = ?",
+                             [(seq, h, b) for (h, b), seq in floors.items()])
+            return len(rows)
+        return self._write(conn, tx)
+
+
+def _checked(events: list[EventRow], gap: tuple[int, int] | None) -> tuple[int, int] | None:
+    """The batch's gap (None for none or (0, 0)), once the batch is in order:
+    seqs 1.. strictly increasing, the gap a range below the first event."""
+    previous = 0
+    for event in events:
+        if not 1 <= event.seq <= MAX_SEQ:
+            raise OutOfOrder(f"event seq {event.seq} is out of range (1..{MAX_SEQ})")
+        if event.seq <= previous:
+            raise OutOfOrder(f"event seqs must strictly increase within a batch: seq {event.seq} "
+                             f"follows {previous}")
+        previous = event.seq
+    if gap is None or gap == (0, 0):
+        return None
+    first, last = gap
+    if not 1 <= first <= last <= MAX_SEQ:
+        raise OutOfOrder(f"gap {first}..{last} is not a range of seqs (1 <= first <= last)")
+    if events and last >= events[0].seq:
+        raise OutOfOrder(f"gap {first}..{last} does not end before the batch's first seq {events[0].seq}")
+    return gap

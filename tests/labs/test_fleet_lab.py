@@ -1,0 +1,165 @@
+"""The aggregator in a lab: the probe mesh it hands out finds a silent
+blackhole, and its page shows the fault, read by a real browser.
+
+railopt with 4 hosts x 2 rails (a leaf per rail, 2 spines), linkpassd on
+every host with echo probing on and *no* probe_peers in any config, and one
+linkpass-aggregator (labs.aggproc: root namespace, Unix socket, insecure lab
+mode). Everything the test knows about the daemons' probe paths it reads from
+the aggregator (ListHosts: each host's last PortReport), and what it knows of
+the kernel it reads from the kernel (`ip route get`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from labs.browser import chromium, dump_dom, screenshot
+from labs.faults import SilentBlackhole
+from labs.scenario import LAB_TIMERS
+from labs.topos.railopt import railopt, start_linkpassd
+from linkpassd._proto.linkpass.v1 import fleet_pb2, fleet_pb2_grpc
+
+pytestmark = pytest.mark.lab
+
+HOSTS, RAILS = 4, 2
+MESH_S = 60.0  # every host's paths handed out and up (generous: 4 daemons + aggregator, 2 cores)
+DETECT_S = 10.0  # a blackhole found and routed around (measured well under 1 s)
+PAGE_S = 30.0
+RESULTS = Path(__file__).resolve().parents[2] / "labs" / "bench" / "results"
+
+
+def needs_lab() -> None:
+    if os.geteuid() != 0 or shutil.which("mnexec") is None:
+        pytest.skip("needs root and mnexec (apt-get install mininet)")
+
+
+@pytest.fixture(scope="module")
+def fleet_lab():
+    needs_lab()
+    with railopt(HOSTS, RAILS, 2, "linkpassd", linkpassd_timers=LAB_TIMERS,
+                 probes={"interval_ms": 50}, aggregator=True, mesh=True) as lab:
+        for host in lab.hosts:
+            start_linkpassd(lab, host.name)
+        yield lab
+
+
+def hosts_view(lab) -> dict[str, fleet_pb2.HostView]:
+    with lab.aggregator.channel() as channel:
+        reply = fleet_pb2_grpc.FleetServiceStub(channel).ListHosts(fleet_pb2.ListHostsRequest(),
+                                                                   timeout=10)
+    return {h.host_id: h for h in reply.hosts}
+
+
+def mesh_problems(lab) -> list[str]:
+    """What keeps the mesh from being complete: every host connected, and on
+    every rail at least one echo path, all up, to other hosts' same-rail
+    addresses."""
+    view = hosts_view(lab)
+    problems = []
+    same_rail = {r: {lab.rail(h, r).address for h in lab.hosts} for r in range(RAILS)}
+    for host in lab.hosts:
+        seen = view.get(host.name)
+        if seen is None or not seen.connected:
+            problems.append(f"{host.name}: not connected to the aggregator")
+            continue
+        for rail in host.rails:
+            paths = [p for p in seen.report.paths if p.port == rail.port]
+            if not paths:
+                problems.append(f"{host.name} {rail.port}: no echo path")
+            for p in paths:
+                if p.peer not in same_rail[rail.index] - {rail.address}:
+                    problems.append(f"{host.name} {rail.port}: peer {p.peer} is not another "
+                                    f"host's rail{rail.index} address")
+                if p.state != "up":
+                    problems.append(f"{host.name} {rail.port} -> {p.peer}: {p.state}")
+    return problems
+
+
+def wait_for(what: str, check, timeout: float):
+    """Until check() returns something truthy, which is returned; fails
+    naming `what` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := check():
+            return result
+        time.sleep(0.1)
+    pytest.fail(f"{what}: not within {timeout:g} s")
+
+
+def wait_no_problems(what: str, problems, timeout: float) -> None:
+    """Until problems() is empty; fails naming the last problems seen."""
+    deadline = time.monotonic() + timeout
+    while found := problems():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout:g} s:\n  " + "\n  ".join(found))
+        time.sleep(0.2)
+
+
+def routed_dev(lab, host: str, dst: str, src: str) -> str | None:
+    out = lab.run(host, ["ip", "-j", "route", "get", dst, "from", src], check=False).stdout
+    return json.loads(out)[0].get("dev") if out.strip() else None
+
+
+class Cells(HTMLParser):
+    """The grid's cells: (data-host, data-rail) -> data-verdict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cells: dict[tuple[str, str], dict[str, str]] = {}
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "td" and "data-host" in a and "data-rail" in a:
+            self.cells[(a["data-host"], a["data-rail"])] = a
+
+
+def page_cells(url: str) -> dict[tuple[str, str], dict[str, str]]:
+    parser = Cells()
+    parser.feed(dump_dom(url))
+    return parser.cells
+
+
+def test_configs_name_no_probe_peers_and_the_mesh_covers_every_rail(fleet_lab):
+    for host in fleet_lab.hosts:
+        assert "probe_peers" not in fleet_lab.config_path(host.name).read_text()
+    wait_no_problems("the aggregator's mesh on every host and rail",
+                     lambda: mesh_problems(fleet_lab), MESH_S)
+
+
+def test_a_silent_blackhole_is_found_through_the_mesh_and_the_page_shows_it(fleet_lab):
+    if chromium() is None:
+        pytest.fail("chromium is missing: ./scripts/bootstrap.sh installs it")
+    lab = fleet_lab
+    wait_no_problems("the mesh up before the fault", lambda: mesh_problems(lab), MESH_S)
+    victim = lab.hosts[0]
+    rail0, rail1 = victim.rail(0), victim.rail(1)
+    peer = lab.hosts[1]
+    dst = peer.rail(0).address
+    assert routed_dev(lab, victim.name, dst, rail0.address) == rail0.port
+    cells = page_cells(lab.aggregator.web_url)
+    assert cells[(victim.name, "rail0")]["data-verdict"] == "UP", cells
+    fault = SilentBlackhole(lab, victim.name, 0)
+    fault.inject()
+    try:
+        wait_for(f"{victim.name} rail0 routed through {rail1.port}",
+                 lambda: routed_dev(lab, victim.name, dst, rail0.address) == rail1.port, DETECT_S)
+
+        def fault_on_page():
+            cell = page_cells(lab.aggregator.web_url).get((victim.name, "rail0"), {})
+            return cell if cell.get("data-verdict") == "DOWN" else None
+
+        cell = wait_for("the page showing the faulted port DOWN", fault_on_page, PAGE_S)
+        assert cell["data-port"] == rail0.port
+        others = page_cells(lab.aggregator.web_url)
+        assert others[(lab.hosts[2].name, "rail0")]["data-verdict"] == "UP"
+        shot = screenshot(lab.aggregator.web_url, RESULTS / "fleet-page-fault.png")
+        assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
+    finally:
+        fault.clear()

@@ -1,0 +1,395 @@
+"""The agent against a real grpc.aio AgentService written here (a test double
+of linkpass-aggregator; insecure, on 127.0.0.1): what the aggregator holds is
+never sent again, events outlive the aggregator's absence and arrive once,
+gaps are reported, backoff is jittered and bounded, probe peers and drain
+commands reach the daemon, and nothing the aggregator does holds up the
+daemon's event hand-off."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import random
+
+import grpc
+import pytest
+
+from linkpassd._proto.linkpass.v1 import fleet_pb2, fleet_pb2_grpc
+from linkpassd.adapters.links import LinkSnapshot
+from linkpassd.agent.client import AgentClient, backoff_s
+from linkpassd.agent.link import DaemonHost, MeshPeersChanged
+from linkpassd.agent.spool import Gap, Spool, SpoolWriter
+from linkpassd.core.model import AggregatorSettings, ProbeSettings
+from linkpassd.daemon import Daemon
+
+from corefixtures import rails_config
+from test_daemon_faults import Clock, FakeKernel, link
+from test_spool import events
+
+DEADLINE_S = 20.0
+
+
+async def until(predicate, what: str, timeout: float = DEADLINE_S) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not predicate():
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+class FakeAggregator(fleet_pb2_grpc.AgentServiceServicer):
+    """Stores each (boot, seq) once; acks every batch; can misbehave."""
+
+    def __init__(self, stored=None, mode: str = "normal") -> None:
+        self.stored: dict[str, dict[int, object]] = stored if stored is not None else {}
+        self.duplicates = 0
+        self.gaps: list[tuple[str, int, int]] = []
+        self.hellos: list[fleet_pb2.Hello] = []
+        self.received: list[str] = []
+        self.results: list[fleet_pb2.CommandResult] = []
+        self.outgoing: asyncio.Queue = asyncio.Queue()
+        self.mode = mode
+
+    async def Connect(self, request_iterator, context):
+        reader = aiter(request_iterator)
+        hello = (await anext(reader)).hello
+        self.hellos.append(hello)
+        stored = [fleet_pb2.EventAck(boot_id=b, seq=max(s)) for b, s in self.stored.items() if s]
+        yield fleet_pb2.ConnectResponse(welcome=fleet_pb2.Welcome(
+            heartbeat_s=0.2, stored=stored, max_message_bytes=1 << 20))
+        if self.mode == "deaf":  # stops reading: the agent's writes back up
+            await asyncio.Event().wait()
+        if self.mode == "garbage":
+            yield fleet_pb2.ConnectResponse(ack=fleet_pb2.EventAck(boot_id="", seq=7))
+            yield fleet_pb2.ConnectResponse(peers=fleet_pb2.ProbePeers(
+                generation=1, rails=[fleet_pb2.RailPeers(rail="x" * 5000, peers=["nope"])]))
+            yield fleet_pb2.ConnectResponse(peers=fleet_pb2.ProbePeers(
+                generation=2, rails=[fleet_pb2.RailPeers(rail="rail0", peers=["9" * (5 << 20)])]))
+            return
+        pump = asyncio.ensure_future(self._pump_requests(reader))
+        try:
+            while True:
+                item = await self.outgoing.get()
+                if item is None:
+                    break
+                yield item
+        finally:
+            pump.cancel()
+
+    async def _pump_requests(self, reader) -> None:
+        async for request in reader:
+            body = request.WhichOneof("body")
+            self.received.append(body)
+            if body == "events":
+                batch = request.events
+                if batch.gap_first:
+                    self.gaps.append((batch.boot_id, batch.gap_first, batch.gap_last))
+                held = self.stored.setdefault(batch.boot_id, {})
+                for e in batch.events:
+                    if e.seq in held:
+                        self.duplicates += 1
+                    held[e.seq] = e
+                last = max(held) if held else 0
+                await self.outgoing.put(fleet_pb2.ConnectResponse(
+                    ack=fleet_pb2.EventAck(boot_id=batch.boot_id, seq=last)))
+            elif body == "command_result":
+                self.results.append(request.command_result)
+
+
+async def serve(servicer, port: int = 0) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server()
+    fleet_pb2_grpc.add_AgentServiceServicer_to_server(servicer, server)
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server, bound
+
+
+class FakeHost:
+    def __init__(self) -> None:
+        self.peers: list[fleet_pb2.ProbePeers] = []
+
+    def inventory(self):
+        return fleet_pb2.Inventory(rails=[fleet_pb2.RailInventory(rail="rail0", port="eth0")])
+
+    def port_report(self):
+        return fleet_pb2.PortReport(rail_paths={"rail0": "rail0"})
+
+    def take_peers(self, message):
+        self.peers.append(message)
+
+    async def command(self, command):
+        return 0, "ok"
+
+
+def agent_for(port: int, spool: Spool, host, **kw) -> AgentClient:
+    settings = AggregatorSettings(address=f"127.0.0.1:{port}", insecure=True, host_id="gpu-017")
+    return AgentClient(settings, spool, host, boot_id="boot-a", rng=random.Random(7),
+                       backoff_base_s=0.05, backoff_cap_s=0.2, **kw)
+
+
+def new_spool(tmp_path, max_events: int = 100_000) -> Spool:
+    spool = Spool(str(tmp_path / "spool"), max_events, segment_records=50, fsync=False)
+    spool.open()
+    return spool
+
+
+async def running(agent: AgentClient):
+    return asyncio.create_task(agent.run())
+
+
+async def stop(task: asyncio.Task) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+def test_hello_then_welcome_drops_what_the_aggregator_holds(tmp_path):
+    async def main():
+        spool = new_spool(tmp_path)
+        spool.append(events(10))
+        fake = FakeAggregator(stored={"boot-a": {s: None for s in range(1, 6)}})
+        server, port = await serve(fake)
+        task = await running(agent_for(port, spool, FakeHost()))
+        try:
+            await until(lambda: len(fake.stored["boot-a"]) == 10, "events 6..10")
+            await until(lambda: spool.pending == 0, "the spool trimmed by acks")
+        finally:
+            await stop(task)
+            await server.stop(None)
+        assert fake.duplicates == 0  # 1..5 were never sent
+        assert [h.host_id for h in fake.hellos] == ["gpu-017"] and fake.hellos[0].boot_id == "boot-a"
+        assert fake.received[:2] == ["inventory", "ports"]
+        spool.close()
+    asyncio.run(main())
+
+
+def test_events_offered_while_the_aggregator_is_away_arrive_once_when_it_is_back(tmp_path):
+    async def main():
+        spool = new_spool(tmp_path)
+        writer = SpoolWriter(spool)
+        writer.opened = True
+        fake = FakeAggregator()
+        server, port = await serve(fake)
+        agent = agent_for(port, spool, FakeHost())
+        writer.on_written = agent.wake
+        tasks = [asyncio.create_task(writer.run()), await running(agent)]
+        all_events = events(1200)
+        try:
+            writer.offer(all_events[:400])
+            await until(lambda: len(fake.stored.get("boot-a", {})) == 400, "the first 400")
+            await server.stop(None)  # the aggregator goes away
+            writer.offer(all_events[400:])
+            await until(lambda: spool.total >= 800, "the rest spooled meanwhile")
+            await asyncio.sleep(0.3)  # a few failed reconnects happen meanwhile
+            server, _ = await serve(fake, port)  # back, with what it stored
+            await until(lambda: len(fake.stored["boot-a"]) == 1200, "all 1200 stored")
+            await until(lambda: spool.pending == 0, "the spool emptied")
+        finally:
+            for task in tasks:
+                await stop(task)
+            await server.stop(None)
+        assert sorted(fake.stored["boot-a"]) == list(range(1, 1201))
+        assert agent.sessions >= 2
+        spool.close()
+    asyncio.run(main())
+
+
+def test_backoff_is_exponential_with_full_jitter_and_capped():
+    rng = random.Random(1)
+    for attempt in range(12):
+        draws = [backoff_s(attempt, rng) for _ in range(200)]
+        bound = min(30.0, 0.5 * 2 ** attempt)
+        assert all(0.0 <= d <= bound for d in draws)
+        assert max(draws) > 0.6 * bound and min(draws) < 0.4 * bound  # spread, not fixed
+    assert backoff_s(10_000, rng) <= 30.0
+
+
+def test_a_dead_address_is_retried_with_bounded_jittered_waits(tmp_path):
+    async def main():
+        server, port = await serve(FakeAggregator())
+        await server.stop(None)  # nobody listens there now
+        agent = agent_for(port, new_spool(tmp_path), FakeHost())
+        task = await running(agent)
+        try:
+            await until(lambda: len(agent.delays) >= 6, "six retries")
+        finally:
+            await stop(task)
+        assert all(0.0 <= d <= min(0.2, 0.05 * 2 ** i) for i, d in enumerate(agent.delays))
+        assert len(set(agent.delays)) == len(agent.delays)  # jittered
+        assert agent.sessions == 0 and agent.last_failure[0] == "UNAVAILABLE"
+    asyncio.run(main())
+
+
+def test_events_the_bounded_spool_dropped_are_reported_as_a_gap(tmp_path):
+    async def main():
+        spool = new_spool(tmp_path, max_events=100)  # 50-record segments
+        spool.append(events(160))
+        fake = FakeAggregator()
+        server, port = await serve(fake)
+        task = await running(agent_for(port, spool, FakeHost()))
+        try:
+            # whole segments go: 1..50 and 51..100, so that 101..160 fit
+            await until(lambda: len(fake.stored.get("boot-a", {})) == 60, "the 60 kept")
+        finally:
+            await stop(task)
+            await server.stop(None)
+        assert fake.gaps == [("boot-a", 1, 100)] and min(fake.stored["boot-a"]) == 101
+        spool.close()
+    asyncio.run(main())
+
+
+def make_daemon(tmp_path, static=("198.19.0.1",), fabric=("198.19.0.0/16",)) -> Daemon:
+    config = rails_config(2)
+    rails = (dataclasses.replace(config.rails[0], probe_peers=static),) + config.rails[1:]
+    config = dataclasses.replace(
+        config, rails=rails, state_dir=str(tmp_path / "state"),
+        probes=ProbeSettings(enabled=True, port=0, fabric_prefixes=fabric),
+        aggregator=AggregatorSettings(address="127.0.0.1:1", insecure=True))
+    clock = Clock()
+    daemon = Daemon(config, clock=clock, wallclock=lambda: 1.8e9 + clock.t)
+    daemon.kernel = FakeKernel()
+    return daemon
+
+
+async def reconcile_forever(daemon: Daemon) -> None:
+    while True:
+        await daemon.handle([await daemon.queue.get()])
+
+
+def peers_message(generation: int, *peers: str) -> fleet_pb2.ConnectResponse:
+    return fleet_pb2.ConnectResponse(peers=fleet_pb2.ProbePeers(
+        generation=generation, rails=[fleet_pb2.RailPeers(rail="rail0", peers=list(peers))]))
+
+
+def test_probe_peers_reach_the_echo_paths_and_staying_probers_keep_running(tmp_path):
+    async def main():
+        daemon = make_daemon(tmp_path)
+        await daemon.handle([LinkSnapshot(samples={p: link(p) for p in ("eth0", "eth1")},
+                                          reason="start")])
+        daemon._sync_echo()
+        fake = FakeAggregator()
+        server, port = await serve(fake)
+        agent = agent_for(port, new_spool(tmp_path), DaemonHost(daemon))
+        tasks = [await running(agent), asyncio.create_task(reconcile_forever(daemon))]
+        peers = lambda: sorted(p.peer for p in daemon.echo.probers)
+        try:
+            await until(lambda: agent.connected, "connected")
+            # a bad address, an on-link one and an unknown rail are ignored
+            await fake.outgoing.put(peers_message(3, "198.19.0.2", "bogus", "198.18.0.7"))
+            await until(lambda: peers() == ["198.19.0.1", "198.19.0.2"], "mesh peer added")
+            assert any("'bogus'" in p for p in daemon.mesh_problems)
+            assert any("'198.18.0.7'" in p and "subnet" in p for p in daemon.mesh_problems)
+            static, mesh = (daemon.echo.probers[p] for p in sorted(daemon.echo.probers,
+                                                                   key=lambda p: p.peer)[:2])
+            await fake.outgoing.put(peers_message(2, "198.19.0.9"))  # stale: ignored
+            await fake.outgoing.put(peers_message(4, "198.19.0.2", "198.19.0.3"))
+            await until(lambda: peers() == ["198.19.0.1", "198.19.0.2", "198.19.0.3"],
+                        "second plan applied")
+            by_peer = {p.peer: pr for p, pr in daemon.echo.probers.items()}
+            assert by_peer["198.19.0.1"] is static and by_peer["198.19.0.2"] is mesh  # not reset
+            assert "198.19.0.9" not in by_peer
+            await fake.outgoing.put(peers_message(5))  # the mesh drops rail0's peers
+            await until(lambda: peers() == ["198.19.0.1"], "static peer stays")
+            assert daemon.echo.probers[next(iter(daemon.echo.probers))] is static
+        finally:
+            for task in tasks:
+                await stop(task)
+            await server.stop(None)
+            daemon.echo.close()
+    asyncio.run(main())
+
+
+def test_the_hosts_that_probe_us_are_answered_and_a_bad_one_is_named_not_admitted(tmp_path):
+    """The mesh is not symmetric: a host must answer peers it does not probe
+    itself, or their probes of it are refused and their paths never come up."""
+    from linkpassd.core.admission import ipv4_int
+
+    async def main():
+        daemon = make_daemon(tmp_path, fabric=())  # no prefix admits the probers
+        await daemon.handle([LinkSnapshot(samples={p: link(p) for p in ("eth0", "eth1")},
+                                          reason="start")])
+        daemon._sync_echo()
+        fake = FakeAggregator()
+        server, port = await serve(fake)
+        agent = agent_for(port, new_spool(tmp_path), DaemonHost(daemon))
+        tasks = [await running(agent), asyncio.create_task(reconcile_forever(daemon))]
+        admits = lambda address: daemon.echo_spec.responder.allows(ipv4_int(address))
+        try:
+            await until(lambda: agent.connected, "connected")
+            assert not admits("198.19.0.44")
+            await fake.outgoing.put(fleet_pb2.ConnectResponse(peers=fleet_pb2.ProbePeers(
+                generation=7, rails=[fleet_pb2.RailPeers(
+                    rail="rail0", peers=["198.19.0.2"], probed_by=["198.19.0.44", "nonsense"])])))
+            await until(lambda: admits("198.19.0.44"), "prober admitted")
+            assert not admits("198.19.0.45")
+            assert any("'nonsense'" in p and "probed_by" in p for p in daemon.mesh_problems)
+        finally:
+            for task in tasks:
+                await stop(task)
+            await server.stop(None)
+            daemon.echo.close()
+    asyncio.run(main())
+
+
+def test_a_drain_command_goes_through_the_drain_queue_and_its_answer_comes_back(tmp_path):
+    async def main():
+        daemon = make_daemon(tmp_path, static=())
+        await daemon.handle([LinkSnapshot(samples={p: link(p) for p in ("eth0", "eth1")},
+                                          reason="start")])
+        fake = FakeAggregator()
+        server, port = await serve(fake)
+        agent = agent_for(port, new_spool(tmp_path), DaemonHost(daemon))
+        tasks = [await running(agent), asyncio.create_task(reconcile_forever(daemon))]
+        try:
+            await until(lambda: agent.connected, "connected")
+            await fake.outgoing.put(fleet_pb2.ConnectResponse(command=fleet_pb2.Command(
+                id="c1", by="alice", drain=fleet_pb2.FleetDrainRequest(
+                    host_id="gpu-017", port="eth0", reason="optic swap"))))
+            await fake.outgoing.put(fleet_pb2.ConnectResponse(command=fleet_pb2.Command(
+                id="c2", by="alice", undrain=fleet_pb2.FleetUndrainRequest(port="eth9"))))
+            await until(lambda: len(fake.results) == 2, "two command results")
+        finally:
+            for task in tasks:
+                await stop(task)
+            await server.stop(None)
+        results = {r.id: r for r in fake.results}
+        assert results["c1"].code == grpc.StatusCode.OK.value[0]
+        assert daemon.drains["eth0"].by == "alice via the aggregator"
+        assert daemon.drains["eth0"].reason == "optic swap"
+        assert results["c2"].code == grpc.StatusCode.NOT_FOUND.value[0]
+        assert "eth9" in results["c2"].message
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("mode", ["deaf", "garbage"])
+def test_a_misbehaving_aggregator_never_holds_up_the_event_hand_off(tmp_path, mode):
+    async def main():
+        spool = new_spool(tmp_path)
+        writer = SpoolWriter(spool)
+        writer.opened = True
+        fake = FakeAggregator(mode=mode)
+        server, port = await serve(fake)
+        host = FakeHost()
+        agent = agent_for(port, spool, host)
+        writer.on_written = agent.wake
+        tasks = [asyncio.create_task(writer.run()), await running(agent)]
+        try:
+            await until(lambda: len(fake.hellos) >= 1, "a stream")
+            for chunk in range(20):  # 20 passes' worth of events, 1000 each
+                writer.offer(events(1000, start=chunk * 1000))  # a plain call: never awaits
+                await asyncio.sleep(0.005)
+            await until(lambda: spool.total == 20_000, "every event spooled")
+            if mode == "garbage":
+                await until(lambda: len(fake.hellos) >= 3, "reconnects after garbage")
+        finally:
+            for task in tasks:
+                await stop(task)
+            await server.stop(None)
+        assert writer.dropped == 0  # the writer kept up although the stream was stuck
+        if mode == "garbage":
+            assert host.peers == [] or all(p.generation == 1 for p in host.peers)
+            assert agent.last_failure is None or agent.last_failure[0] in (
+                "RESOURCE_EXHAUSTED", "INTERNAL", "StreamError", "UNAVAILABLE",
+                "InvalidStateError")
+        spool.close()
+    asyncio.run(main())
