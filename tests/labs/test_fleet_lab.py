@@ -24,7 +24,7 @@ from labs.browser import chromium, dump_dom, screenshot
 from labs.faults import SilentBlackhole
 from labs.scenario import LAB_TIMERS
 from labs.topos.railopt import railopt, start_linkpassd
-from linkpassd._proto.linkpass.v1 import fleet_pb2, fleet_pb2_grpc
+from linkpassd._proto.linkpass.v1 import control_pb2, fleet_pb2, fleet_pb2_grpc
 
 pytestmark = pytest.mark.lab
 
@@ -102,6 +102,21 @@ def wait_no_problems(what: str, problems, timeout: float) -> None:
         time.sleep(0.2)
 
 
+def absorbed_today(lab) -> int:
+    with lab.aggregator.channel() as channel:
+        summary = fleet_pb2_grpc.FleetServiceStub(channel).GetSummary(
+            fleet_pb2.GetSummaryRequest(days=1), timeout=10)
+    return sum(day.failures_absorbed for day in summary.days)
+
+
+def rail_path_events(lab) -> list[str]:
+    with lab.aggregator.channel() as channel:
+        events = fleet_pb2_grpc.FleetServiceStub(channel).ListFleetEvents(
+            fleet_pb2.ListFleetEventsRequest(kind=control_pb2.EVENT_KIND_RAIL_PATH), timeout=10)
+    return [f"{fe.host_id} seq {fe.event.seq}: {fe.event.message} {dict(fe.event.fields)}"
+            for fe in events.events]
+
+
 def routed_dev(lab, host: str, dst: str, src: str) -> str | None:
     out = lab.run(host, ["ip", "-j", "route", "get", dst, "from", src], check=False).stdout
     return json.loads(out)[0].get("dev") if out.strip() else None
@@ -145,6 +160,8 @@ def test_a_silent_blackhole_is_found_through_the_mesh_and_the_page_shows_it(flee
     assert routed_dev(lab, victim.name, dst, rail0.address) == rail0.port
     cells = page_cells(lab.aggregator.web_url)
     assert cells[(victim.name, "rail0")]["data-verdict"] == "UP", cells
+    absorbed_before = absorbed_today(lab)
+    assert absorbed_before == 0, rail_path_events(lab)  # a healthy start absorbed nothing
     fault = SilentBlackhole(lab, victim.name, 0)
     fault.inject()
     try:
@@ -159,6 +176,9 @@ def test_a_silent_blackhole_is_found_through_the_mesh_and_the_page_shows_it(flee
         assert cell["data-port"] == rail0.port
         others = page_cells(lab.aggregator.web_url)
         assert others[(lab.hosts[2].name, "rail0")]["data-verdict"] == "UP"
+        # the one failover this fault caused is counted as one failure absorbed
+        wait_for("the failover counted as absorbed", lambda: absorbed_today(lab) >= 1, PAGE_S)
+        assert absorbed_today(lab) == 1, rail_path_events(lab)
         shot = screenshot(lab.aggregator.web_url, RESULTS / "fleet-page-fault.png")
         assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
     finally:
