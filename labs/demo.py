@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"pull to its recovery\n"
                           + indent(lab.events_text(after=events_from,
                                                    limit=events_to - events_from)))
+                lab.wait_recovered()  # the fleet as it stands once the faults are over
                 fleet = fleet_view(lab)
         print(f"  lab torn down, nothing left behind ({time.monotonic() - started:.0f} s)\n",
               flush=True)
@@ -161,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps([t.as_dict() for t in results.values()], indent=2))
     if events:
         print("\n" + events)
+    print(f"\nresults: {out}   total {time.monotonic() - started:.0f} s")
     if fleet:
         print("\n" + fleet)
-    print(f"\nresults: {out}   total {time.monotonic() - started:.0f} s")
     return 0
 
 
