@@ -166,26 +166,237 @@ class RailPeers(_message.Message):
     def __init__(self, rail: _Optional[str] = ..., peers: _Optional[_Iterable[str]] = ..., probed_by: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Command(_message.Message):
-    __slots__ = ("id", "drain", "undrain", "by")
+    __slots__ = ("id", "drain", "undrain", "validate", "by")
     ID_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
     UNDRAIN_FIELD_NUMBER: _ClassVar[int]
+    VALIDATE_FIELD_NUMBER: _ClassVar[int]
     BY_FIELD_NUMBER: _ClassVar[int]
     id: str
     drain: FleetDrainRequest
     undrain: FleetUndrainRequest
+    validate: ValidateHost
     by: str
-    def __init__(self, id: _Optional[str] = ..., drain: _Optional[_Union[FleetDrainRequest, _Mapping]] = ..., undrain: _Optional[_Union[FleetUndrainRequest, _Mapping]] = ..., by: _Optional[str] = ...) -> None: ...
+    def __init__(self, id: _Optional[str] = ..., drain: _Optional[_Union[FleetDrainRequest, _Mapping]] = ..., undrain: _Optional[_Union[FleetUndrainRequest, _Mapping]] = ..., validate: _Optional[_Union[ValidateHost, _Mapping]] = ..., by: _Optional[str] = ...) -> None: ...
 
 class CommandResult(_message.Message):
-    __slots__ = ("id", "code", "message")
+    __slots__ = ("id", "code", "message", "validation")
     ID_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    VALIDATION_FIELD_NUMBER: _ClassVar[int]
     id: str
     code: int
     message: str
-    def __init__(self, id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    validation: HostValidation
+    def __init__(self, id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., validation: _Optional[_Union[HostValidation, _Mapping]] = ...) -> None: ...
+
+class ValidateHost(_message.Message):
+    __slots__ = ("run_id", "duration_s", "ports", "targets", "rate_pps", "burst_pps", "burst_s")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    RATE_PPS_FIELD_NUMBER: _ClassVar[int]
+    BURST_PPS_FIELD_NUMBER: _ClassVar[int]
+    BURST_S_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    duration_s: float
+    ports: _containers.RepeatedCompositeFieldContainer[ExpectedPort]
+    targets: _containers.RepeatedCompositeFieldContainer[ProbeTarget]
+    rate_pps: float
+    burst_pps: float
+    burst_s: float
+    def __init__(self, run_id: _Optional[str] = ..., duration_s: _Optional[float] = ..., ports: _Optional[_Iterable[_Union[ExpectedPort, _Mapping]]] = ..., targets: _Optional[_Iterable[_Union[ProbeTarget, _Mapping]]] = ..., rate_pps: _Optional[float] = ..., burst_pps: _Optional[float] = ..., burst_s: _Optional[float] = ...) -> None: ...
+
+class ExpectedPort(_message.Message):
+    __slots__ = ("port", "rail", "speed_mbps", "switch_name", "switch_port")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    SPEED_MBPS_FIELD_NUMBER: _ClassVar[int]
+    SWITCH_NAME_FIELD_NUMBER: _ClassVar[int]
+    SWITCH_PORT_FIELD_NUMBER: _ClassVar[int]
+    port: str
+    rail: str
+    speed_mbps: int
+    switch_name: str
+    switch_port: str
+    def __init__(self, port: _Optional[str] = ..., rail: _Optional[str] = ..., speed_mbps: _Optional[int] = ..., switch_name: _Optional[str] = ..., switch_port: _Optional[str] = ...) -> None: ...
+
+class ProbeTarget(_message.Message):
+    __slots__ = ("rail", "peer", "peer_host")
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    PEER_HOST_FIELD_NUMBER: _ClassVar[int]
+    rail: str
+    peer: str
+    peer_host: str
+    def __init__(self, rail: _Optional[str] = ..., peer: _Optional[str] = ..., peer_host: _Optional[str] = ...) -> None: ...
+
+class HostValidation(_message.Message):
+    __slots__ = ("run_id", "ports", "pairs", "problems")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    PAIRS_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    ports: _containers.RepeatedCompositeFieldContainer[PortCheck]
+    pairs: _containers.RepeatedCompositeFieldContainer[PairResult]
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., ports: _Optional[_Iterable[_Union[PortCheck, _Mapping]]] = ..., pairs: _Optional[_Iterable[_Union[PairResult, _Mapping]]] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PortCheck(_message.Message):
+    __slots__ = ("port", "rail", "carrier", "speed_mbps", "lldp_system", "lldp_port", "lldp_source", "optics_problems", "counters_rising")
+    class CountersRisingEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    CARRIER_FIELD_NUMBER: _ClassVar[int]
+    SPEED_MBPS_FIELD_NUMBER: _ClassVar[int]
+    LLDP_SYSTEM_FIELD_NUMBER: _ClassVar[int]
+    LLDP_PORT_FIELD_NUMBER: _ClassVar[int]
+    LLDP_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    OPTICS_PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    COUNTERS_RISING_FIELD_NUMBER: _ClassVar[int]
+    port: str
+    rail: str
+    carrier: bool
+    speed_mbps: int
+    lldp_system: str
+    lldp_port: str
+    lldp_source: str
+    optics_problems: _containers.RepeatedScalarFieldContainer[str]
+    counters_rising: _containers.ScalarMap[str, int]
+    def __init__(self, port: _Optional[str] = ..., rail: _Optional[str] = ..., carrier: _Optional[bool] = ..., speed_mbps: _Optional[int] = ..., lldp_system: _Optional[str] = ..., lldp_port: _Optional[str] = ..., lldp_source: _Optional[str] = ..., optics_problems: _Optional[_Iterable[str]] = ..., counters_rising: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class PairResult(_message.Message):
+    __slots__ = ("rail", "peer", "peer_host", "sent", "received", "rtt_p50_us", "rtt_p99_us", "burst_sent", "burst_received")
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    PEER_HOST_FIELD_NUMBER: _ClassVar[int]
+    SENT_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    RTT_P50_US_FIELD_NUMBER: _ClassVar[int]
+    RTT_P99_US_FIELD_NUMBER: _ClassVar[int]
+    BURST_SENT_FIELD_NUMBER: _ClassVar[int]
+    BURST_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    rail: str
+    peer: str
+    peer_host: str
+    sent: int
+    received: int
+    rtt_p50_us: int
+    rtt_p99_us: int
+    burst_sent: int
+    burst_received: int
+    def __init__(self, rail: _Optional[str] = ..., peer: _Optional[str] = ..., peer_host: _Optional[str] = ..., sent: _Optional[int] = ..., received: _Optional[int] = ..., rtt_p50_us: _Optional[int] = ..., rtt_p99_us: _Optional[int] = ..., burst_sent: _Optional[int] = ..., burst_received: _Optional[int] = ...) -> None: ...
+
+class ValidateRequest(_message.Message):
+    __slots__ = ("plan", "hosts", "rails", "duration_s")
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    RAILS_FIELD_NUMBER: _ClassVar[int]
+    DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    plan: _containers.RepeatedCompositeFieldContainer[PlannedPort]
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    rails: _containers.RepeatedScalarFieldContainer[str]
+    duration_s: float
+    def __init__(self, plan: _Optional[_Iterable[_Union[PlannedPort, _Mapping]]] = ..., hosts: _Optional[_Iterable[str]] = ..., rails: _Optional[_Iterable[str]] = ..., duration_s: _Optional[float] = ...) -> None: ...
+
+class PlannedPort(_message.Message):
+    __slots__ = ("host", "port", "switch_name", "switch_port", "rail", "speed_mbps")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    SWITCH_NAME_FIELD_NUMBER: _ClassVar[int]
+    SWITCH_PORT_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    SPEED_MBPS_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    port: str
+    switch_name: str
+    switch_port: str
+    rail: str
+    speed_mbps: int
+    def __init__(self, host: _Optional[str] = ..., port: _Optional[str] = ..., switch_name: _Optional[str] = ..., switch_port: _Optional[str] = ..., rail: _Optional[str] = ..., speed_mbps: _Optional[int] = ...) -> None: ...
+
+class ValidateResponse(_message.Message):
+    __slots__ = ("progress", "report")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    progress: ValidateProgress
+    report: ValidationReport
+    def __init__(self, progress: _Optional[_Union[ValidateProgress, _Mapping]] = ..., report: _Optional[_Union[ValidationReport, _Mapping]] = ...) -> None: ...
+
+class ValidateProgress(_message.Message):
+    __slots__ = ("hosts_done", "hosts_total", "last_host")
+    HOSTS_DONE_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    LAST_HOST_FIELD_NUMBER: _ClassVar[int]
+    hosts_done: int
+    hosts_total: int
+    last_host: str
+    def __init__(self, hosts_done: _Optional[int] = ..., hosts_total: _Optional[int] = ..., last_host: _Optional[str] = ...) -> None: ...
+
+class ValidationReport(_message.Message):
+    __slots__ = ("run_id", "started", "finished", "hosts", "findings", "loss_resolution")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    LOSS_RESOLUTION_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    started: _timestamp_pb2.Timestamp
+    finished: _timestamp_pb2.Timestamp
+    hosts: _containers.RepeatedCompositeFieldContainer[HostValidationResult]
+    findings: _containers.RepeatedCompositeFieldContainer[Finding]
+    loss_resolution: float
+    def __init__(self, run_id: _Optional[str] = ..., started: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., hosts: _Optional[_Iterable[_Union[HostValidationResult, _Mapping]]] = ..., findings: _Optional[_Iterable[_Union[Finding, _Mapping]]] = ..., loss_resolution: _Optional[float] = ...) -> None: ...
+
+class HostValidationResult(_message.Message):
+    __slots__ = ("host_id", "status", "validation")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    VALIDATION_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    status: str
+    validation: HostValidation
+    def __init__(self, host_id: _Optional[str] = ..., status: _Optional[str] = ..., validation: _Optional[_Union[HostValidation, _Mapping]] = ...) -> None: ...
+
+class Finding(_message.Message):
+    __slots__ = ("kind", "component", "hosts", "ports", "rail", "evidence", "confidence", "fix")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    COMPONENT_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    EVIDENCE_FIELD_NUMBER: _ClassVar[int]
+    CONFIDENCE_FIELD_NUMBER: _ClassVar[int]
+    FIX_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    component: str
+    hosts: _containers.RepeatedScalarFieldContainer[str]
+    ports: _containers.RepeatedScalarFieldContainer[str]
+    rail: str
+    evidence: _containers.RepeatedScalarFieldContainer[str]
+    confidence: float
+    fix: str
+    def __init__(self, kind: _Optional[str] = ..., component: _Optional[str] = ..., hosts: _Optional[_Iterable[str]] = ..., ports: _Optional[_Iterable[str]] = ..., rail: _Optional[str] = ..., evidence: _Optional[_Iterable[str]] = ..., confidence: _Optional[float] = ..., fix: _Optional[str] = ...) -> None: ...
+
+class GetValidationReportRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetValidationReportResponse(_message.Message):
+    __slots__ = ("report",)
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    report: ValidationReport
+    def __init__(self, report: _Optional[_Union[ValidationReport, _Mapping]] = ...) -> None: ...
 
 class ListHostsRequest(_message.Message):
     __slots__ = ("host_ids",)

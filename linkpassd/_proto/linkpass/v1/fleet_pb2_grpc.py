@@ -175,6 +175,16 @@ class FleetServiceStub:
                 request_serializer=linkpass_dot_v1_dot_fleet__pb2.GetSummaryRequest.SerializeToString,
                 response_deserializer=linkpass_dot_v1_dot_fleet__pb2.GetSummaryResponse.FromString,
                 _registered_method=True)
+        self.Validate = channel.unary_stream(
+                '/linkpass.v1.FleetService/Validate',
+                request_serializer=linkpass_dot_v1_dot_fleet__pb2.ValidateRequest.SerializeToString,
+                response_deserializer=linkpass_dot_v1_dot_fleet__pb2.ValidateResponse.FromString,
+                _registered_method=True)
+        self.GetValidationReport = channel.unary_unary(
+                '/linkpass.v1.FleetService/GetValidationReport',
+                request_serializer=linkpass_dot_v1_dot_fleet__pb2.GetValidationReportRequest.SerializeToString,
+                response_deserializer=linkpass_dot_v1_dot_fleet__pb2.GetValidationReportResponse.FromString,
+                _registered_method=True)
 
 
 class FleetServiceServicer:
@@ -219,6 +229,21 @@ class FleetServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Validate(self, request, context):
+        """Validate the selected hosts against a cabling plan, all at once; streams
+        progress, then the report. Needs an operator identity.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetValidationReport(self, request, context):
+        """The last validation report (the page shows it too); NOT_FOUND before the first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_FleetServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -251,6 +276,16 @@ def add_FleetServiceServicer_to_server(servicer, server):
                     servicer.GetSummary,
                     request_deserializer=linkpass_dot_v1_dot_fleet__pb2.GetSummaryRequest.FromString,
                     response_serializer=linkpass_dot_v1_dot_fleet__pb2.GetSummaryResponse.SerializeToString,
+            ),
+            'Validate': grpc.unary_stream_rpc_method_handler(
+                    servicer.Validate,
+                    request_deserializer=linkpass_dot_v1_dot_fleet__pb2.ValidateRequest.FromString,
+                    response_serializer=linkpass_dot_v1_dot_fleet__pb2.ValidateResponse.SerializeToString,
+            ),
+            'GetValidationReport': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetValidationReport,
+                    request_deserializer=linkpass_dot_v1_dot_fleet__pb2.GetValidationReportRequest.FromString,
+                    response_serializer=linkpass_dot_v1_dot_fleet__pb2.GetValidationReportResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -418,6 +453,60 @@ class FleetService:
             '/linkpass.v1.FleetService/GetSummary',
             linkpass_dot_v1_dot_fleet__pb2.GetSummaryRequest.SerializeToString,
             linkpass_dot_v1_dot_fleet__pb2.GetSummaryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Validate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/linkpass.v1.FleetService/Validate',
+            linkpass_dot_v1_dot_fleet__pb2.ValidateRequest.SerializeToString,
+            linkpass_dot_v1_dot_fleet__pb2.ValidateResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetValidationReport(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/linkpass.v1.FleetService/GetValidationReport',
+            linkpass_dot_v1_dot_fleet__pb2.GetValidationReportRequest.SerializeToString,
+            linkpass_dot_v1_dot_fleet__pb2.GetValidationReportResponse.FromString,
             options,
             channel_credentials,
             insecure,
