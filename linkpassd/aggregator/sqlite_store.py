@@ -14,8 +14,13 @@ Why these choices:
   but not of the machine: the last commits can roll back after a power cut,
   and those events would be gone from both sides. synchronous=FULL fsyncs the
   WAL at every commit, which is exactly "acked only after it is durable".
-  The price is one fsync per `add_events`; batches (up to 500 events, one
-  transaction, executemany) spread it over many events.
+  The price is one fsync per commit, so writes are committed in groups:
+  every write call (hello, inventory, report, heartbeat, events) queues its
+  work; the worker thread runs all that is queued in one transaction, one
+  savepoint per call (a call that fails rolls back only its own work), and
+  one COMMIT, then answers every caller. Under load one fsync covers
+  hundreds of hosts' batches; alone, a call commits at once. No caller is
+  answered before the COMMIT that holds its work.
 - **Exactly once.** Events are UNIQUE(host_id, boot_id, seq) and go in with
   INSERT OR IGNORE, so a resend stores nothing twice. `boots` keeps, per boot,
   the newest seq accounted for, what was counted lost, and the newest seq
@@ -35,6 +40,7 @@ import asyncio
 import functools
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -51,6 +57,7 @@ PRUNE_CHUNK = 2000  # events deleted per transaction by prune
 BUSY_TIMEOUT_MS = 5000  # another process holding the file (a backup, sqlite3 CLI)
 MAX_SEQ = 2**63 - 1  # SQLite INTEGER; proto seqs are uint64
 WRITE_SECONDS_KEPT = 1024  # StoreStats.write_seconds keeps the newest this many
+GROUP_MAX = 2000  # write calls per group commit (bounds one transaction's length)
 
 # Schema migrations, applied in order, each in one transaction; PRAGMA
 # user_version is how many have been applied. Append only: never edit a step
@@ -116,6 +123,12 @@ class SqliteStore:
         self.stats = StoreStats()
         self._conn: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
+        # Group commit: write calls waiting for the worker, and whether a
+        # flush job is queued on it (both under _group_lock).
+        self._group: list[tuple[Callable[..., Any], tuple, asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._group_lock = threading.Lock()
+        self._flush_queued = False
+        self.group_commits = 0  # transactions committed by _flush (tests, metrics)
 
     # -- plumbing ---------------------------------------------------------
 
@@ -141,11 +154,72 @@ class SqliteStore:
                     pass
             raise StoreError(f"database {self.path}: {e}") from None
 
+    async def _grouped(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(conn, *args)` in the next group commit; returns once that
+        commit is durable (see the module docstring)."""
+        if self._executor is None:
+            raise StoreError(f"store {self.path} is not open")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        with self._group_lock:
+            self._group.append((fn, args, loop, future))
+            queue = not self._flush_queued
+            self._flush_queued = True
+        if queue:
+            self._executor.submit(self._flush)
+        return await future
+
+    def _flush(self) -> None:
+        """On the worker: commit what is queued, in groups of GROUP_MAX."""
+        while True:
+            with self._group_lock:
+                group, self._group = self._group[:GROUP_MAX], self._group[GROUP_MAX:]
+                if not group:
+                    self._flush_queued = False
+                    return
+            outcomes: list[tuple[bool, Any]] = []
+            conn = self._conn
+            try:
+                if conn is None:
+                    raise StoreError(f"store {self.path} is not open")
+                conn.execute("BEGIN IMMEDIATE")
+                for fn, args, _loop, _future in group:
+                    try:
+                        outcomes.append((True, fn(conn, *args)))  # each call's own savepoint (_write)
+                    except (sqlite3.Error, OverflowError) as e:
+                        outcomes.append((False, StoreError(f"database {self.path}: {e}")))
+                    except Exception as e:  # noqa: BLE001 - handed to that caller, not lost
+                        outcomes.append((False, e))
+                conn.execute("COMMIT")
+                self.group_commits += 1
+            except (sqlite3.Error, StoreError) as e:
+                if conn is not None and conn.in_transaction:
+                    try:
+                        conn.rollback()
+                    except sqlite3.Error:
+                        pass
+                error = e if isinstance(e, StoreError) else StoreError(f"database {self.path}: {e}")
+                outcomes = [(False, error)] * len(group)
+            for (_fn, _args, loop, future), (ok, value) in zip(group, outcomes):
+                loop.call_soon_threadsafe(_settle, future, ok, value)
+
     @staticmethod
     def _write(conn: sqlite3.Connection, fn: Callable[[], T]) -> T:
         """One write transaction: BEGIN IMMEDIATE (takes the write lock up
         front, so it never fails half-way on a lock upgrade), COMMIT before
-        returning; anything raised rolls it back."""
+        returning; anything raised rolls it back. Inside a group commit
+        (already in a transaction) it is a savepoint instead: a failing call
+        undoes only its own work, and the group's COMMIT makes it durable."""
+        if conn.in_transaction:
+            conn.execute("SAVEPOINT call")
+            try:
+                result = fn()
+            except BaseException:
+                conn.execute("ROLLBACK TO call")
+                conn.execute("RELEASE call")
+                raise
+            conn.execute("RELEASE call")
+            return result
         conn.execute("BEGIN IMMEDIATE")
         try:
             result = fn()
@@ -224,7 +298,7 @@ class SqliteStore:
     # -- hosts ----------------------------------------------------------------
 
     async def hello(self, host_id: str, boot_id: str, version: str, now: float) -> dict[str, int]:
-        return await self._run(self._hello, host_id, boot_id, version, now)
+        return await self._grouped(self._hello, host_id, boot_id, version, now)
 
     def _hello(self, conn: sqlite3.Connection, host_id: str, boot_id: str, version: str,
                now: float) -> dict[str, int]:
@@ -240,13 +314,13 @@ class SqliteStore:
         return self._write(conn, tx)
 
     async def set_inventory(self, host_id: str, inventory: bytes, now: float) -> None:
-        await self._run(self._set_host_column, "inventory", host_id, inventory, now)
+        await self._grouped(self._set_host_column, "inventory", host_id, inventory, now)
 
     async def set_report(self, host_id: str, report: bytes, now: float) -> None:
-        await self._run(self._set_host_column, "report", host_id, report, now)
+        await self._grouped(self._set_host_column, "report", host_id, report, now)
 
     async def touch(self, host_id: str, now: float) -> None:
-        await self._run(self._set_host_column, "", host_id, b"", now)
+        await self._grouped(self._set_host_column, "", host_id, b"", now)
 
     def _set_host_column(self, conn: sqlite3.Connection, column: str, host_id: str, value: bytes,
                          now: float) -> None:
@@ -294,7 +368,7 @@ class SqliteStore:
         events = list(events)
         gap = _checked(events, gap)  # before any I/O: a refused batch stores nothing
         started = time.monotonic()
-        result = await self._run(self._add_events, host_id, boot_id, events, gap, now)
+        result = await self._grouped(self._add_events, host_id, boot_id, events, gap, now)
         stats = self.stats
         stats.events_stored += result.stored
         stats.events_duplicate += result.duplicates
@@ -411,6 +485,15 @@ class SqliteStore:
                              [(seq, h, b) for (h, b), seq in floors.items()])
             return len(rows)
         return self._write(conn, tx)
+
+
+def _settle(future: asyncio.Future, ok: bool, value: Any) -> None:
+    if future.cancelled():  # the caller went away; the work is committed regardless
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)
 
 
 def _checked(events: list[EventRow], gap: tuple[int, int] | None) -> tuple[int, int] | None:

@@ -411,3 +411,43 @@ def test_any_interleaving_of_resent_batches_stores_each_event_once(batches, rese
     assert sum(r.stored + r.duplicates for r in results) == sum(len(seqs) for _, seqs in order)
     # What is lost is what never arrived below each boot's newest seq.
     assert host.events_lost == sum(seqs[-1] - len(seqs) for seqs in expected.values() if seqs)
+
+
+def test_concurrent_writes_share_commits_and_one_failing_call_spoils_only_itself(tmp_path):
+    """Group commit: many hosts' batches ride one COMMIT (one fsync), each
+    caller is answered only after it, and a call that fails inside the group
+    rolls back its own work alone."""
+    from linkpassd.aggregator.sqlite_store import SqliteStore
+    from linkpassd.aggregator.store import EventRow, StoreError
+
+    def row(seq: int) -> EventRow:
+        return EventRow(seq=seq, wall=1.8e9, kind="verdict", severity="info", port="eth0",
+                        rail="rail0", body=b"x")
+
+    async def main():
+        store = SqliteStore(str(tmp_path / "fleet.db"))
+        await store.open()
+        try:
+            calls = [store.add_events(f"h{i}", "b", [row(1), row(2)], None, 1.8e9) for i in range(60)]
+            # fails inside the group, after its host row was written: a body
+            # that is not bytes (no caller of ours sends one; it stands for any
+            # statement failing half-way through a call)
+            poison = EventRow(seq=1, wall=1.8e9, kind="verdict", severity="info", port="eth0",
+                              rail="rail0", body=object())
+            calls.append(store.add_events("poison", "b", [poison], None, 1.8e9))
+            results = await asyncio.gather(*calls, return_exceptions=True)
+            assert isinstance(results[-1], TypeError), results[-1]
+            assert all(r.stored == 2 for r in results[:-1])
+            assert store.group_commits < 30  # 61 calls, far fewer commits
+            hosts = {h.host_id: h for h in await store.hosts()}
+            assert len([h for h in hosts if h.startswith("h")]) == 60
+            assert "poison" not in hosts  # its own savepoint rolled back, nothing else
+        finally:
+            await store.close()
+        reopened = SqliteStore(str(tmp_path / "fleet.db"))
+        await reopened.open()
+        try:
+            assert len(await reopened.events(EventQuery(limit=1000))) == 120
+        finally:
+            await reopened.close()
+    asyncio.run(main())
