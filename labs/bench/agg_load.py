@@ -33,7 +33,7 @@ import grpc
 from linkpassd._proto.linkpass.v1 import control_pb2, fleet_pb2, fleet_pb2_grpc
 
 RAILS = 8
-HOSTS_PER_CHANNEL = 256
+HOSTS_PER_CHANNEL = 64
 
 
 def percentile(values: list[float], q: float) -> float | None:
@@ -46,7 +46,7 @@ def percentile(values: list[float], q: float) -> float | None:
 class Host:
     """One simulated agent: its stream, its events in flight, its latencies."""
 
-    def __init__(self, index: int, stats: "Stats"):
+    def __init__(self, index: int, stats: "Stats"):  # noqa: D107
         self.host_id = f"lp-sim-{index:05d}"
         self.boot_id = uuid.uuid4().hex
         self.index = index
@@ -54,6 +54,7 @@ class Host:
         self.sent_at: dict[int, float] = {}  # seq -> when its batch was written
         self.stats = stats
         self.queue: asyncio.Queue = asyncio.Queue()
+        self.resent_at: dict[int, float] = {}  # seq -> first send, for events sent again
 
     def inventory(self) -> fleet_pb2.Inventory:
         third = (self.index // 250) % 250
@@ -99,27 +100,57 @@ class Host:
             if item.WhichOneof("body") == "events":
                 stamp = time.monotonic()
                 for event in item.events.events:
-                    self.sent_at[event.seq] = stamp
+                    self.sent_at[event.seq] = self.resent_at.pop(event.seq, stamp)
                 self.stats.events_sent += len(item.events.events)
             yield item
 
-    async def run(self, stub, welcomed: asyncio.Event) -> None:
-        call = stub.Connect(self.requests())
-        try:
-            async for reply in call:
-                kind = reply.WhichOneof("body")
-                if kind == "welcome":
-                    self.stats.welcomed += 1
-                    welcomed.set()
-                elif kind == "ack":
-                    now = time.monotonic()
-                    for seq in [s for s in self.sent_at if s <= reply.ack.seq]:
-                        self.stats.latencies.append(now - self.sent_at.pop(seq))
-                    self.stats.events_acked_acks += 1
-        except grpc.aio.AioRpcError as exc:
-            if exc.code() != grpc.StatusCode.CANCELLED:
+    async def run(self, stub, welcomed: asyncio.Event, rng: random.Random) -> None:
+        """Stream until cancelled; like a real agent, a failed stream is
+        opened again after a jittered backoff, and what was sent and not acked
+        is sent again (the aggregator stores it once). Each failure is counted."""
+        attempt = 0
+        while True:
+            call = stub.Connect(self.requests())
+            try:
+                async for reply in call:
+                    kind = reply.WhichOneof("body")
+                    if kind == "welcome":
+                        attempt = 0
+                        if not welcomed.is_set():
+                            self.stats.welcomed += 1
+                            welcomed.set()
+                        else:  # a reconnect: what it holds is acked; the rest again
+                            self.queue.put_nowait(fleet_pb2.ConnectRequest(inventory=self.inventory()))
+                            self.resend()
+                    elif kind == "ack":
+                        now = time.monotonic()
+                        for seq in [s for s in self.sent_at if s <= reply.ack.seq]:
+                            self.stats.latencies.append(now - self.sent_at.pop(seq))
+                        self.stats.events_acked_acks += 1
+                return
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.CANCELLED:
+                    return
                 self.stats.errors[exc.code().name] = self.stats.errors.get(exc.code().name, 0) + 1
-                self.stats.error_samples.append(f"{self.host_id}: {exc.code().name} {exc.details()}")
+                if len(self.stats.error_samples) < 20:
+                    self.stats.error_samples.append(
+                        f"{self.host_id}: {exc.code().name} {exc.details()}")
+            attempt += 1
+            self.stats.reconnects += 1
+            await asyncio.sleep(rng.uniform(0, min(5.0, 0.25 * 2 ** attempt)))
+
+    def resend(self) -> None:
+        """The events sent on a stream that failed, again (their latency still
+        counts from the first send)."""
+        pending = sorted(self.sent_at)
+        if not pending:
+            return
+        first_sent = dict(self.sent_at)
+        self.seq, top = pending[0] - 1, self.seq
+        batch = self.events(len(pending))
+        self.seq = top
+        self.queue.put_nowait(batch)
+        self.resent_at = first_sent
 
 
 class Stats:
@@ -130,34 +161,39 @@ class Stats:
         self.heartbeats = 0
         self.latencies: list[float] = []
         self.errors: dict[str, int] = {}
+        self.reconnects = 0
         self.error_samples: list[str] = []
 
 
 async def drive(args) -> dict:
     stats = Stats()
     rng = random.Random(args.seed)
-    hosts = [Host(i, stats) for i in range(args.hosts)]
+    hosts = [Host(args.first + i, stats) for i in range(args.hosts)]
     channels = [grpc.aio.insecure_channel(args.target, options=[
         ("grpc.max_send_message_length", 4 << 20),
-        ("grpc.http2.max_pings_without_data", 0)])
+        ("grpc.http2.max_pings_without_data", 0),
+        # Each channel its own connection, as each real host has its own: by
+        # default channels with the same target share one (the global
+        # subchannel pool), and a few thousand streams on one HTTP/2
+        # connection fail in the client with INTERNAL.
+        ("grpc.use_local_subchannel_pool", 1)])
         for _ in range((args.hosts + HOSTS_PER_CHANNEL - 1) // HOSTS_PER_CHANNEL)]
     stubs = [fleet_pb2_grpc.AgentServiceStub(ch) for ch in channels]
     welcomed = [asyncio.Event() for _ in hosts]
-    tasks = [asyncio.create_task(h.run(stubs[i // HOSTS_PER_CHANNEL], welcomed[i]))
+    tasks = [asyncio.create_task(h.run(stubs[i // HOSTS_PER_CHANNEL], welcomed[i],
+                                       random.Random(args.seed * 100_003 + i)))
              for i, h in enumerate(hosts)]
     started = time.monotonic()
     # Connect: every host's Hello, then its inventory and first report.
-    connect_deadline = started + args.connect_timeout_s
-    for host, ready in zip(hosts, welcomed):
-        remaining = connect_deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        try:
-            await asyncio.wait_for(ready.wait(), remaining)
-        except TimeoutError:
-            break
+    async def first_contact(host: Host, ready: asyncio.Event) -> None:
+        await ready.wait()
         host.queue.put_nowait(fleet_pb2.ConnectRequest(inventory=host.inventory()))
         host.queue.put_nowait(fleet_pb2.ConnectRequest(ports=host.report()))
+
+    contacts = [asyncio.create_task(first_contact(h, r)) for h, r in zip(hosts, welcomed)]
+    await asyncio.wait(contacts, timeout=args.connect_timeout_s)
+    for contact in contacts:
+        contact.cancel()
     connected_s = time.monotonic() - started
     connected = stats.welcomed
     stats.latencies.clear()
@@ -222,6 +258,10 @@ async def drive(args) -> dict:
         "max_s": max(stats.latencies, default=None),
         "incident_p99_s": percentile(incident, 0.99),
         "errors": stats.errors, "error_samples": stats.error_samples[:5],
+        "reconnects": stats.reconnects,
+        # every latency, ms with 0.1 ms resolution: the bench merges several load processes
+        "latencies_ms": [round(v * 1e3, 1) for v in stats.latencies],
+        "incident_latencies_ms": [round(v * 1e3, 1) for v in incident],
         "load_cpu_s": usage.ru_utime + usage.ru_stime, "load_loop_lag_max_s": round(lag_max, 3),
     }
 
@@ -238,7 +278,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect-timeout-s", type=float, default=120.0)
     parser.add_argument("--drain-s", type=float, default=15.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--first", type=int, default=0,
+                        help="index of this process's first host (several load processes)")
     args = parser.parse_args(argv)
+    if not 0 <= args.first <= 65536:
+        parser.error(f"--first must be 0..65536, got {args.first}")
     if not 1 <= args.hosts <= 65536:
         parser.error(f"--hosts must be 1..65536, got {args.hosts}")
     if not 1 <= args.seconds <= 600:
