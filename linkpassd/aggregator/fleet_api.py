@@ -25,6 +25,7 @@ from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
 from linkpassd.aggregator import savings
 from linkpassd.aggregator.identity import peer_identity
 from linkpassd.aggregator.store import EventQuery, StoredEvent
+from linkpassd.aggregator.validation import Validations
 
 if TYPE_CHECKING:
     from linkpassd.aggregator.server import Fleet
@@ -72,6 +73,7 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
         self.fleet = fleet
         self.command_timeout_s = command_timeout_s
         self.stopping = asyncio.Event()
+        self.validations = Validations(fleet)
 
     # -- queries, shared with the web page ---------------------------------
 
@@ -255,3 +257,18 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
         message = await self._relay(context, "FleetUndrain", request.host_id, request.port,
                                     pb.Command(undrain=request), by)
         return pb.FleetUndrainResponse(message=message)
+
+    # -- validation (validation.py) --------------------------------------------
+
+    async def Validate(self, request: pb.ValidateRequest,
+                       context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ValidateResponse]:
+        by = await self._operator(context, "Validate")
+        async for response in self.validations.run(request, by, context):
+            yield response
+
+    async def GetValidationReport(self, request: pb.GetValidationReportRequest,
+                                  context: grpc.aio.ServicerContext) -> pb.GetValidationReportResponse:
+        if self.validations.last is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                "no validation has finished since the aggregator started (linkpassctl validate)")
+        return pb.GetValidationReportResponse(report=self.validations.last)

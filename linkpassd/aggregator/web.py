@@ -184,10 +184,36 @@ def _summary_html(summary: fleet_pb2.GetSummaryResponse) -> str:
             f'<th>GPU-hours saved</th></tr></thead><tbody>{rows}</tbody></table>')
 
 
+def _validation_html(report: fleet_pb2.ValidationReport | None, now: float) -> str:
+    """The last validation run (linkpassctl validate): its findings first, as
+    the terminal report shows them; hosts that gave no result are findings too."""
+    if report is None:
+        return '<p id="validation">No validation has run since the aggregator started (linkpassctl validate).</p>'
+    finished = _unix(report.finished)
+    took = finished - _unix(report.started)
+    ok = sum(1 for h in report.hosts if h.status == "ok")
+    meta = (f'<p class="meta" id="validation" data-run="{_e(report.run_id)}">run {_e(report.run_id)}, finished '
+            f'{_e(_utc(finished))} ({_ago(now - finished)}, took {took:.0f} s); '
+            f'{ok} of {len(report.hosts)} hosts answered; resolves random loss down to '
+            f'{report.loss_resolution * 100:.2g} %</p>')
+    if not report.findings:
+        return meta + '<p id="no-findings">No findings: every checked port, cable and path matched the plan.</p>'
+    rows = "".join(
+        f'<tr data-kind="{_e(f.kind)}"><td>{_e(f.kind)}</td><td>{_e(f.component)}</td><td>{_e(f.rail or "-")}</td>'
+        f'<td>{f.confidence:.0%}</td><td>{"<br>".join(_e(line) for line in f.evidence) or "-"}</td>'
+        f'<td>{_e(f.fix or "-")}</td></tr>' for f in list(report.findings)[:PROBLEMS_SHOWN])
+    more = (f'<p class="meta">… and {len(report.findings) - PROBLEMS_SHOWN} more</p>'
+            if len(report.findings) > PROBLEMS_SHOWN else "")
+    return (f'{meta}<table id="findings"><thead><tr><th>kind</th><th>at fault</th><th>rail</th><th>confidence</th>'
+            f'<th>evidence</th><th>fix</th></tr></thead><tbody>{rows}</tbody></table>{more}')
+
+
 def render_page(hosts: fleet_pb2.ListHostsResponse, events: Sequence[fleet_pb2.FleetEvent],
-                summary: fleet_pb2.GetSummaryResponse, *, insecure: bool, now: float) -> str:
+                summary: fleet_pb2.GetSummaryResponse, *, insecure: bool, now: float,
+                validation: fleet_pb2.ValidationReport | None = None) -> str:
     """The whole page. `events` in any order (the newest 50 are shown);
-    `now` only for 'last seen ... ago' of offline hosts."""
+    `now` only for 'last seen ... ago' of offline hosts; `validation` the
+    last validation report (None: none yet)."""
     g = grid.build(hosts)
     connected = sum(1 for h in hosts.hosts if h.connected)
     banner = ('<div class="insecure" id="insecure-banner">WARNING: INSECURE MODE — no TLS, hosts are not '
@@ -203,6 +229,7 @@ def render_page(hosts: fleet_pb2.ListHostsResponse, events: Sequence[fleet_pb2.F
         f'<h2>Hosts × rails</h2>{_grid_html(g, now)}'
         f'<h2>Needs a look</h2>{_problems_html(g)}'
         f'<h2>What it saved</h2>{_summary_html(summary)}'
+        f'<h2>Last validation</h2>{_validation_html(validation, now)}'
         f'<h2>Latest events</h2>{_events_html(events)}'
         '</body></html>\n')
 

@@ -13,12 +13,15 @@
 | 6    | STALE       | health data stale or unusable (nccl-env: health.json missing,        |
 |      |             | unreadable, or written by a daemon that is gone)                     |
 | 7    | NO_USABLE   | nothing usable (nccl-env: no port is healthy)                        |
+| 8    | FINDINGS    | validate ran and found a problem (a finding in the report, e.g. a    |
+|      |             | miswired cable, a bad optic, a host that gave no result)             |
 
 Why these splits: a launcher wrapping `nccl-env` must tell "daemon gone, fall
 back to the static NIC list" (3, 6) from "every NIC is bad, do not start" (7);
 a drain script must tell "you are not root" (4) from "typo in the port name"
-(5) from "bad --for" (2). 2 is click's own code for usage errors, so it is
-kept. The table above is the one README.md and `linkpassctl --help` show
+(5) from "bad --for" (2); a hand-over script must tell "the cluster has a
+fault" (8) from "the validation could not run" (1-4). 2 is click's own code
+for usage errors, so it is kept. The table above is the one README.md and `linkpassctl --help` show
 (`EPILOG` renders it).
 """
 
@@ -36,6 +39,7 @@ class ExitCode(IntEnum):
     NOT_FOUND = 5
     STALE = 6
     NO_USABLE = 7
+    FINDINGS = 8
 
 
 MEANINGS: dict[ExitCode, str] = {
@@ -47,6 +51,7 @@ MEANINGS: dict[ExitCode, str] = {
     ExitCode.NOT_FOUND: "not found (unknown port, port not drained)",
     ExitCode.STALE: "health data stale or unusable (nccl-env)",
     ExitCode.NO_USABLE: "no usable port (nccl-env)",
+    ExitCode.FINDINGS: "validation found a problem (validate: findings in the report)",
 }
 
 

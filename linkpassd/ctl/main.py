@@ -307,6 +307,9 @@ cli.add_command(nccl_env)
 from linkpassd.ctl.fleet import fleet  # noqa: E402 - talks to linkpass-aggregator, not the socket
 cli.add_command(fleet)
 
+from linkpassd.ctl.validate import validate  # noqa: E402 - runs through linkpass-aggregator
+cli.add_command(validate)
+
 
 PROG_NAME = "linkpassctl"
 

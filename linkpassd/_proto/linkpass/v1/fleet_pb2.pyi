@@ -192,7 +192,7 @@ class CommandResult(_message.Message):
     def __init__(self, id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., validation: _Optional[_Union[HostValidation, _Mapping]] = ...) -> None: ...
 
 class ValidateHost(_message.Message):
-    __slots__ = ("run_id", "duration_s", "ports", "targets", "rate_pps", "burst_pps", "burst_s")
+    __slots__ = ("run_id", "duration_s", "ports", "targets", "rate_pps", "burst_pps", "burst_s", "probed_by")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     DURATION_S_FIELD_NUMBER: _ClassVar[int]
     PORTS_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +200,7 @@ class ValidateHost(_message.Message):
     RATE_PPS_FIELD_NUMBER: _ClassVar[int]
     BURST_PPS_FIELD_NUMBER: _ClassVar[int]
     BURST_S_FIELD_NUMBER: _ClassVar[int]
+    PROBED_BY_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     duration_s: float
     ports: _containers.RepeatedCompositeFieldContainer[ExpectedPort]
@@ -207,7 +208,8 @@ class ValidateHost(_message.Message):
     rate_pps: float
     burst_pps: float
     burst_s: float
-    def __init__(self, run_id: _Optional[str] = ..., duration_s: _Optional[float] = ..., ports: _Optional[_Iterable[_Union[ExpectedPort, _Mapping]]] = ..., targets: _Optional[_Iterable[_Union[ProbeTarget, _Mapping]]] = ..., rate_pps: _Optional[float] = ..., burst_pps: _Optional[float] = ..., burst_s: _Optional[float] = ...) -> None: ...
+    probed_by: _containers.RepeatedCompositeFieldContainer[ProbeTarget]
+    def __init__(self, run_id: _Optional[str] = ..., duration_s: _Optional[float] = ..., ports: _Optional[_Iterable[_Union[ExpectedPort, _Mapping]]] = ..., targets: _Optional[_Iterable[_Union[ProbeTarget, _Mapping]]] = ..., rate_pps: _Optional[float] = ..., burst_pps: _Optional[float] = ..., burst_s: _Optional[float] = ..., probed_by: _Optional[_Iterable[_Union[ProbeTarget, _Mapping]]] = ...) -> None: ...
 
 class ExpectedPort(_message.Message):
     __slots__ = ("port", "rail", "speed_mbps", "switch_name", "switch_port")

@@ -1,0 +1,621 @@
+"""From what every host found to what is at fault: findings with evidence
+and a confidence.
+
+Why a localiser: a validation of 2,000 hosts yields ~300 k probed pairs and
+16 k port checks; an operator needs "this cable, this leaf, this spine
+link", not a table. The rules, in the order they run (each later step sees
+only what earlier steps left unexplained, so one fault gives one finding):
+
+1. Port checks against the plan. LLDP neighbour != plan: a *miswire*; when
+   two ports each see the other's planned switch port it is a swap and one
+   finding names both ports and where each must go. Optics problems
+   (*optic*), no carrier (*link_down*), wrong speed (*speed*), error
+   counters rising (*counters*): one finding per port, the most specific
+   kind first and the rest as evidence. A port with such a finding explains
+   the pairs through it (a swapped cable also breaks its probes). No LLDP
+   neighbour at all (*lldp*) is reported but explains nothing.
+2. Failing pairs (low-rate loss >= `fail_loss`: a blackhole, not loss):
+   - *leaf*: every pair that touches any host under a leaf fails (intra-
+     and cross-leaf) while the rest of the rail works: the leaf drops all.
+   - *blackhole*: every pair of one host port fails while its peers' other
+     pairs work: the host port, its cable or the leaf port (a leaf port
+     that drops looks exactly like this; the finding names both ends).
+   - Cross-leaf pairs that fail while intra-leaf pairs work point above the
+     leaves. If one leaf is in every failing leaf pair and all of its leaf
+     pairs fail (>= 2 of them): that leaf's uplinks (*leaf*, when all its
+     cross-leaf flows fail) or one of its spine links (*spine_path*, when
+     only some do: ECMP hashes each flow onto one spine, so a dead spine
+     link kills only the flows hashed onto it). Otherwise each failing leaf
+     pair is a *spine_path*; with two leaves on a rail the two leaves'
+     spine links cannot be told apart, and the confidence says so.
+3. Random loss among working pairs (*lossy_link*): per host port, the lost
+   probes of its pairs in the high-rate burst phase (the low-rate phase
+   when there was no burst). Greedy: the port with the highest loss rate,
+   if it lost at least `min_lost` probes, on at least two of its pairs, at
+   `concentration` times the rate of the rest of the rail, is a lossy
+   link; its pairs are then explained and the next port is tried (so the
+   peers of a lossy port are not blamed for its loss).
+   What the burst resolves: a port whose pairs carried n burst probes sees
+   >= `min_lost` losses with 95 % probability once its loss rate reaches
+   lambda/n (Poisson; lambda = 6.3 for 3 losses; with min_lost = 1 this is
+   the rule of three, 3/n). The report's loss_resolution is the worst
+   port's (`loss_resolution`). Loss is per round trip: a link that drops
+   p one way costs the echo p.
+4. What is left failing is *unexplained* (one finding per rail), so no
+   failure passes silently; hosts that could not run a check, or sent no
+   check for a planned port, are *incomplete*.
+
+Hosts without an "ok" result are left out (their pairs are not judged):
+the caller reports them (the aggregator's "no_result").
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from linkpassd._proto.linkpass.v1 import fleet_pb2
+from linkpassd.validate.plan import CablingPlan, PlannedPort
+from linkpassd.validate.results import (Finding, HostResult, HostValidation, PairResult, PortCheck,
+                                        host_results)
+
+__all__ = ["Analysis", "Finding", "HostResult", "HostValidation", "PairResult", "PortCheck", "Thresholds",
+           "detectable_loss", "localize", "localize_proto", "loss_resolution"]
+
+# Kinds in the order a port's issues are named (the first present is the kind).
+PORT_KINDS = ("optic", "link_down", "speed", "counters")
+KIND_ORDER = ("miswire", "optic", "link_down", "speed", "counters", "leaf", "blackhole", "spine_path",
+              "lossy_link", "unexplained", "lldp", "incomplete")
+PORT_CONFIDENCE = {"optic": 0.95, "link_down": 0.95, "speed": 0.9, "counters": 0.8}
+LLDP_CONFIDENCE = 0.6  # no neighbour seen: the far end is unproven, not known wrong
+# How well a spine-level finding pins its component (the evidence strength multiplies it).
+ONE_LEAF_SPINE_FACTOR = 0.9  # one leaf common to >= 2 failing leaf pairs: its uplinks
+LEAF_PAIR_SPINE_FACTOR = 0.75  # one leaf pair: a spine link of either leaf
+MAX_CONFIDENCE = 0.99
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    fail_loss: float = 0.5  # low-rate loss at or above this: the pair fails (blackhole class)
+    min_lost: int = 3  # lost probes before a port can be lossy: one or two strays are noise
+    power: float = 0.95  # the resolution is the loss seen with this probability
+    concentration: float = 4.0  # a lossy port's rate vs the rest of its rail
+
+
+@dataclass(frozen=True)
+class Analysis:
+    findings: tuple[Finding, ...]
+    loss_resolution: float  # fraction; see the module doc
+    unvalidated: tuple[str, ...] = ()  # plan hosts without an ok result
+
+
+def localize(plan: CablingPlan | Sequence[PlannedPort],
+             results: Iterable[HostResult | fleet_pb2.HostValidationResult] | Mapping[str, HostValidation],
+             thresholds: Thresholds = Thresholds()) -> Analysis:
+    """The findings of one run (see the module doc), most specific first."""
+    plan = plan if isinstance(plan, CablingPlan) else CablingPlan(tuple(plan))
+    ok = {r.host: r.validation for r in host_results(results) if r.ok}
+    unvalidated = tuple(sorted({p.host for p in plan.ports} - set(ok)))
+    ports = _PortStage(plan, ok)
+    pairs, incomplete = _pair_table(plan, ok, ports.explained, thresholds)
+    findings = ports.findings(pairs)
+    by_rail: dict[str, list[_Pair]] = defaultdict(list)
+    for pair in pairs:
+        if not pair.explained:
+            by_rail[pair.rail].append(pair)
+    for rail in sorted(by_rail):
+        findings.extend(_RailStage(plan, rail, by_rail[rail], thresholds).run())
+    for host in sorted(ok):
+        notes = [*ok[host].problems, *ports.incomplete.get(host, ()), *incomplete.get(host, ())]
+        if notes:
+            findings.append(Finding("incomplete", f"{host}: checks that did not run", hosts=(host,),
+                                    evidence=tuple(notes[:20]), confidence=1.0))
+    findings.sort(key=lambda f: (KIND_ORDER.index(f.kind) if f.kind in KIND_ORDER else len(KIND_ORDER),
+                                 f.rail, f.component))
+    return Analysis(tuple(findings), loss_resolution(plan, ok, thresholds, pairs=pairs), unvalidated)
+
+
+def localize_proto(plan: CablingPlan | Sequence[PlannedPort],
+                   results: Iterable[fleet_pb2.HostValidationResult]) -> list[fleet_pb2.Finding]:
+    """The aggregator's boundary: messages in, messages out."""
+    return [f.to_proto() for f in localize(plan, results).findings]
+
+
+def detectable_loss(probes: int, min_lost: int = 3, power: float = 0.95) -> float:
+    """The smallest random-loss rate at which `probes` probes lose at least
+    `min_lost` with probability `power` (Poisson approximation of the
+    binomial; min_lost = 1 gives the rule of three, ~3/n)."""
+    if probes <= 0:
+        return 1.0
+    return min(1.0, _poisson_rate_for(min_lost, power) / probes)
+
+
+def loss_resolution(plan: CablingPlan | Sequence[PlannedPort],
+                    results: Iterable[HostResult | fleet_pb2.HostValidationResult] | Mapping[str, HostValidation],
+                    thresholds: Thresholds = Thresholds(), *, pairs: Sequence[_Pair] | None = None) -> float:
+    """The loss rate the run could resolve on every host port: the worst
+    port's detectable_loss over the probes of all its pairs (burst phase,
+    or low-rate phase where there was no burst). 1.0 with no probes."""
+    if pairs is None:
+        plan = plan if isinstance(plan, CablingPlan) else CablingPlan(tuple(plan))
+        ok = {r.host: r.validation for r in host_results(results) if r.ok}
+        pairs, _ = _pair_table(plan, ok, set(), thresholds)
+    probes: dict[tuple[str, str], int] = defaultdict(int)
+    for pair in pairs:
+        for host in (pair.a, pair.b):
+            probes[(host, pair.rail)] += pair.loss_n
+    if not probes:
+        return 1.0
+    return max(detectable_loss(n, thresholds.min_lost, thresholds.power) for n in probes.values())
+
+
+# --------------------------------------------------------------------------
+# names and numbers
+
+
+def _norm_switch(name: str) -> str:
+    """LLDP system names are often FQDNs; the plan usually says the short name."""
+    return name.strip().lower().split(".")[0]
+
+
+def _norm_port(name: str) -> str:
+    return name.strip().lower()
+
+
+def _link(p: PlannedPort) -> str:
+    return f"{p.host} {p.port} <-> {p.switch} {p.switch_port}"
+
+
+def _link_ports(p: PlannedPort) -> tuple[str, str]:
+    return (f"{p.host}:{p.port}", f"{p.switch}:{p.switch_port}")
+
+
+def _strength(observations: int) -> float:
+    """How much n agreeing observations weigh: 1 - 2^-n (one: a coin toss)."""
+    return min(MAX_CONFIDENCE, 1.0 - 0.5 ** max(observations, 0))
+
+
+def _percent(fraction: float) -> str:
+    value = 100.0 * fraction
+    return f"{value:.0f} %" if value >= 10 or value == 0 else f"{value:.2g} %"
+
+
+def _pct(lost: int, n: int) -> str:
+    return f"{lost:,} of {n:,} lost ({_percent(lost / n)})" if n else "none sent"
+
+
+def _poisson_cdf(k: int, mean: float) -> float:
+    """P(X <= k) for X ~ Poisson(mean)."""
+    if k < 0:
+        return 0.0
+    term = total = math.exp(-mean)
+    for i in range(1, k + 1):
+        term *= mean / i
+        total += term
+    return min(1.0, total)
+
+
+def _poisson_rate_for(min_count: int, power: float) -> float:
+    """The mean at which P(X >= min_count) = power (bisection)."""
+    lo, hi = 0.0, 10.0 + 4.0 * min_count
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        if 1.0 - _poisson_cdf(min_count - 1, mid) < power:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+# --------------------------------------------------------------------------
+# 1. port checks
+
+
+class _PortStage:
+    """Port checks against the plan: miswires (paired into swaps) and each
+    port's other issues; which ports explain their pairs' failures."""
+
+    def __init__(self, plan: CablingPlan, ok: Mapping[str, HostValidation]) -> None:
+        self.plan = plan
+        self.index = {(_norm_switch(p.switch), _norm_port(p.switch_port)): p for p in plan.ports}
+        self.issues: dict[PlannedPort, list[tuple[str, str]]] = defaultdict(list)
+        self.wrong: dict[PlannedPort, PortCheck] = {}
+        self.no_lldp: list[PlannedPort] = []
+        self.incomplete: dict[str, list[str]] = defaultdict(list)
+        planned: dict[str, list[PlannedPort]] = defaultdict(list)
+        for p in plan.ports:
+            planned[p.host].append(p)
+        for host in sorted(ok):
+            checks = {c.port: c for c in ok[host].ports}
+            for p in sorted(planned.get(host, ()), key=lambda p: p.rail):
+                check = checks.get(p.port)
+                if check is None:
+                    self.incomplete[host].append(f"no check of {p.port} ({p.rail}) came back")
+                    continue
+                self._judge(p, check)
+        self.explained = {(p.host, p.rail) for p in (*self.issues, *self.wrong)}
+
+    def _judge(self, p: PlannedPort, c: PortCheck) -> None:
+        name = f"{p.host} {p.port}"
+        if not c.carrier:
+            self.issues[p].append(("link_down", f"{name}: no carrier"))
+        elif p.speed_mbps and c.speed_mbps and c.speed_mbps != p.speed_mbps:
+            self.issues[p].append(("speed", f"{name}: {c.speed_mbps:,} Mb/s, the plan says {p.speed_mbps:,}"))
+        if c.optics_problems:
+            self.issues[p].append(("optic", f"{name} optics: {'; '.join(c.optics_problems)}"))
+        if c.counters_rising:
+            rising = ", ".join(f"{k} +{v:,}" for k, v in sorted(c.counters_rising.items()))
+            self.issues[p].append(("counters", f"{name}: error counters rose during the window: {rising}"))
+        if c.lldp_source:
+            if (_norm_switch(c.lldp_system), _norm_port(c.lldp_port)) != \
+                    (_norm_switch(p.switch), _norm_port(p.switch_port)):
+                self.wrong[p] = c
+        elif c.carrier:
+            self.no_lldp.append(p)
+
+    def findings(self, pairs: Sequence[_Pair]) -> list[Finding]:
+        loss = _loss_by_port(pairs)
+        out = self._miswires(loss)
+        for p, issues in sorted(self.issues.items(), key=lambda item: (item[0].host, item[0].rail)):
+            if p in self.wrong:
+                continue  # told with its miswire
+            kind = next(k for k in PORT_KINDS if any(kind == k for kind, _ in issues))
+            evidence = [text for _, text in sorted(issues, key=lambda i: PORT_KINDS.index(i[0]))]
+            evidence.extend(loss.get((p.host, p.rail), ()))
+            out.append(Finding(kind, _link(p), hosts=(p.host,), ports=_link_ports(p), rail=p.rail,
+                               evidence=tuple(evidence), confidence=PORT_CONFIDENCE[kind]))
+        for p in self.no_lldp:
+            if p in self.issues:
+                continue
+            out.append(Finding("lldp", _link(p), hosts=(p.host,), ports=_link_ports(p), rail=p.rail,
+                               evidence=(f"{p.host} {p.port}: carrier up but no LLDP neighbour seen "
+                                         "(lldpd or the wire): where its cable ends is not proven",),
+                               confidence=LLDP_CONFIDENCE))
+        return out
+
+    def _miswires(self, loss: Mapping[tuple[str, str], list[str]]) -> list[Finding]:
+        out = []
+        done: set[PlannedPort] = set()
+        ordered = sorted(self.wrong, key=lambda p: (p.host, p.rail))
+        for p in ordered:
+            if p in done:
+                continue
+            seen = self.wrong[p]
+            q = self.index.get((_norm_switch(seen.lldp_system), _norm_port(seen.lldp_port)))
+            swap = (q is not None and q in self.wrong and q not in done and
+                    (_norm_switch(self.wrong[q].lldp_system), _norm_port(self.wrong[q].lldp_port))
+                    == (_norm_switch(p.switch), _norm_port(p.switch_port)))
+            ends = [p, q] if swap and q is not None else [p]
+            done.update(ends)
+            evidence = []
+            for end in ends:
+                check = self.wrong[end]
+                evidence.append(f"{end.host} {end.port} sees {check.lldp_system} {check.lldp_port} "
+                                f"(LLDP, {check.lldp_source}); the plan: {end.switch} {end.switch_port}")
+                evidence.extend(text for _, text in self.issues.get(end, ()))
+                evidence.extend(loss.get((end.host, end.rail), ()))
+            fix = " and ".join(f"{end.host} {end.port} -> {end.switch} {end.switch_port}" for end in ends)
+            if swap and q is not None:
+                component = f"{p.host} {p.port} and {q.host} {q.port}: cables swapped"
+                confidence = MAX_CONFIDENCE  # both ends agree
+            else:
+                owner = f", planned for {q.host} {q.port}" if q is not None else ", not in the plan"
+                component = f"{p.host} {p.port} is cabled to {seen.lldp_system} {seen.lldp_port}{owner}"
+                confidence = 0.9 if q is not None else 0.8
+            rails = {end.rail for end in ends}
+            out.append(Finding("miswire", component, hosts=tuple(sorted({e.host for e in ends})),
+                               ports=tuple(x for e in ends for x in _link_ports(e)),
+                               rail=rails.pop() if len(rails) == 1 else "", evidence=tuple(evidence),
+                               confidence=confidence, fix=f"move {fix}"))
+        return out
+
+
+# --------------------------------------------------------------------------
+# the pair table
+
+
+@dataclass
+class _Pair:
+    rail: str
+    a: str  # the sender
+    b: str
+    leaf_a: str
+    leaf_b: str
+    result: PairResult
+    failed: bool
+    explained: bool  # an end has a port finding
+
+    @property
+    def cross_leaf(self) -> bool:
+        return self.leaf_a != self.leaf_b
+
+    @property
+    def loss_n(self) -> int:
+        """Probes that count for random loss: the burst when there was one."""
+        r = self.result
+        return r.burst_sent if r.burst_sent > 0 else r.sent
+
+    @property
+    def loss_lost(self) -> int:
+        r = self.result
+        if r.burst_sent > 0:
+            return max(0, r.burst_sent - r.burst_received)
+        return max(0, r.sent - r.received)
+
+    def touches(self, host: str) -> bool:
+        return host in (self.a, self.b)
+
+    def other(self, host: str) -> str:
+        return self.b if host == self.a else self.a
+
+
+def _pair_table(plan: CablingPlan, ok: Mapping[str, HostValidation], explained: set[tuple[str, str]],
+                thresholds: Thresholds) -> tuple[list[_Pair], dict[str, list[str]]]:
+    pairs: list[_Pair] = []
+    incomplete: dict[str, list[str]] = defaultdict(list)
+    for host in sorted(ok):
+        for r in ok[host].pairs:
+            own, peer = plan.port_of(host, r.rail), plan.port_of(r.peer_host, r.rail)
+            if own is None or peer is None or r.peer_host == host:
+                incomplete[host].append(f"a probe result for {r.peer_host or r.peer!r} on {r.rail!r} "
+                                        "that the plan does not have: ignored")
+                continue
+            if r.peer_host not in ok:
+                continue  # no result from the peer: the caller reports it
+            if r.sent == 0 and r.burst_sent == 0:
+                incomplete[host].append(f"no probe sent to {r.peer_host} on {r.rail}")
+                continue
+            sent, received = (r.sent, r.received) if r.sent > 0 else (r.burst_sent, r.burst_received)
+            failed = (sent - min(received, sent)) >= thresholds.fail_loss * sent
+            pairs.append(_Pair(r.rail, host, r.peer_host, own.switch, peer.switch, r, failed,
+                               (host, r.rail) in explained or (r.peer_host, r.rail) in explained))
+    return pairs, incomplete
+
+
+def _loss_by_port(pairs: Sequence[_Pair]) -> dict[tuple[str, str], list[str]]:
+    """Evidence for port findings: what their pairs lost."""
+    per: dict[tuple[str, str], list[_Pair]] = defaultdict(list)
+    for pair in pairs:
+        per[(pair.a, pair.rail)].append(pair)
+        per[(pair.b, pair.rail)].append(pair)
+    out = {}
+    for key, items in per.items():
+        failed = sum(p.failed for p in items)
+        lost, n = sum(p.loss_lost for p in items), sum(p.loss_n for p in items)
+        if failed or lost:
+            out[key] = [f"{key[0]} on {key[1]}: {failed} of {len(items)} probed pairs fail; probes {_pct(lost, n)}"]
+    return out
+
+
+# --------------------------------------------------------------------------
+# 2-4. one rail's pairs
+
+
+@dataclass
+class _RailStage:
+    plan: CablingPlan
+    rail: str
+    pairs: list[_Pair]
+    th: Thresholds
+    done: set[int] = field(default_factory=set)  # ids of pairs a finding explains
+
+    def run(self) -> list[Finding]:
+        self.by_host: dict[str, list[_Pair]] = defaultdict(list)
+        for p in self.pairs:
+            self.by_host[p.a].append(p)
+            self.by_host[p.b].append(p)
+        leaves: dict[str, list[str]] = defaultdict(list)
+        hosts = sorted(self.by_host)
+        for host in hosts:
+            port = self.plan.port_of(host, self.rail)
+            assert port is not None  # _pair_table kept only planned ends
+            leaves[port.switch].append(host)
+        out = self._leaves(leaves)
+        out += self._ports(hosts, leaves)
+        out += self._above_leaves(leaves)
+        out += self._lossy(hosts)
+        out += self._unexplained()
+        return out
+
+    def _open(self) -> list[_Pair]:
+        return [p for p in self.pairs if id(p) not in self.done]
+
+    def _open_of(self, host: str) -> list[_Pair]:
+        return [p for p in self.by_host.get(host, ()) if id(p) not in self.done]
+
+    def _leaves(self, leaves: Mapping[str, list[str]]) -> list[Finding]:
+        """A leaf under which every pair of every host fails."""
+        out = []
+        for leaf, members in sorted(leaves.items()):
+            if len(members) < 2:
+                continue  # one host: its port and its leaf look alike (see _ports)
+            under = set(members)
+            touching = list({id(p): p for h in members for p in self._open_of(h)}.values())
+            if not touching or not all(p.failed for p in touching):
+                continue
+            rest = [p for p in self._open() if p.a not in under and p.b not in under]
+            working = sum(not p.failed for p in rest) / len(rest) if rest else 0.0
+            if rest and working < 0.5:
+                continue  # most of the rail fails: not this leaf alone
+            intra = sum(not p.cross_leaf for p in touching)
+            evidence = [f"all {len(touching)} probed pairs of its {len(members)} hosts fail "
+                        f"({intra} under {leaf}, {len(touching) - intra} to other leaves)"]
+            if rest:
+                evidence.append(f"the rest of {self.rail} works: {_share(rest)}")
+                confidence = _strength(len(touching)) * working
+            else:
+                evidence.append(f"{leaf} is the only leaf probed on {self.rail}: it or every cable under it")
+                confidence = 0.5
+            self.done.update(id(p) for p in touching)
+            out.append(Finding("leaf", f"{leaf} ({self.rail}): drops all traffic of its hosts",
+                               hosts=tuple(members), ports=(leaf,), rail=self.rail, evidence=tuple(evidence),
+                               confidence=round(confidence, 3)))
+        return out
+
+    def _ports(self, hosts: Sequence[str], leaves: Mapping[str, list[str]]) -> list[Finding]:
+        """A host port whose every pair fails while its peers work."""
+        out = []
+        for host in hosts:
+            touching = self._open_of(host)
+            if not touching or not all(p.failed for p in touching):
+                continue
+            peers = sorted({p.other(host) for p in touching})
+            fine = [g for g in peers if any(not p.failed and not p.touches(host) for p in self._open_of(g))]
+            working = len(fine) / len(peers)
+            if working < 0.5:
+                continue  # its peers fail too: something bigger (left to the next steps)
+            port = self.plan.port_of(host, self.rail)
+            assert port is not None
+            intra = sum(not p.cross_leaf for p in touching)
+            evidence = [f"all {len(touching)} probed pairs of {host} on {self.rail} fail "
+                        f"({intra} under {port.switch}, {len(touching) - intra} to other leaves)",
+                        f"{len(fine)} of its {len(peers)} peers work with other hosts",
+                        "carrier up, LLDP as planned: a silent drop at the host port, the cable or the leaf port"]
+            if len(leaves.get(port.switch, ())) == 1:
+                evidence.append(f"{host} is the only host probed under {port.switch}: the leaf itself is possible")
+            self.done.update(id(p) for p in touching)
+            out.append(Finding("blackhole", _link(port) + ": drops all traffic", hosts=(host,),
+                               ports=_link_ports(port), rail=self.rail, evidence=tuple(evidence),
+                               confidence=round(_strength(len(touching)) * working, 3)))
+        return out
+
+    def _above_leaves(self, leaves: Mapping[str, list[str]]) -> list[Finding]:
+        """Cross-leaf pairs failing while intra-leaf pairs work: the leaf
+        uplinks or a spine path."""
+        by_leaf_pair: dict[tuple[str, str], list[_Pair]] = defaultdict(list)
+        for p in self._open():
+            if p.cross_leaf:
+                by_leaf_pair[tuple(sorted((p.leaf_a, p.leaf_b)))].append(p)  # type: ignore[arg-type]
+        failing = {lp: items for lp, items in by_leaf_pair.items() if any(p.failed for p in items)}
+        if not failing:
+            return []
+        out = []
+        common = set.intersection(*(set(lp) for lp in failing))
+        for leaf in sorted(common):
+            own = {lp for lp in by_leaf_pair if leaf in lp}
+            if len(failing) < 2 or own != set(failing):
+                continue
+            items = [p for lp in sorted(own) for p in by_leaf_pair[lp]]
+            dead = sum(p.failed for p in items)
+            full = dead == len(items)
+            intra = [p for p in self._open() if not p.cross_leaf and leaf in (p.leaf_a, p.leaf_b)]
+            evidence = [f"{dead} of {len(items)} probed flows from {leaf} to {len(own)} other leaves fail"
+                        + ("" if full else " (ECMP: only the flows hashed onto the bad spine link)"),
+                        f"pairs between the other leaves work; under {leaf}: " + (_share(intra) if intra else "none probed")]
+            confidence = _strength(dead) * ONE_LEAF_SPINE_FACTOR * _working_share(intra)
+            kind, what = (("leaf", f"{leaf} ({self.rail}) uplinks: drops all traffic to other leaves") if full else
+                          ("spine_path", f"{leaf} ({self.rail}): one of its spine links"))
+            self.done.update(id(p) for p in items if p.failed)
+            out.append(Finding(kind, what, hosts=tuple(leaves.get(leaf, ())), ports=(leaf,), rail=self.rail,
+                               evidence=tuple(evidence), confidence=round(confidence, 3)))
+            return out  # one leaf explains every failing leaf pair
+        for (x, y), items in sorted(failing.items()):
+            dead = sum(p.failed for p in items)
+            intra = [p for p in self._open() if not p.cross_leaf and p.leaf_a in (x, y)]
+            evidence = [f"{dead} of {len(items)} probed flows between {x} and {y} fail"
+                        + (" (all)" if dead == len(items) else
+                           " (ECMP: only the flows hashed onto the bad spine link)"),
+                        f"under {x} and {y}: " + (_share(intra) if intra else "none probed"),
+                        f"the fault is on a spine link of {x} or of {y} (or a spine between them): "
+                        "probes between two leaves cannot tell which side"]
+            confidence = _strength(dead) * LEAF_PAIR_SPINE_FACTOR * _working_share(intra)
+            self.done.update(id(p) for p in items if p.failed)
+            out.append(Finding("spine_path", f"{x} <-> {y} ({self.rail}) through the spines",
+                               hosts=tuple(sorted({*leaves.get(x, ()), *leaves.get(y, ())})), ports=(x, y),
+                               rail=self.rail, evidence=tuple(evidence), confidence=round(confidence, 3)))
+        return out
+
+    def _lossy(self, hosts: Sequence[str]) -> list[Finding]:
+        """Random loss concentrated on one host port (greedy, module doc)."""
+        out = []
+        remaining = {id(p): p for p in self._open() if not p.failed}
+        blamed: set[str] = set()
+        while True:
+            suspects = []
+            for host in hosts:
+                if host in blamed:
+                    continue
+                own = [p for p in self.by_host.get(host, ()) if id(p) in remaining]
+                lost, n = sum(p.loss_lost for p in own), sum(p.loss_n for p in own)
+                lossy_pairs = sum(p.loss_lost > 0 for p in own)
+                # All its loss on one pair: that peer or that path, not this port.
+                if n and lost >= self.th.min_lost and lossy_pairs >= min(2, len(own)):
+                    suspects.append((-lost / n, -lost, host, own, lost, n, lossy_pairs))
+            if not suspects:
+                return out
+            suspect_names = {s[2] for s in suspects}
+            # The background: pairs that touch no suspect (robust to several
+            # lossy ports); when every pair touches one, the median suspect
+            # (a rail that loses everywhere has no port to blame).
+            clean = [p for p in remaining.values() if p.a not in suspect_names and p.b not in suspect_names]
+            rest_lost, rest_n = sum(p.loss_lost for p in clean), sum(p.loss_n for p in clean)
+            background = (rest_lost / rest_n if rest_n else
+                          statistics.median(lost / n for _, _, _, _, lost, n, _ in suspects))
+            chosen = None
+            for _, _, host, own, lost, n, lossy_pairs in sorted(suspects, key=lambda s: s[:3]):
+                if lost / n < self.th.concentration * background:
+                    continue  # not concentrated: the whole rail loses
+                chosen = (host, own, lost, n, lossy_pairs, rest_lost, rest_n)
+                break
+            if chosen is None:
+                pairs = list(remaining.values())
+                lost, n = sum(p.loss_lost for p in pairs), sum(p.loss_n for p in pairs)
+                out.append(Finding(
+                    "unexplained", f"{self.rail}: random loss spread over {len(suspect_names)} host ports, "
+                    "no single port to blame", hosts=tuple(sorted(suspect_names)), rail=self.rail,
+                    evidence=(f"pairs left on {self.rail}: {_pct(lost, n)}",
+                              "a loss this even across ports points at something they share (spines, a leaf, "
+                              "the probing hosts' own load)"), confidence=0.3))
+                return out
+            host, own, lost, n, lossy_pairs, rest_lost, rest_n = chosen
+            blamed.add(host)
+            out.append(self._lossy_finding(host, own, lost, n, lossy_pairs, rest_lost, rest_n))
+            self.done.update(id(p) for p in own)
+            for p in own:
+                remaining.pop(id(p), None)
+
+    def _lossy_finding(self, host: str, own: list[_Pair], lost: int, n: int, lossy_pairs: int,
+                       rest_lost: int, rest_n: int) -> Finding:
+        port = self.plan.port_of(host, self.rail)
+        assert port is not None
+        burst = all(p.result.burst_sent > 0 for p in own)
+        phase = "burst phase" if burst else "low-rate phase"
+        low_lost = sum(max(0, p.result.sent - p.result.received) for p in own)
+        low_n = sum(p.result.sent for p in own)
+        background = rest_lost / rest_n if rest_n else 0.0
+        # How unlikely this many losses are at the rest of the rail's rate.
+        significance = _poisson_cdf(lost - 1, n * max(background, 1e-6))
+        concentration = lost / (lost + rest_lost)
+        evidence = [f"{phase}: {_pct(lost, n)} over {len(own)} pairs, {lossy_pairs} of them with loss",
+                    f"the rest of {self.rail}: {_pct(rest_lost, rest_n)}",
+                    f"{phase} on this port resolves loss >= "
+                    f"{_percent(detectable_loss(n, self.th.min_lost, self.th.power))}"]
+        if burst:
+            evidence.append(f"low-rate phase: {_pct(low_lost, low_n)}; it resolves only >= "
+                            f"{_percent(detectable_loss(low_n, self.th.min_lost, self.th.power))}")
+        confidence = concentration * significance * _strength(lossy_pairs)
+        return Finding("lossy_link", f"{_link(port)}: random loss ~{_percent(lost / n)}", hosts=(host,),
+                       ports=_link_ports(port), rail=self.rail, evidence=tuple(evidence),
+                       confidence=round(min(MAX_CONFIDENCE, confidence), 3))
+
+    def _unexplained(self) -> list[Finding]:
+        left = [p for p in self._open() if p.failed]
+        if not left:
+            return []
+        shown = [f"{p.a} -> {p.b}: {_pct(p.result.sent - min(p.result.received, p.result.sent), p.result.sent)}"
+                 for p in left[:8]]
+        return [Finding("unexplained", f"{self.rail}: {len(left)} failing pairs no single component explains",
+                        hosts=tuple(sorted({h for p in left for h in (p.a, p.b)})), rail=self.rail,
+                        evidence=tuple(shown), confidence=0.3)]
+
+
+def _share(pairs: Sequence[_Pair]) -> str:
+    return f"{sum(not p.failed for p in pairs)} of {len(pairs)} pairs work"
+
+
+def _working_share(pairs: Sequence[_Pair]) -> float:
+    """Intra-leaf pairs that work (1.0 when none were probed: no counter-evidence)."""
+    return sum(not p.failed for p in pairs) / len(pairs) if pairs else 1.0

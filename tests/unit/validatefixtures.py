@@ -1,0 +1,159 @@
+"""A synthetic rail-optimised fabric for the validation tests: a cabling
+plan, the probe plan, and what every host would report under a fault.
+
+Each fault changes the "physical" fabric; `results()` then derives every
+port check and every probed pair from it, the way the hosts would see it:
+
+- a swapped cable: LLDP on each end shows the other's switch port, and the
+  host's traffic on both rails fails (the /31 on the far side is wrong);
+- a dead optic: module flags, no carrier, every pair of the port fails;
+- a blackholing host (or leaf) port: carrier and LLDP fine, every pair of
+  the port fails;
+- a whole leaf that drops: every pair with an end under it fails;
+- leaf uplinks down: every cross-leaf pair with an end under it fails;
+- a blackholing spine link (leaf X <-> spine s): ECMP hashes each direction
+  of each cross-leaf flow onto one of `spines` spines (a fixed hash of the
+  pair, as the echo probe's 5-tuple is fixed); a round trip fails when
+  either direction crosses X's link to s, so only some flows of a leaf pair
+  die;
+- a lossy link: each probe through the port is lost with probability p
+  (seeded RNG, so runs are reproducible);
+- noise: a few stray lost probes on single pairs, as a busy lab gives.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from dataclasses import dataclass, field
+
+from linkpassd.validate.plan import CablingPlan, PlannedPort
+from linkpassd.validate.probeplan import ProbePlan
+from linkpassd.validate.results import HostValidation, PairResult, PortCheck
+
+SPEED = 400_000
+DEAD_RX = "rx_power_dbm lane 0: -40.0 below the module's low alarm -11.0"
+
+
+@dataclass
+class Fabric:
+    hosts: int = 8
+    rails: int = 2
+    leaves_per_rail: int = 2
+    spines: int = 4
+    rate_sent: int = 20  # low-rate phase probes per pair
+    burst_sent: int = 500  # burst phase probes per pair
+    seed: int = 1
+    # faults
+    swapped: list[tuple[tuple[str, str], tuple[str, str]]] = field(default_factory=list)
+    dead_optic: set[tuple[str, str]] = field(default_factory=set)  # (host, rail)
+    sim_optic: set[tuple[str, str]] = field(default_factory=set)  # flags only, traffic fine
+    blackholed_ports: set[tuple[str, str]] = field(default_factory=set)
+    dead_leaves: set[str] = field(default_factory=set)
+    dead_uplinks: set[str] = field(default_factory=set)
+    dead_spine_links: set[tuple[str, int]] = field(default_factory=set)  # (leaf, spine)
+    lossy: dict[tuple[str, str], float] = field(default_factory=dict)
+    noise: list[tuple[str, str, str, int]] = field(default_factory=list)  # (rail, sender, receiver, lost)
+    wrong_speed: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.host_names = [f"gpu-{i + 1:02d}" for i in range(self.hosts)]
+        per_leaf = -(-self.hosts // self.leaves_per_rail)
+        ports = []
+        for r in range(self.rails):
+            for i, host in enumerate(self.host_names):
+                ports.append(PlannedPort(host=host, port=f"eth{r}", switch=self.leaf_name(r, i // per_leaf),
+                                         switch_port=f"Ethernet{i % per_leaf + 1}", rail=f"rail{r}", speed_mbps=SPEED))
+        self.plan = CablingPlan(tuple(ports), "synthetic")
+        self.addresses = {(p.host, p.rail): f"198.18.{int(p.rail[4:])}.{2 * self.host_names.index(p.host) + 1}"
+                          for p in ports}
+        self.probes = ProbePlan.from_plan(self.plan, self.addresses)
+
+    @staticmethod
+    def leaf_name(rail: int, index: int) -> str:
+        return f"leaf-r{rail}-{'abcdefgh'[index]}"
+
+    def port(self, host: str, rail: str) -> PlannedPort:
+        p = self.plan.port_of(host, rail)
+        assert p is not None
+        return p
+
+    # ---- faults ----
+
+    def swap(self, a: tuple[str, str], b: tuple[str, str]) -> Fabric:
+        """Swap the cables of two host ports, each (host, rail)."""
+        self.swapped.append((a, b))
+        return self
+
+    def _far_end(self, host: str, rail: str) -> PlannedPort:
+        """The planned port whose switch port this host port really reaches."""
+        for a, b in self.swapped:
+            if (host, rail) == a:
+                return self.port(*b)
+            if (host, rail) == b:
+                return self.port(*a)
+        return self.port(host, rail)
+
+    def _port_dead(self, host: str, rail: str) -> bool:
+        return ((host, rail) in self.dead_optic or (host, rail) in self.blackholed_ports
+                or any((host, rail) in pair for pair in self.swapped))
+
+    def _spine(self, rail: str, src: str, dst: str) -> int:
+        digest = hashlib.blake2b(f"{rail}|{src}|{dst}".encode(), digest_size=4).digest()
+        return int.from_bytes(digest, "big") % self.spines
+
+    def pair_fails(self, rail: str, a: str, b: str) -> bool:
+        if self._port_dead(a, rail) or self._port_dead(b, rail):
+            return True
+        la, lb = self.port(a, rail).switch, self.port(b, rail).switch
+        if la in self.dead_leaves or lb in self.dead_leaves:
+            return True
+        if la == lb:
+            return False
+        if la in self.dead_uplinks or lb in self.dead_uplinks:
+            return True
+        forward, back = self._spine(rail, a, b), self._spine(rail, b, a)
+        return any((leaf, spine) in self.dead_spine_links for leaf in (la, lb) for spine in (forward, back))
+
+    def cross_flows(self, rail: str, leaf_x: str, leaf_y: str) -> tuple[int, int]:
+        """(failing, all) probed flows between two leaves: the tests check
+        that a spine-link fault really is partial before relying on it."""
+        flows = [p for p in self.probes.probes if p.rail == rail and {p.sender_leaf, p.receiver_leaf} == {leaf_x, leaf_y}]
+        return sum(self.pair_fails(rail, p.sender, p.receiver) for p in flows), len(flows)
+
+    # ---- what the hosts report ----
+
+    def results(self) -> dict[str, HostValidation]:
+        rng = random.Random(self.seed)
+        out = {}
+        for host in self.host_names:
+            checks = []
+            for r in range(self.rails):
+                rail = f"rail{r}"
+                planned, far = self.port(host, rail), self._far_end(host, rail)
+                dead_optic = (host, rail) in self.dead_optic
+                problems = (DEAD_RX,) if dead_optic or (host, rail) in self.sim_optic else ()
+                checks.append(PortCheck(
+                    port=planned.port, rail=rail, carrier=not dead_optic,
+                    speed_mbps=0 if dead_optic else self.wrong_speed.get((host, rail), SPEED),
+                    lldp_system="" if dead_optic else far.switch, lldp_port="" if dead_optic else far.switch_port,
+                    lldp_source="" if dead_optic else "lldpd", optics_problems=problems))
+            pairs = []
+            for target in self.probes.targets_for(host):
+                pairs.append(self._pair(rng, target.rail, host, target.peer_host, target.peer))
+            out[host] = HostValidation(run_id="run-1", ports=tuple(checks), pairs=tuple(pairs))
+        return out
+
+    def _pair(self, rng: random.Random, rail: str, a: str, b: str, address: str) -> PairResult:
+        if self.pair_fails(rail, a, b):
+            return PairResult(rail, address, b, sent=self.rate_sent, received=0, burst_sent=self.burst_sent,
+                              burst_received=0)
+        p = max(self.lossy.get((a, rail), 0.0), self.lossy.get((b, rail), 0.0))
+        low_lost = sum(rng.random() < p for _ in range(self.rate_sent))
+        burst_lost = sum(rng.random() < p for _ in range(self.burst_sent))
+        for n_rail, n_a, n_b, lost in self.noise:
+            if (n_rail, n_a, n_b) == (rail, a, b):
+                burst_lost += lost
+        return PairResult(rail, address, b, sent=self.rate_sent, received=self.rate_sent - low_lost,
+                          rtt_p50_us=25, rtt_p99_us=60, burst_sent=self.burst_sent,
+                          burst_received=self.burst_sent - min(burst_lost, self.burst_sent))
