@@ -431,7 +431,7 @@ class AggregatorServer:
         limit = self.settings.max_message_bytes
         server = grpc.aio.server(options=[
             ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", 64 * 1024 * 1024),
+            ("grpc.max_send_message_length", 256 * 1024 * 1024),
             ("grpc.so_reuseport", 0),  # a second aggregator on the same port must fail, not share it
             ("grpc.keepalive_time_ms", 60_000),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
