@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # chromium: the headless browser test of the aggregator's page (tests/labs/test_fleet_lab.py).
-APT_PACKAGES=(iproute2 ethtool nftables tshark tcpdump iputils-ping mininet frr python3-venv python3-dev gcc prometheus chromium)
+# lldpd: the LLDP speaker of the lab's switches (labs/lldp.py runs one per lab node, in its namespace).
+APT_PACKAGES=(iproute2 ethtool nftables tshark tcpdump iputils-ping mininet frr python3-venv python3-dev gcc prometheus chromium lldpd)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
@@ -20,7 +21,30 @@ if [ ${#missing[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
   apt-get update -qq
+  # Installing lldpd must never start the machine's own lldpd: it would speak
+  # LLDP on the host's real interfaces (the labs run private ones, by PID).
+  # invoke-rc.d and deb-systemd-invoke ask /usr/sbin/policy-rc.d before
+  # starting a service; when the machine has none, a temporary one denies
+  # lldpd (exit 101) and allows everything else (exit 0, as having no policy
+  # does), and is removed right after. A policy the machine already has is
+  # left alone. Where systemd runs, the unit is also disabled for later boots
+  # (and stopped, should an existing policy have let it start).
+  policy=/usr/sbin/policy-rc.d
+  own_policy=0
+  if [[ " ${missing[*]} " == *" lldpd "* ]] && [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\n# temporary, from linkpass scripts/bootstrap.sh\ncase "$1" in lldpd|lldpd.service) exit 101;; esac\nexit 0\n' >"$policy"
+    chmod 755 "$policy"
+    own_policy=1
+    trap 'rm -f "$policy"' EXIT
+  fi
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [ "$own_policy" = 1 ]; then
+    rm -f "$policy"
+    trap - EXIT
+  fi
+  if [[ " ${missing[*]} " == *" lldpd "* ]] && [ -d /run/systemd/system ]; then
+    systemctl disable --now lldpd.service >/dev/null 2>&1 || true
+  fi
 fi
 
 PY=${PYTHON:-python3}

@@ -8,10 +8,11 @@ monotonic ``injected_at``/``cleared_at`` stamps (see base.Fault).
 """
 
 from labs.faults.base import Fault
+from labs.faults.blackhole import LeafPortBlackhole, SpineLinkBlackhole
 from labs.faults.link import CablePull, Flap
 from labs.faults.miswire import Miswire
 from labs.faults.nft import NftFault, OneWayLoss, RandomLoss, SilentBlackhole
 from labs.faults.optics import OpticDegradation, SimSensor
 
-__all__ = ["Fault", "CablePull", "Flap", "Miswire", "NftFault", "OneWayLoss", "RandomLoss",
-           "SilentBlackhole", "OpticDegradation", "SimSensor"]
+__all__ = ["Fault", "CablePull", "Flap", "LeafPortBlackhole", "Miswire", "NftFault", "OneWayLoss",
+           "RandomLoss", "SilentBlackhole", "SpineLinkBlackhole", "OpticDegradation", "SimSensor"]

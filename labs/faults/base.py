@@ -22,9 +22,14 @@ class Fault:
     kind = "fault"
 
     def __init__(self, lab: Lab, host: str | int | HostPlan, rail: int | str):
-        self.lab = lab
         self.host: HostPlan = lab.host(host)  # LabError names the hosts that exist
         self.rail: HostRail = self.host.rail(rail)  # ...and the rails
+        self._init_state(lab)
+
+    def _init_state(self, lab: Lab) -> None:
+        """What every fault has, whatever it targets (a fault on a fabric
+        link has no host port: it sets ``host``/``rail`` to None and calls this)."""
+        self.lab = lab
         self.injected_at: float | None = None
         self.cleared_at: float | None = None
         self._lock = threading.RLock()

@@ -41,7 +41,8 @@ class Miswire(Fault):
     def _inject(self) -> float:
         ports = {self.rail.leaf_port, self.rail_b.leaf_port}
         for other in self.lab._faults:
-            if other is not self and other.active and other.host.name == self.host.name and \
+            if other is not self and other.active and other.host is not None and \
+                    other.host.name == self.host.name and \
                     isinstance(other, (NftFault, CablePull, Flap, Miswire)) and \
                     {other.rail.leaf_port, getattr(other, "rail_b", other.rail).leaf_port} & ports:
                 raise LabError(f"{self.description}: clear {other} first "

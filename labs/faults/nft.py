@@ -39,6 +39,12 @@ class NftFault(Fault):
     def __init__(self, lab: Lab, host: str | int | HostPlan, rail: int | str,
                  directions: tuple[str, ...] = ("host_to_leaf", "leaf_to_host")):
         super().__init__(lab, host, rail)
+        self._init_rules(self.rail.leaf, self.rail.leaf_port, directions)
+
+    def _init_rules(self, node: str, port: str, directions: tuple[str, ...]) -> None:
+        """Where the rules go: ``node``'s ``port`` (the leaf's host-facing
+        port here; a fabric-link fault passes its own)."""
+        self.node, self.port = node, port
         for d in directions:
             if d not in HOOKS:
                 raise LabError(f"direction must be one of {', '.join(HOOKS)}, got {d!r}")
@@ -58,7 +64,7 @@ class NftFault(Fault):
     def _inject(self) -> float:
         for other in self.lab._faults:
             if other is not self and other.active and isinstance(other, NftFault) \
-                    and other.rail.leaf_port == self.rail.leaf_port:
+                    and (other.node, other.port) == (self.node, self.port):
                 raise LabError(f"{self.description}: {other} is already on this port")
         script = [f"add table netdev {TABLE}"]
         for d in self.directions:
@@ -66,19 +72,19 @@ class NftFault(Fault):
             armed = f"meta {GROUP_MATCH[hook]} {self.group}"
             script += [
                 f'add chain netdev {TABLE} {chain} {{ type filter hook {hook} '
-                f'device "{self.rail.leaf_port}" priority 0; policy accept; }}',
+                f'device "{self.port}" priority 0; policy accept; }}',
                 f'add rule netdev {TABLE} {chain} {armed} counter comment "seen"',
                 f'add rule netdev {TABLE} {chain} {armed} {self._match()} counter drop '
                 f'comment "dropped"',
             ]
         self.final_counts = None
-        self.lab.nft(self.rail.leaf, "\n".join(script) + "\n")
-        return self.lab.set_link(self.rail.leaf, self.rail.leaf_port, group=self.group)
+        self.lab.nft(self.node, "\n".join(script) + "\n")
+        return self.lab.set_link(self.node, self.port, group=self.group)
 
     def _clear(self) -> float:
-        stamp = self.lab.set_link(self.rail.leaf, self.rail.leaf_port, group=0)
+        stamp = self.lab.set_link(self.node, self.port, group=0)
         self.final_counts = self._read_counts()
-        leaf = self.rail.leaf
+        leaf = self.node
         self.lab.nft(leaf, "".join(f"delete chain netdev {TABLE} {self.chain(d)}\n"
                                    for d in self.directions))
         if not self._chains_left():
@@ -86,7 +92,7 @@ class NftFault(Fault):
         return stamp
 
     def _table(self) -> list[dict]:
-        out = self.lab.run(self.rail.leaf, ["nft", "-j", "list", "table", "netdev", TABLE]).stdout
+        out = self.lab.run(self.node, ["nft", "-j", "list", "table", "netdev", TABLE]).stdout
         return json.loads(out)["nftables"]
 
     def _chains_left(self) -> list[str]:

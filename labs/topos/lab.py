@@ -38,6 +38,7 @@ from mininet.topo import Topo
 
 from labs.aggproc import AggregatorProc
 from labs.frr import BfdPeer, FrrBfd, mnexec_attach
+from labs.lldp import LabLldp, lldp_options, sniff_lldp
 from labs.topos import frrbgp
 from labs.topos.nl import LinkSetter, arp_who_has
 from labs.topos.plan import (
@@ -161,6 +162,12 @@ class Lab:
     and their BFD sessions are the ones bgpd asks for (no static peers). See
     labs/topos/frrbgp.py. The lab is built once every session is Established,
     every BFD session Up and every host routes 198.18.0.0/16 via rail 0.
+
+    ``lldp`` (default False): True runs a real lldpd in every leaf and spine
+    namespace, ``{"hosts": True}`` in every host too, ``tx_interval_s``
+    (default 1) and ``tx_hold`` tune it; see labs/lldp.py. System name = node
+    name, port id = interface name; ``lldp_neighbours(node)`` reads them.
+    The build waits until every lldpd sees its planned neighbours.
     """
 
     def __init__(self, plan: FabricPlan, mechanism: str = "none", *,
@@ -169,7 +176,7 @@ class Lab:
                  linkpassd_timers: dict[str, float | int] | None = None,
                  linkpassd_log_level: str = "info",
                  bfd: dict | None = None, probes: dict | None = None,
-                 aggregator: bool = False, mesh: bool = False):
+                 aggregator: bool = False, mesh: bool = False, lldp: bool | dict = False):
         if mechanism not in MECHANISMS:
             raise LabError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
         if carrier_events not in CARRIER_EVENTS:
@@ -184,6 +191,8 @@ class Lab:
         self.linkpassd_log_level = linkpassd_log_level
         self.bfd = bfd_options(bfd)
         self.probes = None if probes is None else dict(probes)
+        self.lldp_options = lldp_options(lldp)
+        self.lldp: LabLldp | None = None
         # `aggregator`: a linkpass-aggregator in the root namespace (labs.aggproc),
         # reached by the daemons over a Unix socket in the work directory; with
         # `mesh` the configs name no probe peers: the aggregator's mesh does.
@@ -270,6 +279,9 @@ class Lab:
                     if time.monotonic() > deadline:
                         raise LabError(f"{rail.port}: no carrier {CARRIER_WAIT_S}s after build")
                     time.sleep(0.02)
+        if self.lldp_options:  # its processes join _procs: teardown stops them by PID
+            self.lldp = LabLldp(self, self.lldp_options)
+            self.lldp.start()
         if self.bfd:
             self._start_frr()
         if self.mechanism == frrbgp.MECHANISM:
@@ -547,6 +559,20 @@ class Lab:
 
         with ThreadPoolExecutor(max_workers=8) as pool:
             return list(pool.map(one, todo))
+
+    # ---- LLDP (labs/lldp.py) -------------------------------------------------------
+
+    def lldp_neighbours(self, node: str | HostPlan) -> dict[str, tuple[str, str]]:
+        """{port: (system name, port id)} as the node's lldpd sees them."""
+        if self.lldp is None:
+            raise LabError("this lab runs no lldpd (Lab(..., lldp=True))")
+        return self.lldp.neighbours(self.node(node).name)
+
+    def sniff_lldp(self, node: str | HostPlan, ifname: str,
+                   timeout_s: float = 5.0) -> tuple[str, str] | None:
+        """(system name, port id) of the next LLDP frame arriving on the
+        node's ``ifname``, decoded by scapy; None if none within ``timeout_s``."""
+        return sniff_lldp(self.pid(node), ifname, timeout_s)
 
     # ---- nftables ------------------------------------------------------------------
 

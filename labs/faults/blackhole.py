@@ -1,0 +1,81 @@
+"""Forwarding-plane blackholes that fleet validation must localise (issue 13).
+
+Both drop every frame but LLDP, both ways, on one leaf port, with the
+nftables machinery of nft.NftFault (armed by interface group, counted,
+removed on clear). LLDP passes because these model a switch whose
+forwarding plane eats traffic while its control plane (which answers LLDP)
+is fine: the cable and the neighbour check out, only probes see the fault.
+That keeps each finding separate: SilentBlackhole drops LLDP too, as a
+dead optic or cut fibre would.
+
+- ``LeafPortBlackhole(lab, host, rail)``: the leaf's port facing that host
+  port. Every probe to or from that host port dies; nothing else does.
+- ``SpineLinkBlackhole(lab, leaf, spine)``: the leaf's port toward that spine.
+  In railopt each rail has one leaf, so what crosses a spine is traffic
+  between rails (a host's rail-a address to another's rail-b address) and
+  the detour; with several spines, only the flows the leaf hashes onto that
+  link die (a multipath route keeps using a link whose carrier is up).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from labs.faults.nft import HOOKS, NftFault
+from labs.topos.lab import Lab
+from labs.topos.plan import SPINE, LabError, Uplink
+
+LLDP_PASSES = "ether type != 0x88cc"
+
+
+class LeafPortBlackhole(NftFault):
+    """Every frame but LLDP dropped both ways at the leaf's host-facing port."""
+
+    kind = "leaf-port-blackhole"
+
+    def _match(self) -> str:
+        return LLDP_PASSES
+
+    @property
+    def description(self) -> str:
+        return (f"{self.kind} on {self.rail.leaf} {self.rail.leaf_port} "
+                f"(facing {self.host.name} {self.rail.port})")
+
+
+class SpineLinkBlackhole(NftFault):
+    """Every frame but LLDP dropped both ways on one leaf-spine link, at
+    the leaf's end. ``leaf``/``spine``: node names or rail/spine numbers."""
+
+    kind = "spine-link-blackhole"
+
+    def __init__(self, lab: Lab, leaf: str | int, spine: str | int):
+        self.uplink = _uplink(lab, leaf, spine)
+        self.host = None  # a fabric link: no host port
+        self.rail = None
+        self._init_state(lab)
+        self._init_rules(self.uplink.leaf, self.uplink.leaf_port, tuple(HOOKS))
+
+    def _match(self) -> str:
+        return LLDP_PASSES
+
+    @property
+    def description(self) -> str:
+        u = self.uplink
+        return f"{self.kind} on {u.leaf} {u.leaf_port} <-> {u.spine} {u.spine_port}"
+
+    def record(self) -> dict[str, Any]:
+        u = self.uplink
+        return {"fault": self.kind, "description": self.description, "leaf": u.leaf,
+                "leaf_port": u.leaf_port, "spine": u.spine, "spine_port": u.spine_port,
+                "rail": u.rail, "injected_at": self.injected_at, "cleared_at": self.cleared_at}
+
+
+def _uplink(lab: Lab, leaf: str | int, spine: str | int) -> Uplink:
+    plan = lab.plan
+    leaf_name = plan.leaf_of(leaf) if isinstance(leaf, int) else leaf
+    spine_name = f"{SPINE}{spine}" if isinstance(spine, int) else spine
+    for up in plan.uplinks:
+        if (up.leaf, up.spine) == (leaf_name, spine_name):
+            return up
+    raise LabError(f"no link {leaf_name!r} <-> {spine_name!r} in this lab (leaves: "
+                   f"{', '.join(plan.leaf_names)}; spines: {', '.join(plan.spine_names)})")
