@@ -69,7 +69,8 @@ class AgentHost(Protocol):
 
     def take_peers(self, message: fleet_pb2.ProbePeers) -> None: ...
 
-    async def command(self, command: fleet_pb2.Command) -> tuple[int, str]: ...
+    async def command(self, command: fleet_pb2.Command
+                      ) -> tuple[int, str] | tuple[int, str, fleet_pb2.HostValidation]: ...
 
 
 def backoff_s(attempt: int, rng: random.Random, base: float = BACKOFF_BASE_S,
@@ -200,12 +201,18 @@ class AgentClient:
             await channel.close(grace=None)
 
     async def _write(self, call, request: fleet_pb2.ConnectRequest) -> None:
-        await asyncio.wait_for(call.write(request), WRITE_TIMEOUT_S)
+        # asyncio.timeout, never wait_for, around every await here: on 3.11
+        # wait_for returns the result and drops a cancel that arrives in the
+        # loop step where the awaited thing completes (CPython gh-86296), and
+        # the daemon's stop or reload would then wait for this task forever.
+        async with asyncio.timeout(WRITE_TIMEOUT_S):
+            await call.write(request)
 
     async def _stream(self, call) -> None:
         await self._write(call, fleet_pb2.ConnectRequest(hello=fleet_pb2.Hello(
             host_id=self.host_id, boot_id=self.boot_id, version=linkpassd.__version__)))
-        first = await asyncio.wait_for(call.read(), WELCOME_TIMEOUT_S)
+        async with asyncio.timeout(WELCOME_TIMEOUT_S):  # not wait_for: see _write
+            first = await call.read()
         if first is grpc.aio.EOF:
             raise StreamError("the aggregator ended the stream before its Welcome")
         if first.WhichOneof("body") != "welcome":
@@ -293,15 +300,15 @@ class _Session:
             timeout = next_beat - loop.time()
             if client._poked:
                 timeout = min(timeout, self.report_at + REPORT_MIN_S - loop.time())
-            try:
-                await asyncio.wait_for(self._wake_or_reader(reader), max(0.0, timeout))
-            except TimeoutError:
-                pass
+            await self._wake_or_reader(reader, max(0.0, timeout))
 
-    async def _wake_or_reader(self, reader: asyncio.Task) -> None:
+    async def _wake_or_reader(self, reader: asyncio.Task, timeout: float) -> None:
+        """Until there is work, the reader ended, or `timeout` passed.
+        asyncio.wait's own timeout, not wait_for (see AgentClient._write)."""
         wake = asyncio.ensure_future(self.client._wake.wait())
         try:
-            await asyncio.wait({wake, reader}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({wake, reader}, timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
         finally:
             wake.cancel()
 
@@ -402,18 +409,22 @@ class _Session:
         task.add_done_callback(self.commands.discard)
 
     async def _run_command(self, command: fleet_pb2.Command) -> None:
+        validation = None
         try:
-            code, message = await self.client.host.command(command)
+            code, message, *rest = await self.client.host.command(command)
+            validation = rest[0] if rest else None  # a validate command's HostValidation
         except Exception as exc:  # noqa: BLE001 - a bug answers INTERNAL, never ends the stream
             log.error("aggregator_command_failed", id=command.id[:128], error=repr(exc))
             code, message = grpc.StatusCode.INTERNAL.value[0], f"command failed: {exc}"
-        self._answer(command.id, code, message)
+        self._answer(command.id, code, message, validation)
 
-    def _answer(self, command_id: str, code: grpc.StatusCode | int, message: str) -> None:
+    def _answer(self, command_id: str, code: grpc.StatusCode | int, message: str,
+                validation: fleet_pb2.HostValidation | None = None) -> None:
         number = code.value[0] if isinstance(code, grpc.StatusCode) else int(code)
         try:
             self.outbox.put_nowait(fleet_pb2.CommandResult(id=command_id[:256], code=number,
-                                                           message=message[:4096]))
+                                                           message=message[:4096],
+                                                           validation=validation))
         except asyncio.QueueFull:
             log.error("aggregator_command_result_dropped", id=command_id[:128])
         self.client._wake.set()

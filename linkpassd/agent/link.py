@@ -10,7 +10,11 @@ What the daemon does for the agent is constant time and never waits:
   next pass applies them through `_sync_echo` (wiring.echo_spec: the union
   with the config's probe_peers; probers of peers that stay keep running);
 - a drain or undrain command goes through the same drain queue as the
-  control API (operations.Operations.drain), and its answer goes back.
+  control API (operations.Operations.drain), and its answer goes back;
+- a validate command (fleet validation, issue 13) runs the host's checks
+  and probes (validate.hostcheck) in a task of its own, one at a time,
+  bounded by its duration + VALIDATION_MARGIN_S; the reconcile loop never
+  waits for it (the probes run on their own thread).
 
 The agent runs in one supervised task: whatever it raises is logged and it
 starts again; a reload that changes [aggregator] restarts it (the spool,
@@ -34,12 +38,16 @@ from linkpassd.agent.client import AgentClient
 from linkpassd.agent.spool import Spool, SpoolWriter
 from linkpassd.core.drain import DrainError, DrainNotTaken, DrainPending, NotDrained, UnknownPort
 from linkpassd.core.model import Config
+from linkpassd.validate import hostcheck
 
 log = structlog.get_logger("linkpassd")
 
 SPOOL_DIR = "spool"  # in the state directory
 AGENT_RESTART_S = 5.0  # after the agent task itself failed (a bug): start it again this late
 MAX_REASON = 1024
+# A validation answers by duration_s + this (start and end readings, a slow
+# sensor); the aggregator waits longer (aggregator.validation.ANSWER_MARGIN_S).
+VALIDATION_MARGIN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -62,7 +70,8 @@ class DaemonHost:
     def take_peers(self, message: fleet_pb2.ProbePeers) -> None:
         self.daemon._offer_mesh_peers(message)
 
-    async def command(self, command: fleet_pb2.Command) -> tuple[int, str]:
+    async def command(self, command: fleet_pb2.Command
+                      ) -> tuple[int, str] | tuple[int, str, fleet_pb2.HostValidation]:
         return await self.daemon._agent_command(command)
 
 
@@ -83,6 +92,8 @@ class AggregatorLink:
         self.mesh_problems: tuple[str, ...] = ()
         self._mesh_nudged = False
         self._agent_changed: asyncio.Event | None = None
+        self.validation_task: asyncio.Task | None = None  # the running validation, if any
+        self.validation_run = ""
 
     # ------------------------------------------------------------ spool
 
@@ -215,11 +226,15 @@ class AggregatorLink:
 
     # ------------------------------------------------------------ commands
 
-    async def _agent_command(self, command: fleet_pb2.Command) -> tuple[int, str]:
+    async def _agent_command(self, command: fleet_pb2.Command
+                             ) -> tuple[int, str] | tuple[int, str, fleet_pb2.HostValidation]:
         """A fleet drain/undrain, through the control API's drain path; the
-        answer as a gRPC status code and message (control_server's mapping)."""
+        answer as a gRPC status code and message (control_server's mapping).
+        A validation answers with its HostValidation as a third element."""
         by = f"{command.by[:128] or 'an operator'} via the aggregator"
         action = command.WhichOneof("action")
+        if action == "validate":
+            return await self._agent_validate(command.validate, by)
         try:
             if action == "drain":
                 d = command.drain
@@ -244,3 +259,50 @@ class AggregatorLink:
             return _code(grpc.StatusCode.UNAVAILABLE), str(exc)
         except DrainError as exc:
             return _code(grpc.StatusCode.INVALID_ARGUMENT), str(exc)
+
+    # ------------------------------------------------------------ validation
+
+    def _validation_context(self) -> hostcheck.HostContext:
+        """The rails, sensor and policy as they are now (a reload later does
+        not change a running validation)."""
+        config = self.config
+        return hostcheck.HostContext(
+            rails=tuple(hostcheck.RailPort(r.name, r.port, r.address) for r in config.rails),
+            sensor=self.sensor, policy=config.health, echo_port=config.probes.port)
+
+    async def _agent_validate(self, request: fleet_pb2.ValidateHost, by: str
+                              ) -> tuple[int, str] | tuple[int, str, fleet_pb2.HostValidation]:
+        """One validation at a time per host: a second gets ABORTED while the
+        first runs. The run is a task of its own, cancelled if it outlives
+        duration + VALIDATION_MARGIN_S or nobody waits for its answer."""
+        errors = hostcheck.request_errors(request)
+        if errors:
+            return _code(grpc.StatusCode.INVALID_ARGUMENT), "; ".join(errors)[:MAX_REASON]
+        if self.validation_task is not None and not self.validation_task.done():
+            return (_code(grpc.StatusCode.ABORTED),
+                    f"a validation is running (run {self.validation_run[:64] or '?'})")
+        if self.sensor is None:
+            return _code(grpc.StatusCode.UNAVAILABLE), "linkpassd is still starting"
+        run = request.run_id[:128]
+        task = asyncio.create_task(hostcheck.validate_host(request, self._validation_context()),
+                                   name=f"validate-{run}")
+        self.validation_task, self.validation_run = task, run
+        log.info("validation_started", run_id=run, by=by, duration_s=request.duration_s,
+                 ports=len(request.ports), targets=len(request.targets))
+        limit = request.duration_s + VALIDATION_MARGIN_S
+        try:
+            # asyncio.timeout, not wait_for (agent.client: a cancel may be dropped
+            # by wait_for on 3.11); awaiting the task passes a cancel on to it.
+            async with asyncio.timeout(limit):
+                result = await task
+        except TimeoutError:
+            log.error("validation_timed_out", run_id=run, after_s=limit)
+            return (_code(grpc.StatusCode.DEADLINE_EXCEEDED),
+                    f"the validation did not finish within {limit:g} s")
+        finally:
+            if not task.done():  # our caller was cancelled: nobody waits for the answer
+                task.cancel()
+        log.info("validation_finished", run_id=run, problems=len(result.problems),
+                 pairs=len(result.pairs))
+        return _code(grpc.StatusCode.OK), f"validated {len(result.ports)} ports, " \
+            f"{len(result.pairs)} pairs", result

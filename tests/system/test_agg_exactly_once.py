@@ -150,7 +150,13 @@ async def run_fleet(tmp_path: Path, agg: Aggregator) -> dict[str, tuple[str, Spo
     finally:
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        done, stuck = await asyncio.wait(tasks, timeout=30)
+        for task in done:
+            if not task.cancelled():
+                task.exception()  # retrieved: an error on the way out is not the point
+    # bounded, and named: an agent that swallowed its cancellation must fail
+    # the test here rather than hang it
+    assert not stuck, f"tasks ignored their cancellation: {[t.get_coro() for t in stuck]}"
     return spools
 
 

@@ -138,9 +138,22 @@ async def running(agent: AgentClient):
     return asyncio.create_task(agent.run())
 
 
-async def stop(task: asyncio.Task) -> None:
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+async def stop(tasks: list[asyncio.Task], server: grpc.aio.Server | None = None) -> None:
+    """Cancel the tasks and wait for them, bounded, then stop the server even
+    if one did not end: a task that swallows its cancellation fails the test
+    by name instead of hanging it, and no live gRPC server is left behind (one
+    makes the interpreter's exit wait forever in grpc's shutdown)."""
+    for task in tasks:
+        task.cancel()
+    try:
+        done, stuck = await asyncio.wait(tasks, timeout=DEADLINE_S)
+    finally:
+        if server is not None:
+            await server.stop(None)
+    for task in done:
+        if not task.cancelled():
+            task.exception()  # what it raised on the way out is not the point here
+    assert not stuck, f"tasks ignored their cancellation: {[t.get_coro() for t in stuck]}"
 
 
 def test_hello_then_welcome_drops_what_the_aggregator_holds(tmp_path):
@@ -154,8 +167,7 @@ def test_hello_then_welcome_drops_what_the_aggregator_holds(tmp_path):
             await until(lambda: len(fake.stored["boot-a"]) == 10, "events 6..10")
             await until(lambda: spool.pending == 0, "the spool trimmed by acks")
         finally:
-            await stop(task)
-            await server.stop(None)
+            await stop([task], server)
         assert fake.duplicates == 0  # 1..5 were never sent
         assert [h.host_id for h in fake.hellos] == ["gpu-017"] and fake.hellos[0].boot_id == "boot-a"
         assert fake.received[:2] == ["inventory", "ports"]
@@ -180,14 +192,12 @@ def test_events_offered_while_the_aggregator_is_away_arrive_once_when_it_is_back
             await server.stop(None)  # the aggregator goes away
             writer.offer(all_events[400:])
             await until(lambda: spool.total >= 800, "the rest spooled meanwhile")
-            await asyncio.sleep(0.3)  # a few failed reconnects happen meanwhile
+            await until(lambda: agent.attempts >= 2, "failed reconnects meanwhile")
             server, _ = await serve(fake, port)  # back, with what it stored
             await until(lambda: len(fake.stored["boot-a"]) == 1200, "all 1200 stored")
             await until(lambda: spool.pending == 0, "the spool emptied")
         finally:
-            for task in tasks:
-                await stop(task)
-            await server.stop(None)
+            await stop(tasks, server)
         assert sorted(fake.stored["boot-a"]) == list(range(1, 1201))
         assert agent.sessions >= 2
         spool.close()
@@ -213,7 +223,7 @@ def test_a_dead_address_is_retried_with_bounded_jittered_waits(tmp_path):
         try:
             await until(lambda: len(agent.delays) >= 6, "six retries")
         finally:
-            await stop(task)
+            await stop([task])
         assert all(0.0 <= d <= min(0.2, 0.05 * 2 ** i) for i, d in enumerate(agent.delays))
         assert len(set(agent.delays)) == len(agent.delays)  # jittered
         assert agent.sessions == 0 and agent.last_failure[0] == "UNAVAILABLE"
@@ -231,8 +241,7 @@ def test_events_the_bounded_spool_dropped_are_reported_as_a_gap(tmp_path):
             # whole segments go: 1..50 and 51..100, so that 101..160 fit
             await until(lambda: len(fake.stored.get("boot-a", {})) == 60, "the 60 kept")
         finally:
-            await stop(task)
-            await server.stop(None)
+            await stop([task], server)
         assert fake.gaps == [("boot-a", 1, 100)] and min(fake.stored["boot-a"]) == 101
         spool.close()
     asyncio.run(main())
@@ -292,9 +301,7 @@ def test_probe_peers_reach_the_echo_paths_and_staying_probers_keep_running(tmp_p
             await until(lambda: peers() == ["198.19.0.1"], "static peer stays")
             assert daemon.echo.probers[next(iter(daemon.echo.probers))] is static
         finally:
-            for task in tasks:
-                await stop(task)
-            await server.stop(None)
+            await stop(tasks, server)
             daemon.echo.close()
     asyncio.run(main())
 
@@ -324,9 +331,7 @@ def test_the_hosts_that_probe_us_are_answered_and_a_bad_one_is_named_not_admitte
             assert not admits("198.19.0.45")
             assert any("'nonsense'" in p and "probed_by" in p for p in daemon.mesh_problems)
         finally:
-            for task in tasks:
-                await stop(task)
-            await server.stop(None)
+            await stop(tasks, server)
             daemon.echo.close()
     asyncio.run(main())
 
@@ -349,9 +354,7 @@ def test_a_drain_command_goes_through_the_drain_queue_and_its_answer_comes_back(
                 id="c2", by="alice", undrain=fleet_pb2.FleetUndrainRequest(port="eth9"))))
             await until(lambda: len(fake.results) == 2, "two command results")
         finally:
-            for task in tasks:
-                await stop(task)
-            await server.stop(None)
+            await stop(tasks, server)
         results = {r.id: r for r in fake.results}
         assert results["c1"].code == grpc.StatusCode.OK.value[0]
         assert daemon.drains["eth0"].by == "alice via the aggregator"
@@ -382,9 +385,7 @@ def test_a_misbehaving_aggregator_never_holds_up_the_event_hand_off(tmp_path, mo
             if mode == "garbage":
                 await until(lambda: len(fake.hellos) >= 3, "reconnects after garbage")
         finally:
-            for task in tasks:
-                await stop(task)
-            await server.stop(None)
+            await stop(tasks, server)
         assert writer.dropped == 0  # the writer kept up although the stream was stuck
         if mode == "garbage":
             assert host.peers == [] or all(p.generation == 1 for p in host.peers)
@@ -392,4 +393,68 @@ def test_a_misbehaving_aggregator_never_holds_up_the_event_hand_off(tmp_path, mo
                 "RESOURCE_EXHAUSTED", "INTERNAL", "StreamError", "UNAVAILABLE",
                 "InvalidStateError")
         spool.close()
+    asyncio.run(main())
+
+
+class ScriptedCall:
+    """A stream call without gRPC, so the loop takes the same steps every run:
+    the one operation named by `hold` ("write": the Hello, "read": the
+    Welcome) waits until the test opens `gate`; after the Welcome the
+    aggregator says nothing more."""
+
+    def __init__(self, hold: str | None) -> None:
+        self.hold = hold
+        self.gate = asyncio.get_running_loop().create_future()
+        self.holding = False
+        self.welcomed = False
+
+    async def _maybe_held(self, what: str) -> None:
+        if self.hold == what:
+            self.hold, self.holding = None, True
+            await self.gate
+
+    async def write(self, request) -> None:
+        await self._maybe_held("write")
+
+    async def read(self):
+        await self._maybe_held("read")
+        if not self.welcomed:
+            self.welcomed = True
+            return fleet_pb2.ConnectResponse(welcome=fleet_pb2.Welcome(heartbeat_s=3600))
+        await asyncio.get_running_loop().create_future()  # quiet from now on
+
+    def cancel(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("moment", ["hello_written", "welcome_read", "woken_while_idle"])
+def test_a_cancel_that_lands_as_an_await_completes_still_stops_the_agent(tmp_path, moment):
+    """On Python 3.11 asyncio.wait_for returns the inner result and drops a
+    cancel that arrives in the loop step where the inner await completes
+    (CPython gh-86296): the daemon's stop or reload then waits forever for an
+    agent that never ends. Sweep the cancel across the steps after the await
+    completes, so one of them lands in that step."""
+    async def main():
+        for steps in range(10):
+            spool = new_spool(tmp_path / f"{moment}-{steps}")
+            agent = agent_for(1, spool, FakeHost())
+            call = ScriptedCall({"hello_written": "write", "welcome_read": "read"}.get(moment))
+            task = asyncio.create_task(agent._stream(call))
+            try:
+                if moment == "woken_while_idle":
+                    await until(lambda: agent._wake._waiters, "the agent waiting for work")
+                    agent.wake()
+                else:
+                    await until(lambda: call.holding, f"the {moment} held")
+                    call.gate.set_result(None)
+                for _ in range(steps):
+                    await asyncio.sleep(0)
+                task.cancel()
+                done, _ = await asyncio.wait({task}, timeout=DEADLINE_S)
+                assert task in done and task.cancelled(), \
+                    f"a cancel {steps} loop steps after the {moment} was swallowed"
+            finally:
+                task.cancel()
+                await asyncio.wait({task}, timeout=DEADLINE_S)
+                spool.close()
     asyncio.run(main())
