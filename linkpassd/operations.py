@@ -172,8 +172,7 @@ class Operations:
         await self.queue.put(DrainCommand(port, d, by, done))
         what = "drain" if d is not None else "undrain"
         try:
-            async with asyncio.timeout(COMMAND_TIMEOUT_S):  # not wait_for (3.11 drops cancels)
-                await asyncio.shield(done)
+            await asyncio.wait_for(asyncio.shield(done), COMMAND_TIMEOUT_S)
         except TimeoutError:
             raise drain.DrainPending(
                 f"{what} of {port} is queued, but linkpassd's reconcile loop did not get to it "

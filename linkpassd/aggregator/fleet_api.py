@@ -224,8 +224,7 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
         session.send(pb.ConnectResponse(command=command))
         from linkpassd.aggregator.server import StreamEnd  # circular at import time only
         try:
-            async with asyncio.timeout(self.command_timeout_s):  # not wait_for (3.11 drops cancels)
-                result = await asyncio.shield(future)
+            result = await asyncio.wait_for(asyncio.shield(future), self.command_timeout_s)
         except (TimeoutError, asyncio.TimeoutError):
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                                 f"host {host_id} did not answer {action} within {self.command_timeout_s:g} s "

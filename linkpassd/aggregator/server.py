@@ -198,10 +198,7 @@ class AgentServicer:
                       context: grpc.aio.ServicerContext) -> HostSession:
         """Hello first (within the deadline), the certificate's check, Welcome."""
         try:
-            # asyncio.timeout, not wait_for: on 3.11 wait_for can drop a cancel
-            # that lands as the awaited read completes (see agent.client._write)
-            async with asyncio.timeout(self.hello_timeout_s):
-                first = await anext(requests)
+            first = await asyncio.wait_for(anext(requests), self.hello_timeout_s)
         except (TimeoutError, asyncio.TimeoutError):
             raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
                             f"no Hello within {self.hello_timeout_s:g} s of opening the stream") from None
