@@ -4,7 +4,9 @@ the fleet drain commands relayed down a host's stream.
 Reading needs any trusted certificate (the TLS handshake checked it);
 FleetDrain and FleetUndrain need an operator identity (identity.py). A command
 goes to the host's live stream and the call waits, bounded, for the host's
-CommandResult, whose code is the host's control API's answer.
+CommandResult, whose code is the host's control API's answer. With several
+replicas on a shared store, a host on another replica's stream gets the
+command through the store (replicas.py).
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
 from linkpassd.aggregator import savings
 from linkpassd.aggregator.identity import peer_identity
-from linkpassd.aggregator.store import EventQuery, StoredEvent
+from linkpassd.aggregator.replicas import status_code
+from linkpassd.aggregator.store import EventQuery, StoredEvent, StoreError
 from linkpassd.aggregator.validation import Validations
 
 if TYPE_CHECKING:
-    from linkpassd.aggregator.server import Fleet
+    from linkpassd.aggregator.server import Fleet, HostSession
 
 log = structlog.get_logger("linkpassd.aggregator.fleet")
 
@@ -69,9 +72,8 @@ def _verdict_name(value: int) -> str:
 
 
 class FleetServicer(pb_grpc.FleetServiceServicer):
-    def __init__(self, fleet: Fleet, *, command_timeout_s: float = 20.0) -> None:
+    def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
-        self.command_timeout_s = command_timeout_s
         self.stopping = asyncio.Event()
         self.validations = Validations(fleet)
 
@@ -80,10 +82,11 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
     async def hosts_response(self, host_ids: Sequence[str] = ()) -> pb.ListHostsResponse:
         fleet = self.fleet
         rows = await fleet.store.hosts(list(host_ids))
+        now = fleet.clock()
         views = []
         for row in rows:
             view = pb.HostView(host_id=row.host_id, boot_id=row.boot_id, version=row.version,
-                               connected=row.host_id in fleet.sessions,
+                               connected=fleet.connected(row, now),
                                last_seen=timestamp(row.last_seen), last_seq=row.last_seq,
                                events_lost=row.events_lost)
             try:
@@ -209,37 +212,48 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"{action} needs a host and a port (got host {host_id!r}, port {port!r})")
         fleet = self.fleet
-        session = fleet.sessions.get(host_id)
-        if session is None or not session.open:
-            known = await fleet.store.hosts([host_id])
-            if not known:
-                await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown host {host_id!r}")
-            await context.abort(grpc.StatusCode.UNAVAILABLE, f"host {host_id} is not connected")
-        assert session is not None
+        timeout_s = fleet.command_timeout_s
         command.id = fleet.command_id()
         command.by = by
-        future: asyncio.Future[pb.CommandResult] = asyncio.get_running_loop().create_future()
-        session.commands[command.id] = future
-        log.info("fleet_command", action=action, host=host_id, port=port, by=by, id=command.id)
-        session.send(pb.ConnectResponse(command=command))
+        session = fleet.sessions.get(host_id)
         from linkpassd.aggregator.server import StreamEnd  # circular at import time only
         try:
-            result = await asyncio.wait_for(asyncio.shield(future), self.command_timeout_s)
-        except (TimeoutError, asyncio.TimeoutError):
+            if session is not None and session.open:
+                log.info("fleet_command", action=action, host=host_id, port=port, by=by, id=command.id)
+                result = await self._relay_local(session, command, timeout_s)
+            else:
+                known = await fleet.store.hosts([host_id])
+                if not known:
+                    await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown host {host_id!r}")
+                if fleet.replicas is None or not fleet.connected(known[0], fleet.clock()):
+                    await context.abort(grpc.StatusCode.UNAVAILABLE, f"host {host_id} is not connected")
+                assert fleet.replicas is not None
+                log.info("fleet_command", action=action, host=host_id, port=port, by=by, id=command.id,
+                         replica=known[0].replica)
+                result = await fleet.replicas.relay_remote(host_id, command, timeout_s)
+        except TimeoutError:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                f"host {host_id} did not answer {action} within {self.command_timeout_s:g} s "
+                                f"host {host_id} did not answer {action} within {timeout_s:g} s "
                                 "(it may still apply it)")
         except StreamEnd as end:
             await context.abort(end.code, end.message)
+        except StoreError as exc:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"the aggregator's store failed: {exc}")
+        if result.code != 0:
+            await context.abort(status_code(result.code), f"host {host_id}: {result.message}")
+        return result.message
+
+    @staticmethod
+    async def _relay_local(session: HostSession, command: pb.Command, timeout_s: float) -> pb.CommandResult:
+        """Down this replica's stream of the host; its answer (TimeoutError, StreamEnd)."""
+        future: asyncio.Future[pb.CommandResult] = asyncio.get_running_loop().create_future()
+        session.commands[command.id] = future
+        session.send(pb.ConnectResponse(command=command))
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await asyncio.shield(future)
         finally:
             session.commands.pop(command.id, None)
-        if result.code != 0:
-            try:
-                code = next(c for c in grpc.StatusCode if c.value[0] == result.code)
-            except StopIteration:
-                code = grpc.StatusCode.UNKNOWN
-            await context.abort(code, f"host {host_id}: {result.message}")
-        return result.message
 
     async def FleetDrain(self, request: pb.FleetDrainRequest, context: grpc.aio.ServicerContext) -> pb.FleetDrainResponse:
         by = await self._operator(context, "FleetDrain")

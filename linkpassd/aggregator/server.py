@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -39,7 +41,8 @@ from linkpassd.aggregator.identity import peer_identity
 from linkpassd.aggregator.metrics import AggregatorMetrics
 from linkpassd.aggregator.planner import MeshPlanner
 from linkpassd.aggregator.settings import Settings
-from linkpassd.aggregator.store import EventRow, OutOfOrder, Store, StoreError
+from linkpassd.aggregator.replicas import Replicas
+from linkpassd.aggregator.store import CHANNEL_HOSTS, EventRow, HostRow, OutOfOrder, Store, StoreError, is_shared
 from linkpassd.aggregator.watch import DEFAULT_QUEUE, EventFanout
 
 log = structlog.get_logger("linkpassd.aggregator")
@@ -127,16 +130,31 @@ class Fleet:
     """What the servicers share: live sessions and the components around them."""
 
     def __init__(self, settings: Settings, store: Store, metrics: AggregatorMetrics,
-                 clock: Callable[[], float], *, watcher_queue: int = DEFAULT_QUEUE) -> None:
+                 clock: Callable[[], float], *, watcher_queue: int = DEFAULT_QUEUE,
+                 command_timeout_s: float = 20.0) -> None:
         self.settings = settings
         self.store = store
         self.metrics = metrics
         self.clock = clock
+        self.command_timeout_s = command_timeout_s
         self.sessions: dict[str, HostSession] = {}
         self.fanout = EventFanout(store, queue_size=watcher_queue, on_drop=metrics.watchers_dropped.inc)
         self.planner = MeshPlanner(self, settings, metrics)
         self._command_ids = itertools.count(1)
         self._instance = uuid.uuid4().hex[:8]
+        # Several replicas on one shared store: where hosts are, commands and
+        # the mesh go through the store (replicas.py). None: this process is
+        # the whole aggregator.
+        self.replicas: Replicas | None = (
+            Replicas(self, store, f"{socket.gethostname()}/{os.getpid()}/{self._instance}")  # type: ignore[arg-type]
+            if is_shared(store) else None)
+
+    def connected(self, row: HostRow, now: float) -> bool:
+        """Is the host on a stream (this replica's, or while shared, another live one's)?"""
+        if self.replicas is not None:
+            return self.replicas.connected(row, now)
+        session = self.sessions.get(row.host_id)
+        return session is not None and session.open
 
     def command_id(self) -> str:
         return f"{self._instance}-{next(self._command_ids)}"
@@ -155,6 +173,8 @@ class Fleet:
             del self.sessions[session.host_id]
             self.metrics.hosts_connected.set(len(self.sessions))
             self.planner.left(session.host_id)
+            if self.replicas is not None:
+                self.replicas.left(session.host_id)
 
 
 class AgentServicer:
@@ -229,6 +249,11 @@ class AgentServicer:
             raise StreamEnd(grpc.StatusCode.UNAVAILABLE, f"the aggregator's store failed: {exc}") from None
         session.inventory = await self._stored_inventory(hello.host_id)
         self.fleet.register(session)
+        if self.fleet.replicas is not None:
+            try:
+                await self.fleet.replicas.joined(hello.host_id)
+            except StoreError as exc:
+                raise StreamEnd(grpc.StatusCode.UNAVAILABLE, f"the aggregator's store failed: {exc}") from None
         session.send(pb.ConnectResponse(welcome=pb.Welcome(
             heartbeat_s=settings.heartbeat_s, max_message_bytes=settings.max_message_bytes,
             stored=[pb.EventAck(boot_id=boot, seq=seq) for boot, seq in sorted(stored.items())])))
@@ -339,6 +364,8 @@ class AgentServicer:
         session.inventory = inventory
         if changed:
             self.fleet.planner.changed()
+            if self.fleet.replicas is not None:
+                await self.fleet.store.notify(CHANNEL_HOSTS, session.host_id)  # type: ignore[attr-defined]
 
     async def _events(self, session: HostSession, batch: pb.EventBatch) -> None:
         fleet = self.fleet
@@ -402,10 +429,11 @@ class AggregatorServer:
                  watcher_queue: int = DEFAULT_QUEUE) -> None:
         self.settings = settings
         self.metrics = metrics or AggregatorMetrics()
-        self.fleet = Fleet(settings, store, self.metrics, clock, watcher_queue=watcher_queue)
+        self.fleet = Fleet(settings, store, self.metrics, clock, watcher_queue=watcher_queue,
+                           command_timeout_s=command_timeout_s)
         self.fleet.planner.debounce_s = plan_debounce_s
         self.agent = AgentServicer(self.fleet, hello_timeout_s=hello_timeout_s)
-        self.fleet_api = FleetServicer(self.fleet, command_timeout_s=command_timeout_s)
+        self.fleet_api = FleetServicer(self.fleet)
         self._server: grpc.aio.Server | None = None
         self._health: Any = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -455,6 +483,8 @@ class AggregatorServer:
         except RuntimeError as exc:
             raise OSError(f"cannot listen on {address}: {exc}") from exc
         await server.start()
+        if self.fleet.replicas is not None:
+            await self.fleet.replicas.start()
         for name in ("", agent_name, fleet_name):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         self._server = server
@@ -476,4 +506,6 @@ class AggregatorServer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        if self.fleet.replicas is not None:
+            await self.fleet.replicas.stop()
 

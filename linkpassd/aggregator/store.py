@@ -17,7 +17,7 @@ Times are unix seconds (wall clock).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -68,6 +68,7 @@ class HostRow:
     report: bytes  # serialized linkpass.v1.PortReport (b"" before the first)
     last_seq: int  # newest stored seq of boot_id
     events_lost: int  # events the host reported dropped, or seqs never received, all boots
+    replica: str = ""  # shared stores: the replica whose stream the host is on ("" = none)
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,93 @@ class Store(Protocol):
     async def prune(self, before: float) -> int:
         """Delete events with wall time before `before` (retention); the
         number deleted. Absorbed-failure totals stay."""
+
+
+@dataclass(frozen=True)
+class PendingCommand:
+    """A fleet command written by one replica for a host on another's stream."""
+
+    command_id: str
+    host_id: str
+    body: bytes  # serialized linkpass.v1.Command
+    created: float
+
+
+class SharedStore(Store, Protocol):
+    """A store several aggregator replicas use at once (PostgreSQL).
+
+    `shared` is True. The single-process SQLite store has none of these
+    methods and `shared` False: the server then keeps sessions, commands and
+    the mesh in memory as before. With a shared store:
+
+    - **Who is connected where.** A replica records each host it holds
+      (`set_replica`) and clears it when the stream ends (only if it is still
+      its own: a newer stream on another replica wins). A replica that dies
+      cannot clear anything, so readers also treat a host whose `last_seen`
+      is older than the staleness the server applies as not connected.
+    - **Commands.** A drain asked of replica A for a host on replica B is a
+      row (`put_command`); B takes the rows of its hosts (`take_commands`),
+      relays them, and writes the result (`put_result`) that A reads
+      (`command_result`).
+    - **The probe mesh.** One replica at a time plans (`try_lead`: a
+      session-level advisory lock, freed by PostgreSQL when its holder's
+      connection drops) and writes the whole plan (`put_mesh`); every replica
+      sends its own hosts their entries (`mesh_for`).
+    - **Notifications.** `listen(channel, callback)` calls back (on the
+      event loop, never blocking) with the payload of every `notify` on that
+      channel from any replica, this one included. `add_events` notifies
+      CHANNEL_EVENTS in its own transaction. Channel names are CHANNEL_*.
+    - **Event ids follow commit order**, so a follow stream that reads
+      `after_id` never skips an event another replica committed later with a
+      smaller id.
+    """
+
+    shared: bool
+
+    async def set_replica(self, host_id: str, replica: str, now: float) -> None:
+        """`replica` holds host_id's stream from now on."""
+
+    async def clear_replica(self, host_id: str, replica: str) -> None:
+        """host_id's stream on `replica` ended (no-op if another replica holds it now)."""
+
+    async def forget_replica(self, replica: str) -> int:
+        """Clear every host `replica` held (at its start and clean stop); how many."""
+
+    async def put_command(self, command_id: str, host_id: str, body: bytes, now: float) -> None: ...
+
+    async def take_commands(self, host_ids: Sequence[str], now: float) -> list[PendingCommand]:
+        """The pending commands for these hosts, oldest first, each handed
+        out once (marked taken in the same transaction)."""
+
+    async def put_result(self, command_id: str, code: int, message: str, now: float) -> None: ...
+
+    async def command_result(self, command_id: str) -> tuple[int, str] | None:
+        """(grpc status code number, message) once the host answered; None before."""
+
+    async def try_lead(self, role: str) -> bool:
+        """True while this process holds `role` (e.g. "mesh-planner"); asks
+        again for it when not held. Never blocks on the holder."""
+
+    async def put_mesh(self, generation: int, entries: dict[str, bytes]) -> None:
+        """Replace the whole plan: host_id -> serialized linkpass.v1.ProbePeers."""
+
+    async def mesh_for(self, host_ids: Sequence[str]) -> dict[str, bytes]:
+        """The current plan's entries of these hosts (absent: no entry)."""
+
+    async def listen(self, channel: str, callback: Callable[[str], None]) -> None: ...
+
+    async def notify(self, channel: str, payload: str = "") -> None: ...
+
+
+CHANNEL_EVENTS = "linkpass_events"  # payload: "" (events were committed)
+CHANNEL_HOSTS = "linkpass_hosts"  # payload: host_id (joined, left, or new inventory): re-plan
+CHANNEL_COMMANDS = "linkpass_commands"  # payload: host_id with a pending command
+CHANNEL_RESULTS = "linkpass_results"  # payload: command_id answered
+CHANNEL_MESH = "linkpass_mesh"  # payload: generation of the plan just written
+
+
+def is_shared(store: Store) -> bool:
+    return bool(getattr(store, "shared", False))
 
 
 @dataclass
