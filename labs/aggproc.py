@@ -35,14 +35,22 @@ class AggregatorProc:
     ends it by PID. `pause()`/`resume()` freeze it (SIGSTOP/SIGCONT): an
     aggregator that is away without closing its connections."""
 
-    def __init__(self, workdir: Path, *, heartbeat_s: float = 1.0, peers_per_rail: int = 3):
+    def __init__(self, workdir: Path, *, heartbeat_s: float = 1.0, peers_per_rail: int = 3,
+                 name: str = "aggregator", web: bool = True, postgresql_dsn: str = "",
+                 database: Path | None = None):
+        """`name` prefixes its files in `workdir` (several replicas may share
+        one); `postgresql_dsn` selects the PostgreSQL store (else SQLite at
+        `database`, default workdir/fleet.db); `web=False` serves no page."""
         self.workdir = Path(workdir)
-        self.socket_path = self.workdir / "aggregator.sock"
+        self.name = name
+        self.socket_path = self.workdir / f"{name}.sock"
         self.address = f"unix:{self.socket_path}"
-        self.web_port = _free_loopback_port()
-        self.web_url = f"http://127.0.0.1:{self.web_port}/"
-        self.config_path = self.workdir / "aggregator.toml"
-        self.log_path = self.workdir / "aggregator.log"
+        self.web_port = _free_loopback_port() if web else 0
+        self.web_url = f"http://127.0.0.1:{self.web_port}/" if web else ""
+        self.config_path = self.workdir / f"{name}.toml"
+        self.log_path = self.workdir / f"{name}.log"
+        self.database = Path(database) if database is not None else self.workdir / "fleet.db"
+        self.postgresql_dsn = postgresql_dsn
         self.heartbeat_s = heartbeat_s
         self.peers_per_rail = peers_per_rail
         self.proc: subprocess.Popen | None = None
@@ -50,10 +58,13 @@ class AggregatorProc:
 
     def write_config(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
+        store = (f'store = "postgresql"\npostgresql_dsn = "{self.postgresql_dsn}"' if self.postgresql_dsn
+                 else f'database = "{self.database}"')
+        web = f"127.0.0.1:{self.web_port}" if self.web_port else ""
         self.config_path.write_text(f"""# written by labs/aggproc.py
 [aggregator]
 listen = "{self.address}"
-database = "{self.workdir / 'fleet.db'}"
+{store}
 heartbeat_s = {self.heartbeat_s}
 
 [tls]
@@ -63,7 +74,7 @@ insecure = true
 peers_per_rail = {self.peers_per_rail}
 
 [web]
-listen = "127.0.0.1:{self.web_port}"
+listen = "{web}"
 """)
 
     def start(self) -> "AggregatorProc":
@@ -110,6 +121,12 @@ listen = "127.0.0.1:{self.web_port}"
         assert self.proc is not None
         self.proc.send_signal(signal.SIGCONT)
         self.paused = False
+
+    def kill(self) -> None:
+        """SIGKILL: the aggregator dies with writes in flight and acks unsent."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after 15 s; the exit status (None if never started)."""

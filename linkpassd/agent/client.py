@@ -3,7 +3,39 @@
 One stream at a time, opened again after any failure with exponential
 backoff (0.5 s doubling to 30 s, full jitter: each wait is uniform in
 [0, cap], so a fleet that lost its aggregator does not come back in step).
-A failure is logged once per change of what went wrong, not at every retry.
+
+Replicas ([aggregator] address as an array: several aggregators on one
+shared store). The agent streams to one address at a time, starting with
+the one that last worked (after a reload: the old agent's; else the first).
+When a stream ends or a connection fails it moves to the next address,
+round-robin, so a replica that goes away (an upgrade, a crash) is left at
+once for the others and comes last in the next pass. The new stream sends
+again every event the spool holds unacknowledged: each stream starts its
+reading at the spool's beginning with nothing counted as sent
+(_Session.cursor, .sent), and the spool skips only what was acknowledged
+(Spool.next_batch); the aggregator stores each (boot, seq) once, so what
+the old replica took without acknowledging is harmless to send again.
+
+Backoff. Every failure waits backoff_s(attempts) before the next try, where
+`attempts` = failures in a row // the number of addresses: one full pass
+over the list that reached none of them counts as one attempt. So the
+first pass moves from replica to replica after a wait of at most 0.5 s
+each (jittered: the hosts of a dead replica spread over the others instead
+of arriving in one instant), and each pass that finds none doubles it.
+The failures reset only once a stream is healthy: it has written its
+second heartbeat (HEALTHY_HEARTBEATS) with the aggregator's side still
+open, i.e. stayed up two Welcome.heartbeat_s. Not at the Welcome: an
+aggregator that welcomes and then fails at once (a replica whose store is
+down, a crash loop) would otherwise be retried with no backoff at all, by
+every host. Not at the first ack: a quiet host may have no event to be
+acknowledged for hours, while heartbeats come on every stream.
+
+Logs: `aggregator_connected` names the address in use (and the previous
+one, when it moved); `aggregator_disconnected` (a stream that had its
+Welcome ended) names the address, why, and where the agent goes next;
+`aggregator_unreachable` (a connection that got no Welcome) the same, once
+per address and change of what went wrong until a stream is healthy again,
+not at every retry.
 
 On a stream: Hello -> Welcome (the aggregator says, per boot, what it already
 holds: the spool drops that), then Inventory and PortReport, then the
@@ -43,6 +75,7 @@ log = structlog.get_logger("linkpassd")
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 30.0
+HEALTHY_HEARTBEATS = 2  # written on one stream: its failures in a row reset (see above)
 BATCH_EVENTS = 500
 MAX_IN_FLIGHT = 8  # unacknowledged batches
 MAX_COMMANDS = 4  # drains waiting for their pass; more are refused (RESOURCE_EXHAUSTED)
@@ -97,13 +130,12 @@ def read_tls_files(settings: AggregatorSettings) -> tuple[bytes, bytes, bytes] |
         return ca.read(), key.read(), cert.read()
 
 
-def make_channel(settings: AggregatorSettings,
-                 files: tuple[bytes, bytes, bytes] | None) -> grpc.aio.Channel:
+def make_channel(address: str, files: tuple[bytes, bytes, bytes] | None) -> grpc.aio.Channel:
     """Mutual TLS with the files read, or plaintext (insecure, labs). On the loop."""
     if files is None:
-        return grpc.aio.insecure_channel(settings.address, options=channel_options())
+        return grpc.aio.insecure_channel(address, options=channel_options())
     creds = grpc.ssl_channel_credentials(*files)
-    return grpc.aio.secure_channel(settings.address, creds, options=channel_options())
+    return grpc.aio.secure_channel(address, creds, options=channel_options())
 
 
 @dataclass
@@ -127,10 +159,17 @@ class AgentClient:
     def __init__(self, settings: AggregatorSettings, spool: Spool, host: AgentHost, *,
                  boot_id: str, dropped: Callable[[], int] = lambda: 0,
                  rng: random.Random | None = None, wallclock: Callable[[], float] | None = None,
-                 backoff_base_s: float = BACKOFF_BASE_S, backoff_cap_s: float = BACKOFF_CAP_S
-                 ) -> None:
+                 backoff_base_s: float = BACKOFF_BASE_S, backoff_cap_s: float = BACKOFF_CAP_S,
+                 start_address: str | None = None) -> None:
+        """`start_address`: the address to try first when it is still listed
+        (the one that last worked for the agent this one replaces)."""
         import time
         self.settings = settings
+        self.addresses = settings.addresses
+        # The address in use or being tried; moves on at each failure only.
+        self.index = (self.addresses.index(start_address)
+                      if start_address in self.addresses else 0)
+        self.last_worked: str | None = None  # the address of the last stream that got a Welcome
         self.spool = spool
         self.host = host
         self.boot_id = boot_id
@@ -141,12 +180,24 @@ class AgentClient:
         self.backoff_base_s = backoff_base_s
         self.backoff_cap_s = backoff_cap_s
         self.connected = False
-        self.attempts = 0  # failures in a row
+        self.failures = 0  # failures in a row since the last healthy stream
         self.sessions = 0  # streams that got a Welcome
         self.last_failure: tuple[str, str] | None = None
         self.delays: list[float] = []  # the backoff waits taken (the last 64), for status/tests
         self._wake = asyncio.Event()
         self._poked = False
+        self._unreachable: dict[str, str] = {}  # address -> the status last logged for it
+
+    @property
+    def address(self) -> str:
+        """The address streamed to now (when `connected`), or tried next."""
+        return self.addresses[self.index]
+
+    @property
+    def attempts(self) -> int:
+        """The backoff's exponent: full passes over the addresses that reached
+        none of them, since the last healthy stream."""
+        return self.failures // len(self.addresses)
 
     # ---------------------------------------------------------- the daemon's calls
 
@@ -162,12 +213,14 @@ class AgentClient:
     # ---------------------------------------------------------- reconnecting
 
     async def run(self) -> None:
-        """Connect, stream, and connect again after any failure, forever."""
+        """Connect, stream, and connect again after any failure, forever:
+        to the next address, after the backoff (see the module's docstring)."""
         if self.settings.insecure:
-            log.warning("aggregator_insecure", address=self.settings.address,
+            log.warning("aggregator_insecure", addresses=list(self.addresses),
                         note="INSECURE: plaintext and no certificates, for labs only; anyone on "
                              "the path can read and forge this host's reports")
         while True:
+            address = self.address
             try:
                 await self._session()
                 failure: BaseException = StreamError("the aggregator ended the stream")
@@ -175,22 +228,42 @@ class AgentClient:
                 raise
             except Exception as exc:  # noqa: BLE001 - anything from outside: retry
                 failure = exc
-            self.connected = False
-            what = _status_of(failure)
-            if what[0] != (self.last_failure or ("",))[0]:
-                log.warning("aggregator_unreachable" if self.sessions == 0 or self.attempts
-                            else "aggregator_disconnected",
-                            address=self.settings.address, status=what[0], error=what[1][:500],
-                            note="events wait in the spool; retrying with backoff")
-            self.last_failure = what
+            was_connected, self.connected = self.connected, False
+            self.last_failure = what = _status_of(failure)
             delay = backoff_s(self.attempts, self.rng, self.backoff_base_s, self.backoff_cap_s)
-            self.attempts += 1
+            self.failures += 1
+            self.index = (self.index + 1) % len(self.addresses)
+            self._log_failure(address, was_connected, what, delay)
             self.delays = (self.delays + [delay])[-64:]
             await asyncio.sleep(delay)
 
+    def _log_failure(self, address: str, was_connected: bool, what: tuple[str, str],
+                     delay: float) -> None:
+        """A lost stream always; a failed connection once per address and
+        change of status (until a stream is healthy), not at every retry."""
+        moving = {"next": self.address} if len(self.addresses) > 1 else {}
+        if was_connected:
+            log.warning("aggregator_disconnected", address=address, status=what[0],
+                        error=what[1][:500], retry_in_s=round(delay, 3), **moving,
+                        note="events not acknowledged yet are sent again on the next stream")
+        elif self._unreachable.get(address) != what[0]:
+            self._unreachable[address] = what[0]
+            log.warning("aggregator_unreachable", address=address, status=what[0],
+                        error=what[1][:500], **moving,
+                        note="events wait in the spool; retrying with backoff")
+
+    def _stream_healthy(self) -> None:
+        """The stream has stayed up HEALTHY_HEARTBEATS heartbeats: the backoff
+        starts again from its shortest wait after the next failure."""
+        if self.failures:
+            log.info("aggregator_stream_healthy", address=self.address,
+                     after_failures=self.failures)
+        self.failures = 0
+        self._unreachable.clear()
+
     async def _session(self) -> None:
         files = await asyncio.to_thread(read_tls_files, self.settings)
-        channel = make_channel(self.settings, files)
+        channel = make_channel(self.address, files)
         try:
             call = fleet_pb2_grpc.AgentServiceStub(channel).Connect()
             try:
@@ -228,11 +301,15 @@ class AgentClient:
         for stored in welcome.stored:
             if self._valid_ack(stored):
                 await self.spool.call(self.spool.ack, stored.boot_id, stored.seq)
-        if self.last_failure is not None or self.sessions == 0:
-            log.info("aggregator_connected", address=self.settings.address, host_id=self.host_id,
-                     heartbeat_s=heartbeat_s, pending=await self.spool.call(
-                         lambda: self.spool.pending))
-        self.connected, self.attempts, self.last_failure = True, 0, None
+        address = self.address
+        moved = ({"previous": self.last_worked}
+                 if self.last_worked is not None and self.last_worked != address else {})
+        log.info("aggregator_connected", address=address, host_id=self.host_id,
+                 heartbeat_s=heartbeat_s, failures=self.failures, **moved,
+                 pending=await self.spool.call(lambda: self.spool.pending))
+        # Not `failures` (reset only once the stream is healthy: _Session._heartbeat).
+        self.connected, self.last_failure, self.last_worked = True, None, address
+        self._unreachable.pop(address, None)
         self.sessions += 1
         session = _Session(self, call, heartbeat_s, max_message)
         await session.run()
@@ -264,9 +341,11 @@ class _Session:
         self.inventory: bytes | None = None
         self.report: bytes | None = None
         self.report_at = -math.inf
+        self.heartbeats = 0  # written on this stream
+        self.reader: asyncio.Task | None = None
 
     async def run(self) -> None:
-        reader = asyncio.create_task(self._read())
+        self.reader = reader = asyncio.create_task(self._read())
         try:
             await self._send_inventory()
             await self._send_report(force=True)
@@ -354,6 +433,9 @@ class _Session:
         await self.client._write(self.call, fleet_pb2.ConnectRequest(heartbeat=fleet_pb2.Heartbeat(
             time=timestamp(self.client.wallclock()), spool_dropped=dropped,
             spool_pending=pending)))
+        self.heartbeats += 1
+        if self.heartbeats == HEALTHY_HEARTBEATS and not self.reader.done():
+            self.client._stream_healthy()
         await self._send_inventory()
         await self._send_report()
 

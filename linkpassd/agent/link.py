@@ -18,7 +18,8 @@ What the daemon does for the agent is constant time and never waits:
 
 The agent runs in one supervised task: whatever it raises is logged and it
 starts again; a reload that changes [aggregator] restarts it (the spool,
-with everything unacknowledged, is kept).
+with everything unacknowledged, is kept), with the aggregator replica that
+last worked first when it is still listed.
 """
 
 from __future__ import annotations
@@ -128,6 +129,7 @@ class AggregatorLink:
         """The agent, as [aggregator] says, for as long as the daemon runs."""
         self._agent_changed = asyncio.Event()
         writer: asyncio.Task | None = None
+        last_worked: str | None = None  # a restarted agent starts with the replica that worked
         try:
             while True:
                 settings = self.config.aggregator
@@ -140,7 +142,8 @@ class AggregatorLink:
                     writer = asyncio.create_task(self._run_spool_writer(), name="spool-writer")
                 self.agent = AgentClient(settings, self.spool, DaemonHost(self),
                                          boot_id=self.events.boot_id,
-                                         dropped=lambda: self.spool_writer.dropped)
+                                         dropped=lambda: self.spool_writer.dropped,
+                                         start_address=last_worked)
                 self.spool_writer.on_written = self.agent.wake
                 run = asyncio.create_task(self.agent.run(), name="agent")
                 changed = asyncio.create_task(self._agent_changed.wait())
@@ -150,6 +153,8 @@ class AggregatorLink:
                     run.cancel()
                     changed.cancel()
                     await asyncio.gather(run, changed, return_exceptions=True)
+                if self.agent is not None:
+                    last_worked = self.agent.last_worked or last_worked
                 self.agent = None
                 self._agent_changed.clear()
                 if run.done() and not run.cancelled() and run.exception() is not None:
@@ -179,7 +184,7 @@ class AggregatorLink:
         new = self.config.aggregator
         if old.aggregator != new:
             log.info("aggregator_config_changed",
-                     address=new.address if new is not None else "none (standalone)")
+                     addresses=list(new.addresses) if new is not None else "none (standalone)")
             if self.spool is not None and new is not None \
                     and new.spool_max_events != self.spool.max_events:
                 self.spool.submit(self.spool.set_max_events, new.spool_max_events)

@@ -266,7 +266,9 @@ class _Builder:
                 except OSError as exc:
                     self.fail(f"aggregator.{key}",
                               f"cannot read {path!r}: {exc.strerror or exc}")
-        return AggregatorSettings(**agg)
+        address = agg.pop("address")  # one string or an array of replicas, both checked
+        return AggregatorSettings(addresses=(address,) if isinstance(address, str)
+                                  else tuple(address), **agg)
 
     def check_health(self, health: dict[str, Any]) -> None:
         if not health["flap_reuse"] < health["flap_suppress"]:

@@ -197,11 +197,23 @@ def _to_str_tuple(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _to_str_or_str_tuple(value: Any) -> str | tuple[str, ...]:
+    """One string as it is, or an array of strings as a tuple: the caller
+    (config.build) makes both a tuple, after the checks have named the bad
+    element by its index only when there is an array."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        return _to_str_tuple(value)
+    raise _Invalid(f"expected a string or an array of strings, {_got(value)}")
+
+
 INT = _Type("integer", _to_int)
 FLOAT = _Type("number", _to_float)
 BOOL = _Type("boolean", _to_bool)
 STR = _Type("string", _to_str)
 STR_LIST = _Type("array of strings", _to_str_tuple)
+STR_OR_LIST = _Type("string or array of strings", _to_str_or_str_tuple)
 
 
 @dataclass(frozen=True)
@@ -281,6 +293,23 @@ def _unique_list(values: Sequence[Any]) -> None:
 
 NON_EMPTY = _Check("not empty", _non_empty_list)
 UNIQUE = _Check("no repeats", _unique_list)
+
+
+def _one_or_list(check: _Check, noun: str) -> _Check:
+    """For STR_OR_LIST: one string that passes `check`, or a non-empty array
+    of distinct strings that each pass it (an error names the element by its
+    index; a lone string's error has no index, as before arrays were allowed)."""
+    def run(value: str | Sequence[str]) -> None:
+        if isinstance(value, str):
+            check(value)
+            return
+        if not value:
+            raise _Invalid(f"an empty array; list at least one {noun}")
+        _each(check)(value)
+        _unique_list(value)
+
+    return _Check(f"{check.doc}; or a non-empty array of them, no repeats", run)
+
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 

@@ -11,10 +11,11 @@ from typing import Any
 
 from linkpassd.config.checks import (BOOL, FLOAT, IFNAME, INT, IPV4_ADDRESS, IPV4_CIDR,
                                      IPV4_INTERFACE, NAME, NH_TIMER_MAX_S, NON_EMPTY,
-                                     ROUTE_PROTOCOL, STR, STR_LIST, SUN_PATH_MAX, U32_MAX, UNIQUE,
-                                     _abs_path, _at_least, _between, _Check, _each, _empty_or,
-                                     _greater_than, _group_name, _host_id, _host_port, _int_range,
-                                     _label, _listen_address, _one_of, _Type)
+                                     ROUTE_PROTOCOL, STR, STR_LIST, STR_OR_LIST, SUN_PATH_MAX,
+                                     U32_MAX, UNIQUE, _abs_path, _at_least, _between, _Check, _each,
+                                     _empty_or, _greater_than, _group_name, _host_id, _host_port,
+                                     _int_range, _label, _listen_address, _one_of, _one_or_list,
+                                     _Type)
 
 # --------------------------------------------------------------------------
 # The schema: every option, once
@@ -127,10 +128,16 @@ AGGREGATOR = Section(
          "back; the host is protected the same either way. Certificates: "
          "`scripts/linkpass-certs` (docs/aggregator.md).",
     options=(
-        Option("address", STR, REQUIRED,
+        Option("address", STR_OR_LIST, REQUIRED,
                "The aggregator's `HOST:PORT`, e.g. `agg.example:7443` (resolved at each "
-               "connection attempt).",
-               (_host_port(),)),
+               "connection attempt), or `unix:/abs/path` for one on this machine. Several "
+               "replicas of one aggregator (on one shared store): an array, e.g. "
+               "`[\"agg-1.example:7443\", \"agg-2.example:7443\"]`. linkpassd streams to one "
+               "at a time, starting with the first; when its stream ends or a connection "
+               "fails it moves to the next (round-robin) and sends again every event not yet "
+               "acknowledged (the aggregator stores each once). The backoff between attempts "
+               "grows with each full pass over the list that reached none of them.",
+               (_one_or_list(_host_port(), "address"),)),
         Option("host_id", STR, "",
                "The name this host reports as; its certificate must name it. Empty: the "
                "system's host name.",

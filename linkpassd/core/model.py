@@ -130,13 +130,27 @@ class AggregatorSettings:
     """Where linkpassd reports to (linkpass-aggregator) and how: the agent's
     stream. Absent from the config: standalone."""
 
-    address: str  # host:port of the aggregator
+    # Replicas of one aggregator (HOST:PORT or unix:/path), in the order the
+    # agent tries them; it moves to the next when a stream ends or a connect
+    # fails (agent.client). Never empty.
+    addresses: tuple[str, ...]
     host_id: str = ""  # "": the host name (the agent reads it when it connects)
     ca: str = ""  # PEM files for mutual TLS; all three unless `insecure`
     cert: str = ""
     key: str = ""
     insecure: bool = False  # plaintext, labs only
     spool_max_events: int = 100_000  # unacknowledged events kept on disk; the oldest go first
+
+    def __post_init__(self) -> None:
+        # A bare string would pass as a tuple of one-character "addresses".
+        if isinstance(self.addresses, str) or not self.addresses:
+            raise ValueError(f"addresses must be a non-empty tuple of addresses, "
+                             f"not {self.addresses!r}")
+
+    @property
+    def address(self) -> str:
+        """The first address: the one tried first (logs and labs that know one)."""
+        return self.addresses[0]
 
 
 @dataclass(frozen=True)

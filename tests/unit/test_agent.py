@@ -39,7 +39,10 @@ async def until(predicate, what: str, timeout: float = DEADLINE_S) -> None:
 
 
 class FakeAggregator(fleet_pb2_grpc.AgentServiceServicer):
-    """Stores each (boot, seq) once; acks every batch; can misbehave."""
+    """Stores each (boot, seq) once; acks every batch; can misbehave: modes
+    "deaf", "garbage", "hangup" (ends each stream right after its Welcome);
+    `swallow` (set at any time): batches are taken, neither stored nor
+    acknowledged, as by a replica that dies before its commit."""
 
     def __init__(self, stored=None, mode: str = "normal") -> None:
         self.stored: dict[str, dict[int, object]] = stored if stored is not None else {}
@@ -50,6 +53,8 @@ class FakeAggregator(fleet_pb2_grpc.AgentServiceServicer):
         self.results: list[fleet_pb2.CommandResult] = []
         self.outgoing: asyncio.Queue = asyncio.Queue()
         self.mode = mode
+        self.swallow = False
+        self.seqs: list[int] = []  # every event's seq received, stored or not, in order
 
     async def Connect(self, request_iterator, context):
         reader = aiter(request_iterator)
@@ -58,6 +63,8 @@ class FakeAggregator(fleet_pb2_grpc.AgentServiceServicer):
         stored = [fleet_pb2.EventAck(boot_id=b, seq=max(s)) for b, s in self.stored.items() if s]
         yield fleet_pb2.ConnectResponse(welcome=fleet_pb2.Welcome(
             heartbeat_s=0.2, stored=stored, max_message_bytes=1 << 20))
+        if self.mode == "hangup":
+            return
         if self.mode == "deaf":  # stops reading: the agent's writes back up
             await asyncio.Event().wait()
         if self.mode == "garbage":
@@ -83,6 +90,9 @@ class FakeAggregator(fleet_pb2_grpc.AgentServiceServicer):
             self.received.append(body)
             if body == "events":
                 batch = request.events
+                self.seqs += [e.seq for e in batch.events]
+                if self.swallow:
+                    continue
                 if batch.gap_first:
                     self.gaps.append((batch.boot_id, batch.gap_first, batch.gap_last))
                 held = self.stored.setdefault(batch.boot_id, {})
@@ -123,7 +133,8 @@ class FakeHost:
 
 
 def agent_for(port: int, spool: Spool, host, **kw) -> AgentClient:
-    settings = AggregatorSettings(address=f"127.0.0.1:{port}", insecure=True, host_id="gpu-017")
+    settings = AggregatorSettings(addresses=(f"127.0.0.1:{port}",), insecure=True,
+                                  host_id="gpu-017")
     return AgentClient(settings, spool, host, boot_id="boot-a", rng=random.Random(7),
                        backoff_base_s=0.05, backoff_cap_s=0.2, **kw)
 
@@ -253,7 +264,7 @@ def make_daemon(tmp_path, static=("198.19.0.1",), fabric=("198.19.0.0/16",)) -> 
     config = dataclasses.replace(
         config, rails=rails, state_dir=str(tmp_path / "state"),
         probes=ProbeSettings(enabled=True, port=0, fabric_prefixes=fabric),
-        aggregator=AggregatorSettings(address="127.0.0.1:1", insecure=True))
+        aggregator=AggregatorSettings(addresses=("127.0.0.1:1",), insecure=True))
     clock = Clock()
     daemon = Daemon(config, clock=clock, wallclock=lambda: 1.8e9 + clock.t)
     daemon.kernel = FakeKernel()

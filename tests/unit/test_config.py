@@ -609,14 +609,53 @@ def test_an_aggregator_with_mutual_tls_files_is_taken_as_written(tmp_path):
     files = _tls_files(tmp_path)
     config = parse_config(_with_aggregator(address="agg.example:7443", host_id="gpu-017",
                                            spool_max_events=500, **files), "t.toml")
-    assert config.aggregator == AggregatorSettings(address="agg.example:7443", host_id="gpu-017",
-                                                   spool_max_events=500, **files)
+    assert config.aggregator == AggregatorSettings(addresses=("agg.example:7443",),
+                                                   host_id="gpu-017", spool_max_events=500,
+                                                   **files)
+    assert config.aggregator.address == "agg.example:7443"
 
 
 def test_an_aggregator_on_a_unix_socket_is_accepted():
     config = parse_config(_with_aggregator(address="unix:/tmp/lplab-x/agg.sock", insecure=True),
                           "t.toml")
     assert config.aggregator.address == "unix:/tmp/lplab-x/agg.sock"
+
+
+def test_aggregator_replicas_are_an_array_of_addresses_kept_in_order():
+    replicas = ["agg-2.example:7443", "unix:/tmp/lplab-x/agg.sock", "[fd00::1]:7443",
+                "198.18.0.9:7443"]
+    config = parse_config(_with_aggregator(address=replicas, insecure=True), "t.toml")
+    assert config.aggregator.addresses == tuple(replicas)
+    assert config.aggregator.address == "agg-2.example:7443"  # the one tried first
+    one = parse_config(_with_aggregator(address=["agg.example:7443"], insecure=True), "t.toml")
+    assert one.aggregator == parse_config(
+        _with_aggregator(address="agg.example:7443", insecure=True), "t.toml").aggregator
+
+
+@pytest.mark.parametrize("address,key,reason", [
+    ([], "aggregator.address", "an empty array; list at least one address"),
+    (["a:1", "agg.example"], "aggregator.address[1]", "'agg.example' is not HOST:PORT"),
+    (["agg.example:0", "a:1"], "aggregator.address[0]", "port in 1..65535"),
+    (["a:1", "b:2", "agg example:7443"], "aggregator.address[2]",
+     "neither a host name nor an IPv4 address"),
+    (["a:1", "[fd00::zz]:7443"], "aggregator.address[1]", "not an IPv6 address"),
+    (["a:1", "unix:agg.sock"], "aggregator.address[1]", "absolute path"),
+    (["a:1", "b:2", "a:1"], "aggregator.address[2]", "'a:1' is listed twice (also at [0])"),
+    (["a:1", 7443], "aggregator.address[1]", "expected a string, got integer 7443"),
+    ([["a:1"]], "aggregator.address[0]", "expected a string, got an array"),
+    (7443, "aggregator.address", "expected a string or an array of strings, got integer"),
+])
+def test_a_bad_aggregator_replica_list_names_the_element(address, key, reason):
+    with pytest.raises(ConfigError) as info:
+        parse_config(_with_aggregator(address=address, insecure=True), "t.toml")
+    assert info.value.key == key and reason in info.value.reason, str(info.value)
+
+
+def test_aggregator_settings_refuse_a_bare_string_or_no_address():
+    """A str is iterable: ("a:1") would be five one-letter addresses."""
+    for bad in ("agg.example:7443", ()):
+        with pytest.raises(ValueError, match="non-empty tuple"):
+            AggregatorSettings(addresses=bad)
 
 
 def test_an_insecure_aggregator_needs_no_files():
@@ -686,3 +725,4 @@ def test_the_reference_says_the_aggregator_section_is_optional():
     section = doc.split("## `[aggregator]`")[1].split("## ")[0]
     assert "without a `[aggregator]` section the feature is off" in section
     assert "| `spool_max_events` |" in section
+    assert "| `address` | string or array of strings |" in section
