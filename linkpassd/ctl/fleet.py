@@ -189,6 +189,7 @@ class Connect:
     key: str | None
     insecure: bool
     server_name: str
+    output: str = "table"  # `fleet -o json CMD`: the group's -o, unless CMD has its own
 
     def __call__(self) -> Aggregator:
         return aggregator_from_options(self.ctx, self.address, self.ca, self.cert, self.key, self.insecure,
@@ -275,6 +276,11 @@ def render_summary(resp: pb.GetSummaryResponse) -> str:
 
 output_option = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
                              show_default=True, help="table for people, json (the API's messages) for scripts.")
+# A command's own -o; without it, the group's (`fleet -o json summary` and
+# `fleet summary -o json` are the same).
+command_output_option = click.option("-o", "--output", type=click.Choice(["table", "json"]), default=None,
+                                     help="table for people, json (the API's messages) for scripts "
+                                          "[default: fleet's -o, else table].")
 
 KINDS = [name.removeprefix("EVENT_KIND_").lower() for name in cpb.EventKind.keys()
          if name != "EVENT_KIND_UNSPECIFIED"]
@@ -297,7 +303,7 @@ def fleet(ctx: click.Context, address: str | None, ca: str | None, cert: str | N
           insecure: bool, server_name: str, output: str) -> None:
     """The fleet from linkpass-aggregator: without a command, hosts x rails
     (verdict per port), what needs a look, and the counts."""
-    ctx.obj = Connect(ctx, address, ca, cert, key, insecure, server_name)
+    ctx.obj = Connect(ctx, address, ca, cert, key, insecure, server_name, output)
     if ctx.invoked_subcommand is None:
         resp = ctx.obj().call(lambda stub: stub.ListHosts, pb.ListHostsRequest())
         click.echo(to_json(resp) if output == "json" else render_grid(resp))
@@ -324,13 +330,14 @@ def _duration_option(text: str | None, hint: str) -> float:
 @click.option("--limit", type=click.IntRange(min=1), default=None, metavar="N",
               help="At most N events (with --follow: stop after N) [default: the aggregator's, 1000].")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing events as they are stored; Ctrl-C ends.")
-@output_option
+@command_output_option
 @click.pass_obj
 def fleet_events(connect: Connect, host_id: str, port: str, kind: str | None, since: str | None, after: int,
                  limit: int | None, follow: bool, output: str) -> None:
     """Events every host reported, oldest first: HOST, then time, seq,
     severity, kind, port/rail, message (json: FleetEvent messages; with
     --follow one JSON document per line)."""
+    output = output or connect.output
     kind_value = cpb.EventKind.Value("EVENT_KIND_" + kind.upper()) if kind else 0
     since_s = _duration_option(since, "'--since'") if since is not None else None
     if follow and since_s is not None:
@@ -371,12 +378,13 @@ def fleet_events(connect: Connect, host_id: str, port: str, kind: str | None, si
 @click.option("--reason", required=True, metavar="TEXT", help="Why, for the next person on call (required).")
 @click.option("--for", "for_", metavar="DURATION", default=None,
               help="End the drain by itself after DURATION, e.g. 30m, 2h, 1d [default: until undrain].")
-@output_option
+@command_output_option
 @click.pass_obj
 def fleet_drain(connect: Connect, host: str, port: str, reason: str, for_: str | None, output: str) -> None:
     """Drain PORT on HOST through the aggregator (its linkpassd takes the
     port out of service, as `linkpassctl drain` there would). Needs an
     operator certificate."""
+    output = output or connect.output
     if not reason.strip():
         raise click.BadParameter("the reason is empty; say why, for the next person on call",
                                  param_hint="'--reason'")
@@ -390,10 +398,11 @@ def fleet_drain(connect: Connect, host: str, port: str, reason: str, for_: str |
 @fleet.command("undrain")
 @click.argument("host")
 @click.argument("port")
-@output_option
+@command_output_option
 @click.pass_obj
 def fleet_undrain(connect: Connect, host: str, port: str, output: str) -> None:
     """End the drain of PORT on HOST. Needs an operator certificate."""
+    output = output or connect.output
     resp = connect().call(lambda stub: stub.FleetUndrain, pb.FleetUndrainRequest(host_id=host, port=port),
                     at_least=COMMAND_TIMEOUT_S)
     click.echo(to_json(resp) if output == "json" else f"{host} {port}: {_one_line(resp.message or 'undrained')}")
@@ -402,10 +411,11 @@ def fleet_undrain(connect: Connect, host: str, port: str, output: str) -> None:
 @fleet.command("summary")
 @click.option("--days", type=click.IntRange(min=1, max=366), default=7, show_default=True,
               help="Days to cover, ending today (UTC).")
-@output_option
+@command_output_option
 @click.pass_obj
 def fleet_summary(connect: Connect, days: int, output: str) -> None:
     """Failures absorbed and GPU-hours saved per day, hosts, ports by verdict."""
+    output = output or connect.output
     resp = connect().call(lambda stub: stub.GetSummary, pb.GetSummaryRequest(days=days))
     click.echo(to_json(resp) if output == "json" else render_summary(resp))
 

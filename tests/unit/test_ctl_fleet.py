@@ -439,3 +439,20 @@ def test_an_aggregator_certificate_from_another_ca_is_refused(pki, tls_agg) -> N
                  str(pki / "alice.pem"), "--key", str(pki / "alice-key.pem"), "summary")
     assert result.exit_code == ExitCode.REFUSED, result.stderr
     assert "TLS handshake" in result.stderr and address in result.stderr
+
+
+@pytest.mark.parametrize("args", [["-o", "json", "summary"], ["summary", "-o", "json"],
+                                  ["-o", "table", "summary", "-o", "json"]])
+def test_json_output_from_the_group_or_the_command(agg, args) -> None:
+    _, address = agg
+    result = run("fleet", "--aggregator", address, "--insecure", *args)
+    assert result.exit_code == ExitCode.OK, result.stderr
+    doc = json.loads(result.stdout)
+    assert "days" in doc or "restartCostS" in doc, doc
+
+
+def test_the_command_own_output_wins_over_the_group(agg) -> None:
+    _, address = agg
+    result = run("fleet", "--aggregator", address, "--insecure", "-o", "json", "summary", "-o", "table")
+    assert result.exit_code == ExitCode.OK, result.stderr
+    assert "2027-01-15" in result.stdout and not result.stdout.lstrip().startswith("{")
