@@ -34,10 +34,12 @@ class AgentServiceStub:
     Down (ConnectResponse): Welcome once Hello is accepted, then acks, probe
     peers and commands.
 
-    Refusals end the stream with a status that says why: UNAUTHENTICATED (no
-    or untrusted certificate), PERMISSION_DENIED (the certificate names another
-    host), INVALID_ARGUMENT (a malformed or out-of-order message: the message
-    names which), RESOURCE_EXHAUSTED (over a size or rate bound).
+    A missing or untrusted client certificate never reaches the service: the
+    TLS handshake fails, and the client sees UNAVAILABLE with the handshake's
+    error. Refusals end the stream with a status that says why:
+    PERMISSION_DENIED (the certificate names another host), INVALID_ARGUMENT (a
+    malformed or out-of-order message: the message names which),
+    RESOURCE_EXHAUSTED (over a size or rate bound).
     """
 
     def __init__(self, channel):
@@ -62,10 +64,12 @@ class AgentServiceServicer:
     Down (ConnectResponse): Welcome once Hello is accepted, then acks, probe
     peers and commands.
 
-    Refusals end the stream with a status that says why: UNAUTHENTICATED (no
-    or untrusted certificate), PERMISSION_DENIED (the certificate names another
-    host), INVALID_ARGUMENT (a malformed or out-of-order message: the message
-    names which), RESOURCE_EXHAUSTED (over a size or rate bound).
+    A missing or untrusted client certificate never reaches the service: the
+    TLS handshake fails, and the client sees UNAVAILABLE with the handshake's
+    error. Refusals end the stream with a status that says why:
+    PERMISSION_DENIED (the certificate names another host), INVALID_ARGUMENT (a
+    malformed or out-of-order message: the message names which),
+    RESOURCE_EXHAUSTED (over a size or rate bound).
     """
 
     def Connect(self, request_iterator, context):
@@ -99,10 +103,12 @@ class AgentService:
     Down (ConnectResponse): Welcome once Hello is accepted, then acks, probe
     peers and commands.
 
-    Refusals end the stream with a status that says why: UNAUTHENTICATED (no
-    or untrusted certificate), PERMISSION_DENIED (the certificate names another
-    host), INVALID_ARGUMENT (a malformed or out-of-order message: the message
-    names which), RESOURCE_EXHAUSTED (over a size or rate bound).
+    A missing or untrusted client certificate never reaches the service: the
+    TLS handshake fails, and the client sees UNAVAILABLE with the handshake's
+    error. Refusals end the stream with a status that says why:
+    PERMISSION_DENIED (the certificate names another host), INVALID_ARGUMENT (a
+    malformed or out-of-order message: the message names which),
+    RESOURCE_EXHAUSTED (over a size or rate bound).
     """
 
     @staticmethod
