@@ -172,7 +172,8 @@ class Operations:
         await self.queue.put(DrainCommand(port, d, by, done))
         what = "drain" if d is not None else "undrain"
         try:
-            await asyncio.wait_for(asyncio.shield(done), COMMAND_TIMEOUT_S)
+            async with asyncio.timeout(COMMAND_TIMEOUT_S):
+                await asyncio.shield(done)
         except TimeoutError:
             raise drain.DrainPending(
                 f"{what} of {port} is queued, but linkpassd's reconcile loop did not get to it "

@@ -218,8 +218,9 @@ class AgentServicer:
                       context: grpc.aio.ServicerContext) -> HostSession:
         """Hello first (within the deadline), the certificate's check, Welcome."""
         try:
-            first = await asyncio.wait_for(anext(requests), self.hello_timeout_s)
-        except (TimeoutError, asyncio.TimeoutError):
+            async with asyncio.timeout(self.hello_timeout_s):
+                first = await anext(requests)
+        except TimeoutError:
             raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
                             f"no Hello within {self.hello_timeout_s:g} s of opening the stream") from None
         except StopAsyncIteration:

@@ -304,6 +304,8 @@ def test_a_second_validation_is_refused_while_one_runs_naming_it(tmp_path: Path)
                 request = pb.ValidateRequest(plan=plan(hosts=("h1", "h2")), duration_s=5)
                 first = fleet.Validate(request, timeout=DEADLINE_S)
                 assert (await first.read()).progress.hosts_total == 2
+                # the progress leaves as the commands do: h1 may not have read its own yet
+                await eventually(lambda: bool(agents["h1"].commands), "h1 to receive its command")
                 run_id = agents["h1"].commands[0].validate.run_id
                 with pytest.raises(grpc.aio.AioRpcError) as err:
                     await fleet.Validate(request, timeout=DEADLINE_S).read()
