@@ -16,13 +16,10 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 
 import click
 import grpc
-from google.protobuf.message import Message
 
 from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
@@ -30,9 +27,9 @@ from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
 from linkpassd.aggregator import grid
 from linkpassd.core.drain import DrainError, parse_duration
 from linkpassd.ctl.exitcodes import ExitCode
+from linkpassd.ctl.rpc import STATUS_EXIT, RpcTarget, status_of
 from linkpassd.ctl.render import _one_line, duration, event_line, table, to_json, unix
 
-R = TypeVar("R", bound=Message)
 
 DEFAULT_TIMEOUT_S = 5.0
 # Longer than the aggregator's own wait for the host's answer to a relayed
@@ -69,7 +66,7 @@ def parse_address(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class Aggregator:
+class Aggregator(RpcTarget):
     """Where the aggregator is, and the channel credentials to reach it."""
 
     address: str
@@ -77,6 +74,8 @@ class Aggregator:
     credentials: grpc.ChannelCredentials | None  # None: --insecure
     server_name: str = ""  # TLS name to expect instead of the address's host
     cert_path: str = ""  # for error messages
+
+    stub = pb_grpc.FleetServiceStub
 
     def channel(self) -> grpc.Channel:
         # A validation report of a large fleet carries every probed pair
@@ -88,29 +87,9 @@ class Aggregator:
             options.append(("grpc.ssl_target_name_override", self.server_name))
         return grpc.secure_channel(self.address, self.credentials, options=options)
 
-    def call(self, method: Callable[[pb_grpc.FleetServiceStub], Callable[..., R]], request: Message,
-             at_least: float = 0.0) -> R:
-        try:
-            with self.channel() as channel:
-                return method(pb_grpc.FleetServiceStub(channel))(request, timeout=max(self.timeout, at_least))
-        except grpc.RpcError as exc:
-            raise self.failure(exc) from None
-
-    def stream(self, method: Callable[[pb_grpc.FleetServiceStub], Callable[..., Iterator[R]]],
-               request: Message) -> Iterator[R]:
-        """A server stream's messages, for as long as it runs (no deadline)."""
-        with self.channel() as channel:
-            responses = method(pb_grpc.FleetServiceStub(channel))(request)
-            try:
-                yield from responses
-            except grpc.RpcError as exc:
-                raise self.failure(exc) from None
-            finally:
-                responses.cancel()
-
     def failure(self, exc: grpc.RpcError) -> FleetError:
-        code = exc.code() if hasattr(exc, "code") else None
-        details = _one_line((exc.details() if hasattr(exc, "details") else None) or "")
+        code, details = status_of(exc)
+        details = _one_line(details)
         low = details.lower()
         where = self.address
         if code == grpc.StatusCode.UNAVAILABLE:
@@ -131,14 +110,8 @@ class Aggregator:
             return FleetError(f"linkpass-aggregator unavailable at {where}: {details}", ExitCode.UNREACHABLE)
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return FleetError(f"linkpass-aggregator at {where} did not answer in time", ExitCode.UNREACHABLE)
-        mapped = {
-            grpc.StatusCode.PERMISSION_DENIED: ExitCode.REFUSED,
-            grpc.StatusCode.UNAUTHENTICATED: ExitCode.REFUSED,
-            grpc.StatusCode.NOT_FOUND: ExitCode.NOT_FOUND,
-            grpc.StatusCode.INVALID_ARGUMENT: ExitCode.USAGE,
-        }
-        if code in mapped:  # the aggregator's message names what and why
-            return FleetError(details, mapped[code])
+        if code in STATUS_EXIT:  # the aggregator's message names what and why
+            return FleetError(details, STATUS_EXIT[code])
         return FleetError(f"linkpass-aggregator answered {code.name if code else 'error'}: {details}")
 
 

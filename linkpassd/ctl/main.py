@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TypeVar
 
 import click
 
@@ -23,13 +21,13 @@ import click
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
 import grpc  # noqa: E402
-from google.protobuf.message import Message  # noqa: E402
 
 from linkpassd import __version__  # noqa: E402
 from linkpassd._proto.linkpass.v1 import control_pb2 as pb  # noqa: E402
 from linkpassd._proto.linkpass.v1 import control_pb2_grpc as pb_grpc  # noqa: E402
 from linkpassd.core.drain import DrainError, parse_duration  # noqa: E402
 from linkpassd.ctl.exitcodes import ExitCode, epilog  # noqa: E402
+from linkpassd.ctl.rpc import STATUS_EXIT, RpcTarget, status_of  # noqa: E402
 from linkpassd.ctl.render import (  # noqa: E402 - the renderers (to_json is also used by tests)
     _one_line,
     event_line,
@@ -45,7 +43,6 @@ from linkpassd.ctl.render import (  # noqa: E402 - the renderers (to_json is als
 DEFAULT_SOCKET = "/run/linkpass/linkpassd.sock"
 DEFAULT_TIMEOUT_S = 5.0
 
-R = TypeVar("R", bound=Message)
 
 
 class CtlError(click.ClickException):
@@ -61,37 +58,17 @@ class CtlError(click.ClickException):
 
 
 @dataclass(frozen=True)
-class Target:
+class Target(RpcTarget):
     socket_path: str
     timeout: float
 
-    def call(self, method: Callable[[pb_grpc.ControlServiceStub], Callable[..., R]], request: Message,
-             at_least: float = 0.0) -> R:
-        """Make one unary call, turning every failure into one CtlError line;
-        `at_least` raises the deadline for calls the daemon may take long to
-        answer by design (a drain waits for its pass)."""
-        self._check_socket()
-        try:
-            with grpc.insecure_channel(f"unix:{os.path.abspath(self.socket_path)}") as channel:
-                return method(pb_grpc.ControlServiceStub(channel))(
-                    request, timeout=max(self.timeout, at_least))
-        except grpc.RpcError as exc:
-            raise self.failure(exc) from None
+    stub = pb_grpc.ControlServiceStub
 
-    def stream(self, method: Callable[[pb_grpc.ControlServiceStub], Callable[..., Iterator[R]]],
-               request: Message) -> Iterator[R]:
-        """The messages of a server stream, for as long as it runs (no
-        deadline); failures become one CtlError line, as in call().  Closing
-        the iterator (Ctrl-C, or enough read) cancels the call."""
+    def channel(self) -> grpc.Channel:
+        return grpc.insecure_channel(f"unix:{os.path.abspath(self.socket_path)}")
+
+    def before(self) -> None:
         self._check_socket()
-        with grpc.insecure_channel(f"unix:{os.path.abspath(self.socket_path)}") as channel:
-            responses = method(pb_grpc.ControlServiceStub(channel))(request)
-            try:
-                yield from responses
-            except grpc.RpcError as exc:
-                raise self.failure(exc) from None
-            finally:
-                responses.cancel()
 
     def failure(self, exc: grpc.RpcError) -> CtlError:
         """The one-line error, with its exit code, for a failed call or stream."""
@@ -116,21 +93,13 @@ class Target:
 
     @staticmethod
     def _exit_code(exc: grpc.RpcError) -> ExitCode:
-        code = exc.code() if hasattr(exc, "code") else None
+        code, details = status_of(exc)
         if code == grpc.StatusCode.UNAVAILABLE:
-            details = (exc.details() if hasattr(exc, "details") else None) or ""
             return ExitCode.REFUSED if "permission denied" in details.lower() else ExitCode.UNREACHABLE
-        return {
-            grpc.StatusCode.DEADLINE_EXCEEDED: ExitCode.UNREACHABLE,
-            grpc.StatusCode.PERMISSION_DENIED: ExitCode.REFUSED,
-            grpc.StatusCode.UNAUTHENTICATED: ExitCode.REFUSED,
-            grpc.StatusCode.NOT_FOUND: ExitCode.NOT_FOUND,
-            grpc.StatusCode.INVALID_ARGUMENT: ExitCode.USAGE,
-        }.get(code, ExitCode.FAILURE)
+        return STATUS_EXIT.get(code, ExitCode.FAILURE)
 
     def _describe(self, exc: grpc.RpcError) -> str:
-        code = exc.code() if hasattr(exc, "code") else None
-        details = (exc.details() if hasattr(exc, "details") else None) or ""
+        code, details = status_of(exc)
         path = self.socket_path
         if code == grpc.StatusCode.DEADLINE_EXCEEDED:
             return f"linkpassd did not answer within {self.timeout:g}s on {path}"
