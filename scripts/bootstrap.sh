@@ -6,7 +6,11 @@ cd "$(dirname "$0")/.."
 
 # chromium: the headless browser test of the aggregator's page (tests/labs/test_fleet_lab.py).
 # lldpd: the LLDP speaker of the lab's switches (labs/lldp.py runs one per lab node, in its namespace).
-APT_PACKAGES=(iproute2 ethtool nftables tshark tcpdump iputils-ping mininet frr python3-venv python3-dev gcc prometheus chromium lldpd)
+# postgresql: the server binaries for the aggregator's PostgreSQL store tests (labs/pgcluster.py runs a
+#   private one per test session, on a Unix socket in a temporary directory); never a system cluster.
+APT_PACKAGES=(iproute2 ethtool nftables tshark tcpdump iputils-ping mininet frr python3-venv python3-dev gcc prometheus chromium lldpd postgresql)
+# Services those packages would start on install and that must not run here (see below).
+NO_START=(lldpd postgresql)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
@@ -23,16 +27,41 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   # Installing lldpd must never start the machine's own lldpd: it would speak
   # LLDP on the host's real interfaces (the labs run private ones, by PID).
+  # Installing postgresql must never create or start a system cluster (the
+  # tests run private ones): Debian's package creates a "main" cluster unless
+  # createcluster.conf says create_main_cluster = false, which is written
+  # first (ucf keeps that file: UCF_FORCE_CONFFOLD), and then starts it.
   # invoke-rc.d and deb-systemd-invoke ask /usr/sbin/policy-rc.d before
   # starting a service; when the machine has none, a temporary one denies
-  # lldpd (exit 101) and allows everything else (exit 0, as having no policy
-  # does), and is removed right after. A policy the machine already has is
-  # left alone. Where systemd runs, the unit is also disabled for later boots
-  # (and stopped, should an existing policy have let it start).
+  # the NO_START services being installed (exit 101) and allows everything
+  # else (exit 0, as having no policy does), and is removed right after. A
+  # policy the machine already has is left alone. Where systemd runs, those
+  # units are also disabled for later boots (and stopped, should an existing
+  # policy have let them start).
+  blocked=()
+  for svc in "${NO_START[@]}"; do
+    [[ " ${missing[*]} " == *" $svc "* ]] && blocked+=("$svc")
+  done
+  if [[ " ${missing[*]} " == *" postgresql "* ]]; then
+    conf=/etc/postgresql-common/createcluster.conf
+    mkdir -p "$(dirname "$conf")"
+    touch "$conf"
+    if grep -Eq '^[#[:space:]]*create_main_cluster[[:space:]]*=' "$conf"; then
+      sed -i -E 's/^[#[:space:]]*create_main_cluster[[:space:]]*=.*/create_main_cluster = false/' "$conf"
+    else
+      echo 'create_main_cluster = false' >>"$conf"
+    fi
+    export UCF_FORCE_CONFFOLD=1
+  fi
   policy=/usr/sbin/policy-rc.d
   own_policy=0
-  if [[ " ${missing[*]} " == *" lldpd "* ]] && [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\n# temporary, from linkpass scripts/bootstrap.sh\ncase "$1" in lldpd|lldpd.service) exit 101;; esac\nexit 0\n' >"$policy"
+  if [ ${#blocked[@]} -gt 0 ] && [ ! -e "$policy" ]; then
+    pattern=""
+    for svc in "${blocked[@]}"; do
+      pattern+="${pattern:+|}$svc|$svc.service|$svc@*"
+    done
+    printf '#!/bin/sh\n# temporary, from linkpass scripts/bootstrap.sh\ncase "$1" in %s) exit 101;; esac\nexit 0\n' \
+      "$pattern" >"$policy"
     chmod 755 "$policy"
     own_policy=1
     trap 'rm -f "$policy"' EXIT
@@ -42,8 +71,10 @@ if [ ${#missing[@]} -gt 0 ]; then
     rm -f "$policy"
     trap - EXIT
   fi
-  if [[ " ${missing[*]} " == *" lldpd "* ]] && [ -d /run/systemd/system ]; then
-    systemctl disable --now lldpd.service >/dev/null 2>&1 || true
+  if [ ${#blocked[@]} -gt 0 ] && [ -d /run/systemd/system ]; then
+    for svc in "${blocked[@]}"; do
+      systemctl disable --now "$svc.service" >/dev/null 2>&1 || true
+    done
   fi
 fi
 

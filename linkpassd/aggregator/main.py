@@ -1,5 +1,5 @@
 """Entry point of `linkpass-aggregator`: the fleet's gRPC server (server.py),
-its store (SQLite), the web page (web.py) and the metrics endpoint.
+its store (SQLite, or PostgreSQL shared by replicas), the web page (web.py) and the metrics endpoint.
 
     linkpass-aggregator --config /etc/linkpass/aggregator.toml [--check-config]
 
@@ -29,8 +29,8 @@ from linkpassd import logs
 from linkpassd.adapters import sdnotify
 from linkpassd.aggregator.metrics import AggregatorMetrics
 from linkpassd.aggregator.server import AggregatorServer
-from linkpassd.aggregator.settings import DEFAULT_PATH, Settings, load_settings
-from linkpassd.aggregator.store import EventQuery, StoreError
+from linkpassd.aggregator.settings import DEFAULT_PATH, Settings, load_settings, redacted_dsn
+from linkpassd.aggregator.store import EventQuery, Store, StoreError
 from linkpassd.aggregator.watch import newest_event_id
 from linkpassd.config.checks import ConfigError
 
@@ -50,9 +50,27 @@ def check_config(path: str) -> int:
         print(exc, file=sys.stderr)
         return 1
     mode = "INSECURE (no TLS)" if s.tls.insecure else "mTLS"
-    print(f"OK: {s.source}: listen {s.listen} ({mode}), database {s.database}, "
+    print(f"OK: {s.source}: listen {s.listen} ({mode}), {store_label(s)}, "
           f"web {s.web_listen or 'off'}, metrics {s.metrics_listen or 'off'}")
     return 0
+
+
+def store_label(settings: Settings) -> str:
+    """Which store, for the OK line and logs (a DSN without its password)."""
+    if settings.store == "postgresql":
+        return f"store postgresql {redacted_dsn(settings.postgresql_dsn)}"
+    return f"database {settings.database}"
+
+
+def build_store(settings: Settings) -> Store:
+    """The store `settings.store` names (not opened yet)."""
+    if settings.store == "postgresql":
+        from linkpassd.aggregator.pg_store import PgStore  # asyncpg only when used
+
+        return PgStore(settings.postgresql_dsn)
+    from linkpassd.aggregator.sqlite_store import SqliteStore
+
+    return SqliteStore(settings.database)
 
 
 def _watchdog_interval_s() -> float | None:
@@ -84,13 +102,11 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> int
         log.warning("INSECURE_MODE", listen=settings.listen,
                     warning="tls.insecure = true: NO TLS, NO CLIENT AUTHENTICATION; any client may report "
                             "as any host and drain any port. For labs only.")
-    from linkpassd.aggregator.sqlite_store import SqliteStore
-
-    store = SqliteStore(settings.database)
+    store = build_store(settings)
     try:
         await store.open()
     except StoreError as exc:
-        log.error("store_unusable", database=settings.database, error=str(exc))
+        log.error("store_unusable", store=store_label(settings), error=str(exc))
         return 1
     metrics = AggregatorMetrics()
     server = AggregatorServer(settings, store, metrics=metrics)
@@ -119,7 +135,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> int
             async def ping() -> None:
                 sdnotify.notify("WATCHDOG=1")
             tasks.append(asyncio.create_task(_every(interval, ping, "watchdog")))
-        log.info("serving", listen=settings.listen, port=port, database=settings.database,
+        log.info("serving", listen=settings.listen, port=port, store=store_label(settings),
                  tls="insecure" if settings.tls.insecure else "mtls",
                  web="off" if web_server is None else "%s:%d" % web_server.address,
                  metrics=settings.metrics_listen or "off", version=linkpassd.__version__)

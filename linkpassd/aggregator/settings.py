@@ -21,6 +21,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from linkpassd.config.checks import ConfigError
 
@@ -28,6 +29,8 @@ DEFAULT_PATH = "/etc/linkpass/aggregator.toml"
 MAX_FILE_BYTES = 1 << 20
 LOG_FORMATS = ("kv", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+STORES = ("sqlite", "postgresql")
+DSN_SCHEMES = ("postgresql", "postgres")
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,9 @@ class TlsSettings:
 class Settings:
     source: str = "(defaults)"
     listen: str = "0.0.0.0:7443"
-    database: str = "/var/lib/linkpass-aggregator/fleet.db"
+    database: str = "/var/lib/linkpass-aggregator/fleet.db"  # the SQLite file (store = "sqlite")
+    store: str = "sqlite"  # or "postgresql": replicas sharing one database (issue 14)
+    postgresql_dsn: str = ""  # postgresql://... (store = "postgresql")
     retention_days: int = 30
     restart_cost_min: float = 30.0
     heartbeat_s: float = 5.0
@@ -144,6 +149,34 @@ def check_unix_listen(text: str) -> str:
     return text
 
 
+def redacted_dsn(text: str) -> str:
+    """A DSN without its password, for messages (a config error must not print it)."""
+    try:
+        parts = urlsplit(text)
+        if parts.password is None:
+            return text
+        host = parts.netloc.rpartition("@")[2]
+        return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+    except ValueError:
+        return "(a DSN that is not a URL)"
+
+
+def _dsn(value: Any) -> str:
+    """A postgresql:// URL (the host may be a Unix socket directory:
+    postgresql://user@/db?host=/run/postgresql)."""
+    text = _text(value)
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError as exc:
+        raise ValueError(f"not a postgresql:// URL ({exc})") from None
+    if parts.scheme not in DSN_SCHEMES or not text.startswith(f"{parts.scheme}://"):
+        raise ValueError("expected a postgresql:// URL, e.g. postgresql://linkpass@db.example/linkpass")
+    if any(c.isspace() for c in text):
+        raise ValueError("a URL has no spaces (percent-encode them)")
+    return text
+
+
 def _listen(optional: bool, unix: bool = False):
     def check(value: Any) -> str:
         text = _text(value)
@@ -156,10 +189,14 @@ def _listen(optional: bool, unix: bool = False):
     return check
 
 
+SECRET_KEYS = {"aggregator.postgresql_dsn"}  # shown without a password in errors
+
 SCHEMA: dict[str, dict[str, tuple[str, Any]]] = {
     "aggregator": {
         "listen": ("listen", _listen(optional=False, unix=True)),
         "database": ("database", _path),
+        "store": ("store", _choice(STORES)),
+        "postgresql_dsn": ("postgresql_dsn", _dsn),
         "retention_days": ("retention_days", _int_range(1, 3650)),
         "restart_cost_min": ("restart_cost_min", _number_range(0, 7 * 24 * 60)),
         "heartbeat_s": ("heartbeat_s", _number_range(0.5, 300)),
@@ -209,7 +246,8 @@ def parse_settings(text: str, source: str) -> Settings:
             try:
                 converted = check(value)
             except ValueError as exc:
-                raise ConfigError(source, name, f"= {_shown(value)}: {exc}") from None
+                shown = _shown(redacted_dsn(value)) if name in SECRET_KEYS and isinstance(value, str) else _shown(value)
+                raise ConfigError(source, name, f"= {shown}: {exc}") from None
             (tls if section == "tls" else values)[target] = converted
     settings = Settings(source=source, tls=TlsSettings(**tls), **values)
     _check_together(settings)
@@ -218,6 +256,12 @@ def parse_settings(text: str, source: str) -> Settings:
 
 def _check_together(s: Settings) -> None:
     src = s.source
+    if s.store == "postgresql" and not s.postgresql_dsn:
+        raise ConfigError(src, "aggregator.postgresql_dsn", 'missing: store = "postgresql" needs '
+                          "postgresql_dsn, a postgresql:// URL of the database the replicas share")
+    if s.store == "sqlite" and s.postgresql_dsn:
+        raise ConfigError(src, "aggregator.postgresql_dsn", 'given, but store is "sqlite": set '
+                          'store = "postgresql" to use it (or remove it)')
     if s.max_peers_per_rail < s.peers_per_rail:
         raise ConfigError(src, "mesh.max_peers_per_rail",
                           f"= {s.max_peers_per_rail}: must be at least mesh.peers_per_rail ({s.peers_per_rail})")
@@ -279,7 +323,7 @@ def load_settings(path: str | os.PathLike[str]) -> Settings:
         raise ConfigError(source, None, f"not UTF-8 (byte {exc.start})") from None
     settings = parse_settings(text, source)
     check_tls_files(settings)
-    if not Path(settings.database).parent.is_dir():
+    if settings.store == "sqlite" and not Path(settings.database).parent.is_dir():
         raise ConfigError(source, "aggregator.database", f"= {settings.database!r}: its directory "
                           "does not exist")
     return settings

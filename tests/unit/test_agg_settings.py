@@ -168,3 +168,88 @@ def test_listen_takes_an_absolute_unix_socket_and_refuses_a_relative_one(tmp_pat
         check_unix_listen("unix:agg.sock")
     with pytest.raises(ValueError, match="longer than"):
         check_unix_listen("unix:/" + "x" * 120)
+
+
+def test_the_store_is_sqlite_by_default_or_postgresql_with_a_dsn(tmp_path) -> None:
+    s = parse_settings("[tls]\ninsecure = true\n", SRC)
+    assert (s.store, s.postgresql_dsn) == ("sqlite", "")
+    dsn = "postgresql://linkpass@/fleet?host=/run/postgresql"
+    s = parse_settings(f'[aggregator]\nstore = "postgresql"\npostgresql_dsn = "{dsn}"\n[tls]\ninsecure = true\n', SRC)
+    assert (s.store, s.postgresql_dsn) == ("postgresql", dsn)
+    # `database` is the SQLite file: a PostgreSQL config does not check its directory
+    path = tmp_path / "pg.toml"
+    path.write_text(f'[aggregator]\nstore = "postgresql"\npostgresql_dsn = "{dsn}"\n'
+                    f'database = "{tmp_path}/no/such/dir/fleet.db"\n[tls]\ninsecure = true\n')
+    assert load_settings(path).store == "postgresql"
+    assert agg_main.store_label(load_settings(path)) == f"store postgresql {dsn}"
+
+
+@pytest.mark.parametrize("text, key, says", [
+    ('store = "mysql"', "aggregator.store", "= 'mysql': expected one of sqlite, postgresql"),
+    ('store = "postgresql"', "aggregator.postgresql_dsn", 'missing: store = "postgresql" needs postgresql_dsn'),
+    ('postgresql_dsn = "postgresql://db/fleet"', "aggregator.postgresql_dsn", 'given, but store is "sqlite"'),
+    ('store = "postgresql"\npostgresql_dsn = "mysql://db/fleet"', "aggregator.postgresql_dsn",
+     "expected a postgresql:// URL"),
+    ('store = "postgresql"\npostgresql_dsn = "db.example:5432"', "aggregator.postgresql_dsn",
+     "expected a postgresql:// URL"),
+    ('store = "postgresql"\npostgresql_dsn = "postgresql://db:99999/fleet"', "aggregator.postgresql_dsn",
+     "not a postgresql:// URL"),
+    ('store = "postgresql"\npostgresql_dsn = 5432', "aggregator.postgresql_dsn", "= 5432: expected a string"),
+])
+def test_a_bad_store_selection_is_named(text: str, key: str, says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_settings(f"[aggregator]\n{text}\n[tls]\ninsecure = true\n", SRC)
+    assert err.value.key == key
+    assert str(err.value).startswith(f"{SRC}: {key}") and says in str(err.value), str(err.value)
+
+
+def test_a_bad_dsn_is_shown_without_its_password() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_settings('[aggregator]\nstore = "postgresql"\n'
+                       'postgresql_dsn = "postgresql://agg:hunter2@db:99999/fleet"\n[tls]\ninsecure = true\n', SRC)
+    assert "hunter2" not in str(err.value) and "agg:***@db:99999" in str(err.value)
+    s = parse_settings('[aggregator]\nstore = "postgresql"\npostgresql_dsn = "postgresql://agg:hunter2@db/fleet"\n'
+                       '[tls]\ninsecure = true\n', SRC)
+    assert agg_main.store_label(s) == "store postgresql postgresql://agg:***@db/fleet"
+
+
+def test_serve_opens_a_postgresql_store_when_selected(pg_cluster, pg_databases) -> None:
+    """main builds PgStore for store = "postgresql": while it serves, its
+    connections are on that database and the schema is there; a database it
+    cannot reach is exit status 1 (store unusable)."""
+    import asyncio
+
+    dsn = pg_databases()
+    database = dsn.split("/")[3].split("?")[0]
+
+    def settings_for(url: str) -> Settings:
+        return parse_settings(f'[aggregator]\nlisten = "127.0.0.1:0"\nstore = "postgresql"\n'
+                              f'postgresql_dsn = "{url}"\n[tls]\ninsecure = true\n[web]\nlisten = ""\n', SRC)
+
+    def ours_on_it() -> str:
+        return pg_cluster.psql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                               "AND application_name = 'linkpass-aggregator'", database=database).strip()
+
+    async def scenario() -> int:
+        stop = asyncio.Event()
+        served = asyncio.create_task(agg_main.serve(settings_for(dsn), stop=stop))
+        def migrated() -> bool:
+            try:
+                return pg_cluster.psql("SELECT version FROM linkpass_schema", database=database).strip() == "1"
+            except subprocess.CalledProcessError:  # no such table yet
+                return False
+
+        deadline = time.monotonic() + 60
+        while not (await asyncio.to_thread(migrated) and await asyncio.to_thread(ours_on_it) != "0"):
+            assert time.monotonic() < deadline and not served.done(), "the server never opened its store"
+            await asyncio.sleep(0.05)
+        stop.set()
+        return await asyncio.wait_for(served, 60)
+
+    assert asyncio.run(scenario()) == 0
+    deadline = time.monotonic() + 60
+    while ours_on_it() != "0":  # closed at stop (the server notices a moment later)
+        assert time.monotonic() < deadline, "the store's connections outlived the server"
+        time.sleep(0.05)
+    unreachable = dsn.replace(str(pg_cluster.workdir), "/nonexistent")
+    assert asyncio.run(agg_main.serve(settings_for(unreachable))) == 1

@@ -12,9 +12,9 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -51,14 +51,29 @@ async def opened(path: Path | str):
         await store.close()
 
 
+@pytest.fixture
+def store_module():
+    """The module of the store under test (its tunables, e.g. PRUNE_CHUNK).
+    test_agg_pg_store.py overrides this and `open_store` to run the same
+    scenarios against PostgreSQL."""
+    return sqlite_store
+
+
+@pytest.fixture
+def open_store(tmp_path):
+    """`open_store(name="f")`: the store under test, for an `async with`;
+    within a test the same name is the same database."""
+    return lambda name="f": opened(tmp_path / f"{name}.db")
+
+
 async def held(store: SqliteStore, host_id: str = "", boot_id: str | None = None) -> list[int]:
     events = await store.events(EventQuery(host_id=host_id, limit=1_000_000))
     return [e.seq for e in events if boot_id is None or e.boot_id == boot_id]
 
 
-def test_resends_and_overlapping_batches_store_each_event_once(tmp_path):
+def test_resends_and_overlapping_batches_store_each_event_once(open_store):
     async def scenario():
-        async with opened(tmp_path / "f.db") as store:
+        async with open_store() as store:
             first = await store.add_events("h1", "b1", rows(range(1, 501)), None, 1.0)
             assert (first.stored, first.duplicates, first.last_seq, first.lost) == (500, 0, 500, 0)
             again = await store.add_events("h1", "b1", rows(range(1, 501)), None, 2.0)
@@ -73,9 +88,9 @@ def test_resends_and_overlapping_batches_store_each_event_once(tmp_path):
     run(scenario())
 
 
-def test_out_of_order_batches_are_refused_naming_the_seqs_and_nothing_is_stored(tmp_path):
+def test_out_of_order_batches_are_refused_naming_the_seqs_and_nothing_is_stored(open_store):
     async def scenario():
-        async with opened(tmp_path / "f.db") as store:
+        async with open_store() as store:
             with pytest.raises(OutOfOrder, match="seq 2 follows 3"):
                 await store.add_events("h1", "b1", rows([1, 3, 2, 4]), None, 1.0)
             with pytest.raises(OutOfOrder, match="seq 5 follows 5"):
@@ -93,9 +108,9 @@ def test_out_of_order_batches_are_refused_naming_the_seqs_and_nothing_is_stored(
     run(scenario())
 
 
-def test_declared_gaps_and_holes_count_as_lost_once(tmp_path):
+def test_declared_gaps_and_holes_count_as_lost_once(open_store):
     async def scenario():
-        async with opened(tmp_path / "f.db") as store:
+        async with open_store() as store:
             await store.add_events("h1", "b1", rows(range(1, 11)), None, 1.0)
             gap = await store.add_events("h1", "b1", rows(range(21, 31)), (11, 20), 2.0)
             assert (gap.stored, gap.lost, gap.last_seq) == (10, 10, 30)  # the gap is the hole: not 20
@@ -115,11 +130,9 @@ def test_declared_gaps_and_holes_count_as_lost_once(tmp_path):
     run(scenario())
 
 
-def test_a_restart_keeps_hosts_events_and_what_was_acked(tmp_path):
-    path = tmp_path / "f.db"
-
+def test_a_restart_keeps_hosts_events_and_what_was_acked(open_store):
     async def before():
-        async with opened(path) as store:
+        async with open_store() as store:
             assert await store.hello("h1", "b1", "0.1.0", 10.0) == {}
             await store.set_inventory("h1", b"inventory", 11.0)
             await store.set_report("h1", b"report", 12.0)
@@ -127,7 +140,7 @@ def test_a_restart_keeps_hosts_events_and_what_was_acked(tmp_path):
             await store.add_events("h1", "b0", rows(range(1, 6)), None, 13.5)
 
     async def after():
-        async with opened(path) as store:
+        async with open_store() as store:
             assert await store.hello("h1", "b2", "0.2.0", 20.0) == {"b1": 100, "b0": 5}
             (host,) = await store.hosts()
             assert (host.boot_id, host.version, host.first_seen, host.last_seen) == ("b2", "0.2.0", 10.0, 20.0)
@@ -277,9 +290,9 @@ def test_statements_run_on_the_stores_own_thread_and_need_it_open(tmp_path):
     run(scenario())
 
 
-def test_events_are_found_by_host_port_kind_time_and_cursor_with_a_limit(tmp_path):
+def test_events_are_found_by_host_port_kind_time_and_cursor_with_a_limit(open_store):
     async def scenario():
-        async with opened(tmp_path / "f.db") as store:
+        async with open_store() as store:
             await store.add_events("h1", "b1", rows([1, 2], port="eth1"), None, 1.0)
             await store.add_events("h2", "b9", rows([1, 2], port="eth2", kind="rail_path"), None, 1.0)
             await store.add_events("h1", "b1", rows([3, 4], port="eth2", kind="drain"), None, 1.0)
@@ -306,9 +319,9 @@ def test_events_are_found_by_host_port_kind_time_and_cursor_with_a_limit(tmp_pat
     run(scenario())
 
 
-def test_hosts_rows_report_boot_version_times_state_and_lost(tmp_path):
+def test_hosts_rows_report_boot_version_times_state_and_lost(open_store):
     async def scenario():
-        async with opened(tmp_path / "f.db") as store:
+        async with open_store() as store:
             await store.hello("h2", "b1", "0.1.0", 100.0)
             await store.hello("h1", "a1", "0.1.0", 100.0)
             await store.add_events("h1", "a1", rows(range(3, 8)), None, 101.0)  # 1..2 lost
@@ -324,16 +337,17 @@ def test_hosts_rows_report_boot_version_times_state_and_lost(tmp_path):
             assert (h1.inventory, h1.report, h1.last_seq, h1.events_lost) == (b"inv", b"rep", 2, 2)
             assert (h2.host_id, h2.last_seen, h2.inventory, h2.last_seq, h2.events_lost) == \
                 ("h2", 106.0, b"", 0, 0)
+            assert h1.replica == h2.replica == ""  # no replica has recorded either
             assert [h.host_id for h in await store.hosts(["h2", "nobody"])] == ["h2"]
             assert await store.hello("h1", "a2", "0.2.0", 107.0) == {"a1": 7, "a2": 2}
     run(scenario())
 
 
-def test_retention_prunes_old_events_in_chunks_and_keeps_the_savings(tmp_path, monkeypatch):
-    monkeypatch.setattr(sqlite_store, "PRUNE_CHUNK", 7)
+def test_retention_prunes_old_events_in_chunks_and_keeps_the_savings(open_store, store_module, monkeypatch):
+    monkeypatch.setattr(store_module, "PRUNE_CHUNK", 7)
 
     async def scenario():
-        async with opened(tmp_path / "f.db") as store:
+        async with open_store() as store:
             await store.add_events("h1", "b1", rows(range(1, 31), kind="rail_path", gpus=8), None, 1.0)
             assert await store.prune(DAY0 + 21) == 20  # walls DAY0+1 .. DAY0+20: three chunks of 7
             assert await held(store) == list(range(21, 31))
@@ -349,9 +363,9 @@ def test_retention_prunes_old_events_in_chunks_and_keeps_the_savings(tmp_path, m
     run(scenario())
 
 
-def test_day_totals_are_per_utc_day_in_a_half_open_range(tmp_path):
+def test_day_totals_are_per_utc_day_in_a_half_open_range(open_store):
     async def scenario():
-        async with opened(tmp_path / "f.db") as store:
+        async with open_store() as store:
             walls = {1: DAY0 - 0.5, 2: DAY0, 3: DAY0 + 86399.9, 4: DAY0 + 86400, 5: DAY0 + 86401}
             events = [EventRow(seq=s, wall=w, kind="rail_path", severity="warning", port="eth1",
                                rail="rail0", body=b"", absorbed_gpus=s) for s, w in walls.items()]
@@ -366,9 +380,9 @@ def test_day_totals_are_per_utc_day_in_a_half_open_range(tmp_path):
     run(scenario())
 
 
-def test_concurrent_batches_from_eight_hosts_are_all_stored(tmp_path):
+def test_concurrent_batches_from_eight_hosts_are_all_stored(open_store):
     async def scenario():
-        async with opened(tmp_path / "f.db") as store:
+        async with open_store() as store:
             async def host(n: int):
                 for start in range(1, 301, 100):
                     await store.add_events(f"h{n}", "b1", rows(range(start, start + 100)), None, 1.0)
@@ -387,22 +401,23 @@ batches = st.lists(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(batches=batches, resend=st.data())
-def test_any_interleaving_of_resent_batches_stores_each_event_once(batches, resend):
+def test_any_interleaving_of_resent_batches_stores_each_event_once(open_store, batches, resend):
     sent = [(boot, list(range(first, first + length + 1))) for boot, first, length in batches]
     # Resend some batches again, anywhere in the order.
     extra = resend.draw(st.lists(st.sampled_from(sent), max_size=6))
     order = resend.draw(st.permutations(sent + extra))
 
-    async def scenario(path):
-        async with opened(path) as store:
-            results = [await store.add_events("h1", boot, rows(seqs), None, 1.0) for boot, seqs in order]
-            last = await store.hello("h1", "b1", "", 2.0)
-            by_boot = {boot: await held(store, "h1", boot) for boot in ("b1", "b2")}
-            (host,) = await store.hosts()
+    host_id = f"h{uuid.uuid4().hex}"  # every example its own host, in one database
+
+    async def scenario():
+        async with open_store() as store:
+            results = [await store.add_events(host_id, boot, rows(seqs), None, 1.0) for boot, seqs in order]
+            last = await store.hello(host_id, "b1", "", 2.0)
+            by_boot = {boot: await held(store, host_id, boot) for boot in ("b1", "b2")}
+            (host,) = await store.hosts([host_id])
             return results, last, by_boot, host
 
-    with tempfile.TemporaryDirectory() as tmp:
-        results, last, by_boot, host = run(scenario(os.path.join(tmp, "f.db")))
+    results, last, by_boot, host = run(scenario())
     expected = {boot: sorted({s for b, seqs in sent if b == boot for s in seqs}) for boot in ("b1", "b2")}
     assert {boot: sorted(seqs) for boot, seqs in by_boot.items()} == expected  # nothing else
     assert all(len(seqs) == len(set(seqs)) for seqs in by_boot.values())  # each once
@@ -413,21 +428,16 @@ def test_any_interleaving_of_resent_batches_stores_each_event_once(batches, rese
     assert host.events_lost == sum(seqs[-1] - len(seqs) for seqs in expected.values() if seqs)
 
 
-def test_concurrent_writes_share_commits_and_one_failing_call_spoils_only_itself(tmp_path):
+def test_concurrent_writes_share_commits_and_one_failing_call_spoils_only_itself(open_store):
     """Group commit: many hosts' batches ride one COMMIT (one fsync), each
     caller is answered only after it, and a call that fails inside the group
     rolls back its own work alone."""
-    from linkpassd.aggregator.sqlite_store import SqliteStore
-    from linkpassd.aggregator.store import EventRow, StoreError
-
     def row(seq: int) -> EventRow:
         return EventRow(seq=seq, wall=1.8e9, kind="verdict", severity="info", port="eth0",
                         rail="rail0", body=b"x")
 
     async def main():
-        store = SqliteStore(str(tmp_path / "fleet.db"))
-        await store.open()
-        try:
+        async with open_store("fleet") as store:
             calls = [store.add_events(f"h{i}", "b", [row(1), row(2)], None, 1.8e9) for i in range(60)]
             # fails inside the group, after its host row was written: a body
             # that is not bytes (no caller of ours sends one; it stands for any
@@ -442,12 +452,6 @@ def test_concurrent_writes_share_commits_and_one_failing_call_spoils_only_itself
             hosts = {h.host_id: h for h in await store.hosts()}
             assert len([h for h in hosts if h.startswith("h")]) == 60
             assert "poison" not in hosts  # its own savepoint rolled back, nothing else
-        finally:
-            await store.close()
-        reopened = SqliteStore(str(tmp_path / "fleet.db"))
-        await reopened.open()
-        try:
+        async with open_store("fleet") as reopened:
             assert len(await reopened.events(EventQuery(limit=1000))) == 120
-        finally:
-            await reopened.close()
     asyncio.run(main())

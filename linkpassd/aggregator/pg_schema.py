@@ -1,0 +1,113 @@
+"""The PostgreSQL store's schema, its migrations and its advisory-lock keys.
+
+Migrations are applied in order, each in its own transaction (all or
+nothing), while holding a session advisory lock (MIGRATION_LOCK): replicas
+starting together queue on it, the first migrates, the others then find the
+schema current and apply nothing. `linkpass_schema` holds one row, the number
+of migrations applied. Append only: never edit a step that has shipped, add
+one.
+
+Same tables as the SQLite store (sqlite_store.py says why each exists), plus
+what only replicas sharing one database need: `hosts.replica` (whose stream a
+host is on), `commands` (fleet commands relayed between replicas) and the probe
+mesh (`mesh`, `mesh_plan`).
+
+Event ids come from an identity column, and only a transaction holding
+EVENTS_LOCK (pg_advisory_xact_lock) inserts or deletes events: ids are then
+handed out in commit order, which is what a reader following `after_id` needs
+(pg_store.py).
+
+Text that is sorted or compared is sorted with COLLATE "C" in the queries, so
+the order is the bytes' order (as SQLite's) whatever the database's collation.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+# Advisory-lock keys: (LOCK_SPACE, n) pairs of 32-bit ints, all in one space of
+# ours so they cannot collide with another application's single-bigint keys.
+LOCK_SPACE = 0x6C70  # "lp"
+MIGRATION_LOCK = 1  # held while migrating (session lock)
+EVENTS_LOCK = 2  # held by every transaction that inserts or deletes events (transaction lock)
+LEAD_SPACE = 0x6C71  # try_lead(role): (LEAD_SPACE, role_key(role))
+
+
+def role_key(role: str) -> int:
+    """A stable signed 32-bit key for a leadership role (the same on every replica)."""
+    value = zlib.crc32(role.encode("utf-8"))
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+VERSION_TABLE = """CREATE TABLE IF NOT EXISTS linkpass_schema (
+    one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
+    version INTEGER NOT NULL)"""
+
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (  # 1: the first schema
+        """CREATE TABLE hosts (
+             host_id TEXT PRIMARY KEY,
+             boot_id TEXT NOT NULL DEFAULT '',
+             version TEXT NOT NULL DEFAULT '',
+             first_seen DOUBLE PRECISION NOT NULL,
+             last_seen DOUBLE PRECISION NOT NULL,
+             inventory BYTEA NOT NULL DEFAULT '',
+             report BYTEA NOT NULL DEFAULT '',
+             replica TEXT NOT NULL DEFAULT '')""",
+        "CREATE INDEX hosts_by_replica ON hosts (replica) WHERE replica <> ''",
+        """CREATE TABLE boots (
+             host_id TEXT NOT NULL,
+             boot_id TEXT NOT NULL,
+             last_seq BIGINT NOT NULL DEFAULT 0,
+             lost BIGINT NOT NULL DEFAULT 0,
+             floor_seq BIGINT NOT NULL DEFAULT 0,
+             PRIMARY KEY (host_id, boot_id))""",
+        """CREATE TABLE events (
+             id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+             host_id TEXT NOT NULL,
+             boot_id TEXT NOT NULL,
+             seq BIGINT NOT NULL,
+             wall DOUBLE PRECISION NOT NULL,
+             kind TEXT NOT NULL,
+             severity TEXT NOT NULL,
+             port TEXT NOT NULL,
+             rail TEXT NOT NULL,
+             body BYTEA NOT NULL,
+             stored_at DOUBLE PRECISION NOT NULL,
+             UNIQUE (host_id, boot_id, seq))""",
+        # Every events() query wants id order after an equality filter.
+        "CREATE INDEX events_by_host ON events (host_id, id)",
+        "CREATE INDEX events_by_host_port ON events (host_id, port, id)",
+        "CREATE INDEX events_by_port ON events (port, id)",
+        "CREATE INDEX events_by_kind ON events (kind, id)",
+        "CREATE INDEX events_by_wall ON events (wall)",  # time filters and retention
+        """CREATE TABLE absorbed (
+             host_id TEXT NOT NULL,
+             boot_id TEXT NOT NULL,
+             seq BIGINT NOT NULL,
+             wall DOUBLE PRECISION NOT NULL,
+             day TEXT NOT NULL,
+             gpus BIGINT NOT NULL,
+             PRIMARY KEY (host_id, boot_id, seq))""",
+        "CREATE INDEX absorbed_by_wall ON absorbed (wall)",
+        """CREATE TABLE commands (
+             command_id TEXT PRIMARY KEY,
+             ord BIGINT GENERATED ALWAYS AS IDENTITY,
+             host_id TEXT NOT NULL,
+             body BYTEA NOT NULL,
+             created DOUBLE PRECISION NOT NULL,
+             taken DOUBLE PRECISION,
+             code INTEGER,
+             message TEXT,
+             answered DOUBLE PRECISION)""",
+        "CREATE INDEX commands_pending ON commands (host_id, created, ord) WHERE taken IS NULL",
+        "CREATE INDEX commands_by_created ON commands (created)",
+        """CREATE TABLE mesh (
+             host_id TEXT PRIMARY KEY,
+             entry BYTEA NOT NULL)""",
+        """CREATE TABLE mesh_plan (
+             one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
+             generation BIGINT NOT NULL)""",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)

@@ -1,0 +1,678 @@
+"""The aggregator's store on PostgreSQL (asyncpg): what several replicas share.
+
+Same results as the SQLite store for the same calls (sqlite_store.py explains
+the accounting: exactly once by UNIQUE(host_id, boot_id, seq), lost seqs and
+late fills, the retention floor, absorbed totals that outlive events), plus
+the `SharedStore` methods (store.py) replicas coordinate through. Why it is
+built this way:
+
+- **Durable before answering.** Every connection runs with
+  synchronous_commit = on (whatever the database's default), and every call
+  returns only after its COMMIT: an acked event survives a crash of the
+  database machine as it does with SQLite's synchronous=FULL.
+- **Event ids follow commit order, across replicas.** Ids come from an
+  identity sequence, which hands out numbers when rows are inserted, not when
+  they commit: two writers could commit 7 after a reader already read past
+  8, and a follow stream (after_id) would skip 7 for ever. So every
+  transaction that inserts (or deletes) events first takes one transaction
+  advisory lock (pg_advisory_xact_lock, EVENTS_LOCK), held until its COMMIT is
+  visible: such transactions run one at a time, and one that takes ids after
+  another also commits after it.
+- **Group commit.** That lock makes event inserts a single line for the whole
+  cluster, one durable COMMIT each; so, as in the SQLite store, concurrent
+  `add_events` calls of this process are queued and run together, one
+  savepoint per call (a call that fails undoes only its own work), one COMMIT
+  and one pg_notify(CHANNEL_EVENTS) for all, answered only after it. Other
+  writes (hello, heartbeats, reports) are single short transactions on the
+  pool and never wait for that lock.
+- **Connections.** A pool for statements; one dedicated connection for
+  LISTEN (notifications arrive only on a connection that stays open); one for
+  leadership (`try_lead`: session advisory locks live as long as their
+  connection, and PostgreSQL frees them when it drops). A lost LISTEN
+  connection is re-established in the background, after which every callback
+  is called once with payload "" (notifications sent meanwhile are gone:
+  callers read again). A lost leadership connection is lost leadership:
+  `try_lead` says False once and connects again on its next call.
+- **Migrations** (pg_schema.py) run under a session advisory lock, so
+  replicas starting together migrate once; a newer schema is refused.
+- Errors from the database or the connection become StoreError naming the
+  database (password hidden) and the operation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+import structlog
+
+from linkpassd.aggregator import pg_schema
+from linkpassd.aggregator.pg_schema import EVENTS_LOCK, LEAD_SPACE, LOCK_SPACE, MIGRATION_LOCK, role_key
+from linkpassd.aggregator.savings import day_of
+from linkpassd.aggregator.settings import redacted_dsn
+from linkpassd.aggregator.sqlite_store import MAX_SEQ
+from linkpassd.aggregator.sqlite_store import _checked as checked_batch
+from linkpassd.aggregator.store import (
+    CHANNEL_EVENTS, AddResult, DayTotal, EventQuery, EventRow, HostRow, PendingCommand, StoredEvent,
+    StoreError, StoreStats,
+)
+
+log = structlog.get_logger("linkpassd.aggregator.pg_store")
+
+PRUNE_CHUNK = 2000  # events deleted per transaction by prune
+POOL_SIZE = 10  # statement connections (plus one LISTEN and one leadership connection)
+CONNECT_TIMEOUT_S = 10.0
+STATEMENT_TIMEOUT_S = 60.0  # client side: a call that hangs longer fails (StoreError) instead
+CLOSE_TIMEOUT_S = 10.0
+RECONNECT_MAX_S = 5.0  # LISTEN reconnection backoff ceiling
+WRITE_SECONDS_KEPT = 1024
+GROUP_MAX_CALLS = 500  # add_events calls per group commit
+GROUP_MAX_EVENTS = 20_000  # and events (bounds one transaction's length)
+SERVER_SETTINGS = {"synchronous_commit": "on", "application_name": "linkpass-aggregator"}
+
+# What the driver raises for the database or the connection; a caller's own
+# bug (a TypeError, say) passes through as itself.
+DB_ERRORS = (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, TimeoutError)
+
+_EVENT_COLUMNS = "id, host_id, boot_id, seq, wall, kind, port, body, stored_at"
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    return str(exc).strip() or type(exc).__name__
+
+
+def _count(status: str) -> int:
+    """Rows affected, from a command tag like "UPDATE 3" or "INSERT 0 3"."""
+    tail = status.rpartition(" ")[2]
+    return int(tail) if tail.isdigit() else 0
+
+
+@dataclass
+class _AddCall:
+    """One add_events call, its columns ready for unnest (built before any I/O)."""
+
+    host_id: str
+    boot_id: str
+    events: list[EventRow]
+    gap: tuple[int, int] | None
+    now: float
+    columns: tuple[list, ...]  # seq, wall, kind, severity, port, rail, body
+
+    @classmethod
+    def of(cls, host_id: str, boot_id: str, events: list[EventRow], gap: tuple[int, int] | None,
+           now: float) -> _AddCall:
+        columns = ([e.seq for e in events], [float(e.wall) for e in events], [e.kind for e in events],
+                   [e.severity for e in events], [e.port for e in events], [e.rail for e in events],
+                   [bytes(e.body) for e in events])
+        return cls(host_id, boot_id, events, gap, float(now), columns)
+
+
+class PgStore:
+    """`SharedStore` on PostgreSQL. Create, `await open()`, use, `await close()`."""
+
+    shared = True
+
+    def __init__(self, dsn: str, *, pool_size: int = POOL_SIZE) -> None:
+        self.dsn = dsn
+        self.label = redacted_dsn(dsn)
+        self.pool_size = pool_size
+        self.stats = StoreStats()
+        self.group_commits = 0  # transactions committed by the add_events group (tests, metrics)
+        self._pool: asyncpg.Pool | None = None
+        self._closing = False
+        self._queue: list[tuple[_AddCall, asyncio.Future]] = []
+        self._flusher: asyncio.Task | None = None
+        self._listeners: dict[str, list[Callable[[str], None]]] = {}
+        self._listen_conn: asyncpg.Connection | None = None
+        self._listen_lock = asyncio.Lock()
+        self._relisten: asyncio.Task | None = None
+        self._lead_conn: asyncpg.Connection | None = None
+        self._lead_lock = asyncio.Lock()
+        self._leading: set[str] = set()
+        self._lost: set[str] = set()  # roles whose loss try_lead has not said yet
+
+    # -- plumbing ---------------------------------------------------------
+
+    def _error(self, what: str, exc: BaseException) -> StoreError:
+        return StoreError(f"database {self.label}: {what}: {_describe(exc)}")
+
+    def _open_pool(self) -> asyncpg.Pool:
+        if self._pool is None or self._closing:
+            raise StoreError(f"store {self.label} is not open")
+        return self._pool
+
+    async def _run(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """`await fn(conn, *args)` on a pooled connection; the driver's errors
+        become StoreError naming the database and `what`."""
+        pool = self._open_pool()
+        try:
+            async with pool.acquire() as conn:
+                return await fn(conn, *args)
+        except DB_ERRORS as exc:
+            raise self._error(what, exc) from None
+
+    async def _execute(self, what: str, sql: str, *args: Any) -> str:
+        return await self._run(what, lambda conn: conn.execute(sql, *args))
+
+    async def _fetch(self, what: str, sql: str, *args: Any) -> list[asyncpg.Record]:
+        return await self._run(what, lambda conn: conn.fetch(sql, *args))
+
+    async def _connect(self) -> asyncpg.Connection:
+        return await asyncpg.connect(self.dsn, timeout=CONNECT_TIMEOUT_S, command_timeout=STATEMENT_TIMEOUT_S,
+                                     server_settings=SERVER_SETTINGS)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        self._closing = False
+        try:
+            pool = await asyncpg.create_pool(
+                self.dsn, min_size=1, max_size=self.pool_size, timeout=CONNECT_TIMEOUT_S,
+                command_timeout=STATEMENT_TIMEOUT_S, server_settings=SERVER_SETTINGS)
+        except (*DB_ERRORS, ValueError) as exc:
+            raise StoreError(f"database {self.label}: cannot connect: {_describe(exc)}") from None
+        try:
+            async with pool.acquire() as conn:
+                await self._migrate(conn)
+        except DB_ERRORS as exc:
+            await pool.close()
+            raise self._error("migrating the schema", exc) from None
+        except BaseException:
+            await pool.close()
+            raise
+        self._pool = pool
+
+    async def _migrate(self, conn: asyncpg.Connection) -> None:
+        """Bring the schema to SCHEMA_VERSION, one step per transaction, under
+        the migration lock (other replicas wait, then find nothing to do)."""
+        target = pg_schema.SCHEMA_VERSION
+        await conn.execute("SELECT pg_advisory_lock($1, $2)", LOCK_SPACE, MIGRATION_LOCK)
+        try:
+            await conn.execute(pg_schema.VERSION_TABLE)
+            version = await conn.fetchval("SELECT version FROM linkpass_schema") or 0
+            if version > target:
+                raise StoreError(f"database {self.label} has schema version {version}, newer than this "
+                                 f"release's {target}: use a newer linkpass-aggregator (or another database)")
+            for number in range(version + 1, target + 1):
+                async with conn.transaction():
+                    for statement in pg_schema.MIGRATIONS[number - 1]:
+                        await conn.execute(statement)
+                    await conn.execute("INSERT INTO linkpass_schema (version) VALUES ($1) ON CONFLICT (one) "
+                                       "DO UPDATE SET version = excluded.version", number)
+                log.info("store_migrated", database=self.label, version=number)
+        finally:
+            if not conn.is_closed():
+                with contextlib.suppress(*DB_ERRORS):
+                    await conn.execute("SELECT pg_advisory_unlock($1, $2)", LOCK_SPACE, MIGRATION_LOCK)
+
+    async def schema_version(self) -> int:
+        return await self._run("schema version", lambda c: c.fetchval("SELECT version FROM linkpass_schema"))
+
+    async def close(self) -> None:
+        """Finish what is queued, then drop every connection (leadership with it)."""
+        pool = self._pool
+        if pool is None:
+            return
+        self._closing = True
+        try:
+            flusher = self._flusher
+            if flusher is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(asyncio.shield(flusher), STATEMENT_TIMEOUT_S)
+            if self._relisten is not None:
+                self._relisten.cancel()
+                with contextlib.suppress(BaseException):
+                    await self._relisten
+                self._relisten = None
+            for conn in (self._listen_conn, self._lead_conn):
+                if conn is not None and not conn.is_closed():
+                    try:
+                        await asyncio.wait_for(conn.close(), CLOSE_TIMEOUT_S)
+                    except (*DB_ERRORS, asyncio.TimeoutError):
+                        conn.terminate()
+            self._listen_conn = self._lead_conn = None
+            self._leading.clear()
+            self._lost.clear()
+            self._listeners.clear()
+            try:
+                await asyncio.wait_for(pool.close(), CLOSE_TIMEOUT_S)
+            except (*DB_ERRORS, asyncio.TimeoutError):
+                pool.terminate()
+        finally:
+            self._pool = None
+
+    # -- hosts ----------------------------------------------------------------
+
+    async def hello(self, host_id: str, boot_id: str, version: str, now: float) -> dict[str, int]:
+        async def tx(conn: asyncpg.Connection) -> dict[str, int]:
+            async with conn.transaction():
+                await conn.execute(
+                    "INSERT INTO hosts (host_id, boot_id, version, first_seen, last_seen) "
+                    "VALUES ($1, $2, $3, $4, $4) ON CONFLICT (host_id) DO UPDATE SET "
+                    "boot_id = excluded.boot_id, version = excluded.version, "
+                    "last_seen = GREATEST(hosts.last_seen, excluded.last_seen)",
+                    host_id, boot_id, version, float(now))
+                rows = await conn.fetch("SELECT boot_id, last_seq FROM boots WHERE host_id = $1", host_id)
+            return {boot: seq for boot, seq in rows}
+        return await self._run(f"hello of host {host_id}", tx)
+
+    async def set_inventory(self, host_id: str, inventory: bytes, now: float) -> None:
+        await self._set_host_column("inventory", host_id, bytes(inventory), now)
+
+    async def set_report(self, host_id: str, report: bytes, now: float) -> None:
+        await self._set_host_column("report", host_id, bytes(report), now)
+
+    async def touch(self, host_id: str, now: float) -> None:
+        await self._execute(f"heartbeat of host {host_id}",
+                            "INSERT INTO hosts (host_id, first_seen, last_seen) VALUES ($1, $2, $2) "
+                            "ON CONFLICT (host_id) DO UPDATE SET "
+                            "last_seen = GREATEST(hosts.last_seen, excluded.last_seen)",
+                            host_id, float(now))
+
+    async def _set_host_column(self, column: str, host_id: str, value: bytes, now: float) -> None:
+        assert column in ("inventory", "report")  # never from outside: part of the SQL text
+        await self._execute(f"{column} of host {host_id}",
+                            f"INSERT INTO hosts (host_id, first_seen, last_seen, {column}) VALUES ($1, $2, $2, $3) "
+                            f"ON CONFLICT (host_id) DO UPDATE SET {column} = excluded.{column}, "
+                            "last_seen = GREATEST(hosts.last_seen, excluded.last_seen)",
+                            host_id, float(now), value)
+
+    async def hosts(self, host_ids: Sequence[str] = ()) -> list[HostRow]:
+        sql = ("SELECT h.host_id, h.boot_id, h.version, h.first_seen, h.last_seen, h.inventory, h.report, "
+               "COALESCE(b.last_seq, 0), "
+               "(SELECT COALESCE(SUM(l.lost), 0)::BIGINT FROM boots l WHERE l.host_id = h.host_id), h.replica "
+               "FROM hosts h LEFT JOIN boots b ON b.host_id = h.host_id AND b.boot_id = h.boot_id")
+        args: tuple[Any, ...] = ()
+        if host_ids:
+            sql += " WHERE h.host_id = ANY($1::TEXT[])"
+            args = (list(host_ids),)
+        sql += ' ORDER BY h.host_id COLLATE "C"'
+        return [HostRow(host_id=r[0], boot_id=r[1], version=r[2], first_seen=r[3], last_seen=r[4],
+                        inventory=bytes(r[5]), report=bytes(r[6]), last_seq=r[7], events_lost=r[8],
+                        replica=r[9])
+                for r in await self._fetch("reading hosts", sql, *args)]
+
+    # -- events ---------------------------------------------------------------
+
+    async def add_events(self, host_id: str, boot_id: str, events: Sequence[EventRow],
+                         gap: tuple[int, int] | None, now: float) -> AddResult:
+        events = list(events)
+        gap = checked_batch(events, gap)  # before any I/O: a refused batch stores nothing
+        call = _AddCall.of(host_id, boot_id, events, gap, now)
+        self._open_pool()
+        started = time.monotonic()
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._queue.append((call, future))
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+        result: AddResult = await future
+        stats = self.stats
+        stats.events_stored += result.stored
+        stats.events_duplicate += result.duplicates
+        stats.events_lost += result.lost
+        stats.write_seconds.append(time.monotonic() - started)
+        if len(stats.write_seconds) > 2 * WRITE_SECONDS_KEPT:
+            del stats.write_seconds[:-WRITE_SECONDS_KEPT]
+        return result
+
+    def _next_group(self) -> list[tuple[_AddCall, asyncio.Future]]:
+        taken, events = 0, 0
+        for call, _future in self._queue:
+            if taken and (taken >= GROUP_MAX_CALLS or events + len(call.events) > GROUP_MAX_EVENTS):
+                break
+            taken += 1
+            events += len(call.events)
+        group, self._queue = self._queue[:taken], self._queue[taken:]
+        return group
+
+    async def _flush(self) -> None:
+        """Commit what is queued, a group per transaction, until nothing is."""
+        while self._queue:
+            group = self._next_group()
+            try:
+                outcomes = await self._commit_group([call for call, _ in group])
+            except DB_ERRORS as exc:
+                error = self._error(f"storing events ({len(group)} batches)", exc)
+                outcomes = [(False, error)] * len(group)
+            except Exception as exc:  # noqa: BLE001 - a StoreError, or a bug: handed to the callers
+                outcomes = [(False, exc)] * len(group)
+            except BaseException as exc:  # cancelled: nobody is left waiting
+                for _call, future in group + self._queue:
+                    _settle(future, False, StoreError(f"database {self.label}: storing events: {exc!r}"))
+                self._queue = []
+                raise
+            for (_call, future), (ok, value) in zip(group, outcomes):
+                _settle(future, ok, value)
+
+    async def _commit_group(self, calls: list[_AddCall]) -> list[tuple[bool, Any]]:
+        pool = self._pool
+        if pool is None:
+            raise StoreError(f"store {self.label} is not open")
+        outcomes: list[tuple[bool, Any]] = []
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", LOCK_SPACE, EVENTS_LOCK)
+            if len(calls) == 1:  # alone: its failure is the transaction's
+                outcomes.append((True, await self._add_one(conn, calls[0])))
+            else:
+                for call in calls:
+                    try:
+                        async with conn.transaction():  # a savepoint: a failure undoes this call only
+                            outcomes.append((True, await self._add_one(conn, call)))
+                    except DB_ERRORS as exc:
+                        outcomes.append((False, self._error(f"storing events of host {call.host_id}", exc)))
+                    except Exception as exc:  # noqa: BLE001 - handed to that caller, not lost
+                        outcomes.append((False, exc))
+            if any(ok for ok, _ in outcomes):
+                await conn.execute("SELECT pg_notify($1, '')", CHANNEL_EVENTS)
+        self.group_commits += 1
+        return outcomes
+
+    @staticmethod
+    async def _add_one(conn: asyncpg.Connection, call: _AddCall) -> AddResult:
+        """SqliteStore._add_events' accounting (see there), on PostgreSQL."""
+        host_id, boot_id, events, gap, now = call.host_id, call.boot_id, call.events, call.gap, call.now
+        prev, lost_before, floor = await conn.fetchrow(
+            "WITH host AS (INSERT INTO hosts (host_id, boot_id, first_seen, last_seen) VALUES ($1, $2, $3, $3) "
+            "  ON CONFLICT (host_id) DO UPDATE SET last_seen = GREATEST(hosts.last_seen, excluded.last_seen)) "
+            "INSERT INTO boots (host_id, boot_id) VALUES ($1, $2) "
+            "ON CONFLICT (host_id, boot_id) DO UPDATE SET host_id = excluded.host_id "
+            "RETURNING last_seq, lost, floor_seq", host_id, boot_id, now)
+        keep = [i for i, e in enumerate(events) if e.seq > floor]  # at or below floor: pruned, duplicates
+        stored = 0
+        if keep:
+            columns = [[column[i] for i in keep] for column in call.columns]
+            status = await conn.execute(
+                "INSERT INTO events (host_id, boot_id, seq, wall, kind, severity, port, rail, body, stored_at) "
+                "SELECT $1, $2, e.seq, e.wall, e.kind, e.severity, e.port, e.rail, e.body, $3 "
+                "FROM unnest($4::BIGINT[], $5::FLOAT8[], $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::TEXT[], "
+                "            $10::BYTEA[]) AS e(seq, wall, kind, severity, port, rail, body) "
+                "ON CONFLICT (host_id, boot_id, seq) DO NOTHING", host_id, boot_id, now, *columns)
+            stored = _count(status)
+            absorbed = [events[i] for i in keep if events[i].absorbed_gpus > 0]
+            if absorbed:
+                await conn.execute(
+                    "INSERT INTO absorbed (host_id, boot_id, seq, wall, day, gpus) "
+                    "SELECT $1, $2, a.seq, a.wall, a.day, a.gpus "
+                    "FROM unnest($3::BIGINT[], $4::FLOAT8[], $5::TEXT[], $6::BIGINT[]) AS a(seq, wall, day, gpus) "
+                    "ON CONFLICT DO NOTHING", host_id, boot_id,
+                    [e.seq for e in absorbed], [float(e.wall) for e in absorbed],
+                    [day_of(e.wall) for e in absorbed], [e.absorbed_gpus for e in absorbed])
+        top = max(events[-1].seq if events else 0, gap[1] if gap else 0)
+        above = sum(1 for e in events if e.seq > prev)
+        newly_lost = (top - prev) - above if top > prev else 0
+        filled = stored - above  # new arrivals at or below prev: holes filled late
+        lost = max(0, lost_before + newly_lost - filled)
+        last_seq = max(prev, top)
+        await conn.execute("UPDATE boots SET last_seq = $3, lost = $4 WHERE host_id = $1 AND boot_id = $2",
+                           host_id, boot_id, last_seq, lost)
+        return AddResult(stored=stored, duplicates=len(events) - stored, last_seq=last_seq, lost=newly_lost)
+
+    async def events(self, query: EventQuery) -> list[StoredEvent]:
+        if query.limit < 1:
+            raise StoreError(f"event query limit must be 1 or more, not {query.limit}")
+        where = ["id > $1"]
+        args: list[Any] = [min(query.after_id, MAX_SEQ)]  # a uint64 cursor past any id: nothing after
+        for column, value in (("host_id", query.host_id), ("port", query.port), ("kind", query.kind)):
+            if value:
+                args.append(value)
+                where.append(f"{column} = ${len(args)}")
+        if query.since is not None:
+            args.append(float(query.since))
+            where.append(f"wall >= ${len(args)}")
+        if query.until is not None:
+            args.append(float(query.until))
+            where.append(f"wall < ${len(args)}")
+        args.append(min(query.limit, MAX_SEQ))
+        sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(where)} ORDER BY id LIMIT ${len(args)}"
+        return [StoredEvent(id=r[0], host_id=r[1], boot_id=r[2], seq=r[3], wall=r[4], kind=r[5], port=r[6],
+                            body=bytes(r[7]), stored_at=r[8])
+                for r in await self._fetch("reading events", sql, *args)]
+
+    async def day_totals(self, since: float, until: float) -> list[DayTotal]:
+        rows = await self._fetch("reading day totals",
+                                 "SELECT day, COUNT(*), SUM(gpus)::BIGINT FROM absorbed WHERE wall >= $1 AND wall < $2 "
+                                 'GROUP BY day ORDER BY day COLLATE "C"', float(since), float(until))
+        return [DayTotal(day=day, failures_absorbed=n, gpus=gpus) for day, n, gpus in rows]
+
+    async def prune(self, before: float) -> int:
+        """Chunk by chunk, each its own transaction (under the events lock,
+        so a resend racing the delete is counted against the new floor), so
+        event inserts wait for one chunk at most. Commands created before
+        `before` go too."""
+        deleted = 0
+        while True:
+            n = await self._run("pruning events", self._prune_chunk, float(before), PRUNE_CHUNK)
+            deleted += n
+            if n < PRUNE_CHUNK:
+                break
+        await self._execute("pruning commands", "DELETE FROM commands WHERE created < $1", float(before))
+        return deleted
+
+    @staticmethod
+    async def _prune_chunk(conn: asyncpg.Connection, before: float, chunk: int) -> int:
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", LOCK_SPACE, EVENTS_LOCK)
+            rows = await conn.fetch("DELETE FROM events WHERE id IN "
+                                    "(SELECT id FROM events WHERE wall < $1 ORDER BY id LIMIT $2) "
+                                    "RETURNING host_id, boot_id, seq", before, chunk)
+            floors: dict[tuple[str, str], int] = {}
+            for host_id, boot_id, seq in rows:
+                floors[(host_id, boot_id)] = max(seq, floors.get((host_id, boot_id), 0))
+            if floors:
+                await conn.execute(
+                    "UPDATE boots b SET floor_seq = GREATEST(b.floor_seq, f.seq) "
+                    "FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[]) AS f(host_id, boot_id, seq) "
+                    "WHERE b.host_id = f.host_id AND b.boot_id = f.boot_id",
+                    [h for h, _ in floors], [b for _, b in floors], list(floors.values()))
+        return len(rows)
+
+    # -- shared: where hosts are ----------------------------------------------
+
+    async def set_replica(self, host_id: str, replica: str, now: float) -> None:
+        await self._execute(f"recording replica {replica} for host {host_id}",
+                            "INSERT INTO hosts (host_id, first_seen, last_seen, replica) VALUES ($1, $3, $3, $2) "
+                            "ON CONFLICT (host_id) DO UPDATE SET replica = excluded.replica, "
+                            "last_seen = GREATEST(hosts.last_seen, excluded.last_seen)",
+                            host_id, replica, float(now))
+
+    async def clear_replica(self, host_id: str, replica: str) -> None:
+        await self._execute(f"clearing replica {replica} of host {host_id}",
+                            "UPDATE hosts SET replica = '' WHERE host_id = $1 AND replica = $2", host_id, replica)
+
+    async def forget_replica(self, replica: str) -> int:
+        status = await self._execute(f"forgetting replica {replica}",
+                                     "UPDATE hosts SET replica = '' WHERE replica = $1 AND replica <> ''", replica)
+        return _count(status)
+
+    # -- shared: commands -----------------------------------------------------
+
+    async def put_command(self, command_id: str, host_id: str, body: bytes, now: float) -> None:
+        """A resend of the same command_id is ignored (it is already pending or done)."""
+        await self._execute(f"writing command {command_id}",
+                            "INSERT INTO commands (command_id, host_id, body, created) VALUES ($1, $2, $3, $4) "
+                            "ON CONFLICT (command_id) DO NOTHING", command_id, host_id, bytes(body), float(now))
+
+    async def take_commands(self, host_ids: Sequence[str], now: float) -> list[PendingCommand]:
+        """One statement: rows another taker holds are skipped (SKIP LOCKED),
+        rows it took are no longer pending; so each is handed out once."""
+        if not host_ids:
+            return []
+        rows = await self._fetch(
+            "taking commands",
+            "UPDATE commands c SET taken = $2 FROM ("
+            "  SELECT command_id FROM commands WHERE host_id = ANY($1::TEXT[]) AND taken IS NULL "
+            "  FOR UPDATE SKIP LOCKED) p "
+            "WHERE c.command_id = p.command_id AND c.taken IS NULL "
+            "RETURNING c.command_id, c.host_id, c.body, c.created, c.ord", list(host_ids), float(now))
+        rows = sorted(rows, key=lambda r: (r[3], r[4]))
+        return [PendingCommand(command_id=r[0], host_id=r[1], body=bytes(r[2]), created=r[3]) for r in rows]
+
+    async def put_result(self, command_id: str, code: int, message: str, now: float) -> None:
+        """Recorded even for a command no longer (or never) here, so its
+        asker still finds the answer."""
+        await self._execute(f"writing the result of command {command_id}",
+                            "INSERT INTO commands (command_id, host_id, body, created, taken, code, message, answered) "
+                            "VALUES ($1, '', '', $4, $4, $2, $3, $4) ON CONFLICT (command_id) DO UPDATE SET "
+                            "code = excluded.code, message = excluded.message, answered = excluded.answered",
+                            command_id, int(code), message, float(now))
+
+    async def command_result(self, command_id: str) -> tuple[int, str] | None:
+        rows = await self._fetch(f"reading the result of command {command_id}",
+                                 "SELECT code, message FROM commands WHERE command_id = $1 AND code IS NOT NULL",
+                                 command_id)
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    # -- shared: the probe mesh -------------------------------------------------
+
+    async def put_mesh(self, generation: int, entries: dict[str, bytes]) -> None:
+        async def tx(conn: asyncpg.Connection) -> None:
+            async with conn.transaction():
+                # Writers one at a time (two leaders overlapping for a moment
+                # must not interleave two plans); readers see old or new, whole.
+                await conn.execute("LOCK TABLE mesh IN SHARE ROW EXCLUSIVE MODE")
+                await conn.execute("DELETE FROM mesh")
+                if entries:
+                    await conn.execute("INSERT INTO mesh (host_id, entry) SELECT * FROM unnest($1::TEXT[], $2::BYTEA[])",
+                                       list(entries), [bytes(v) for v in entries.values()])
+                await conn.execute("INSERT INTO mesh_plan (generation) VALUES ($1) ON CONFLICT (one) "
+                                   "DO UPDATE SET generation = excluded.generation", int(generation))
+        await self._run(f"writing mesh plan {generation}", tx)
+
+    async def mesh_for(self, host_ids: Sequence[str]) -> dict[str, bytes]:
+        if not host_ids:
+            return {}
+        rows = await self._fetch("reading the mesh plan",
+                                 "SELECT host_id, entry FROM mesh WHERE host_id = ANY($1::TEXT[])", list(host_ids))
+        return {host_id: bytes(entry) for host_id, entry in rows}
+
+    # -- shared: leadership -------------------------------------------------------
+
+    async def try_lead(self, role: str) -> bool:
+        self._open_pool()
+        async with self._lead_lock:
+            conn = self._lead_conn
+            if conn is not None and conn.is_closed():
+                self._lost_leadership(conn)
+            if role in self._lost:
+                self._lost.discard(role)
+                return False  # said once; the next call connects and asks again
+            conn = self._lead_conn
+            if conn is None:
+                try:
+                    conn = await self._connect()
+                except DB_ERRORS as exc:
+                    log.warning("store_lead_connect_failed", database=self.label, error=_describe(exc))
+                    return False
+                conn.add_termination_listener(self._lost_leadership)
+                self._lead_conn = conn
+            try:
+                if role in self._leading:
+                    await conn.fetchval("SELECT 1")  # alive: the session lock is still ours
+                    return True
+                got = bool(await conn.fetchval("SELECT pg_try_advisory_lock($1, $2)", LEAD_SPACE, role_key(role)))
+            except DB_ERRORS as exc:
+                log.warning("store_lead_connection_failed", database=self.label, error=_describe(exc))
+                self._lost_leadership(conn)
+                self._lost.discard(role)  # said here
+                conn.terminate()
+                return False
+            if got:
+                self._leading.add(role)
+            return got
+
+    def _lost_leadership(self, conn: asyncpg.Connection) -> None:
+        if conn is not self._lead_conn:
+            return
+        if self._leading and not self._closing:
+            log.warning("store_leadership_lost", database=self.label, roles=sorted(self._leading))
+            self._lost |= self._leading
+        self._leading.clear()
+        self._lead_conn = None
+
+    # -- shared: notifications ------------------------------------------------------
+
+    async def notify(self, channel: str, payload: str = "") -> None:
+        await self._execute(f"notifying {channel}", "SELECT pg_notify($1, $2)", channel, payload)
+
+    async def listen(self, channel: str, callback: Callable[[str], None]) -> None:
+        self._open_pool()
+        async with self._listen_lock:
+            callbacks = self._listeners.setdefault(channel, [])
+            callbacks.append(callback)
+            if len(callbacks) > 1 or self._relisten is not None:
+                return  # LISTENed already, or the reconnection will
+            try:
+                if self._listen_conn is None:
+                    conn = await self._connect()
+                    conn.add_termination_listener(self._listen_lost)
+                    self._listen_conn = conn
+                await self._listen_conn.add_listener(channel, self._dispatch)
+            except DB_ERRORS as exc:
+                callbacks.remove(callback)
+                if not callbacks:
+                    del self._listeners[channel]
+                raise self._error(f"listening on {channel}", exc) from None
+
+    def _dispatch(self, _conn: Any, _pid: int, channel: str, payload: str) -> None:
+        for callback in list(self._listeners.get(channel, ())):
+            try:
+                callback(payload)
+            except Exception:  # one caller's bug must not stop the others' notifications
+                log.exception("store_listener_failed", channel=channel)
+
+    def _listen_lost(self, conn: asyncpg.Connection) -> None:
+        if self._closing or conn is not self._listen_conn:
+            return
+        self._listen_conn = None
+        log.warning("store_listen_lost", database=self.label, channels=sorted(self._listeners))
+        if self._relisten is None:
+            self._relisten = asyncio.get_running_loop().create_task(self._reconnect_listen())
+
+    async def _reconnect_listen(self) -> None:
+        """Until it works (or the store closes): connect, LISTEN every channel,
+        then call every callback once with "" (what was sent meanwhile is lost)."""
+        delay = 0.1
+        while not self._closing:
+            conn = None
+            try:
+                async with self._listen_lock:
+                    conn = await self._connect()
+                    conn.add_termination_listener(self._listen_lost)
+                    for channel in list(self._listeners):
+                        await conn.add_listener(channel, self._dispatch)
+                    self._listen_conn = conn
+                    self._relisten = None
+            except DB_ERRORS as exc:
+                if conn is not None:
+                    conn.terminate()
+                log.warning("store_listen_reconnect_failed", database=self.label, error=_describe(exc),
+                            retry_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_MAX_S)
+                continue
+            log.info("store_listen_reestablished", database=self.label, channels=sorted(self._listeners))
+            for channel, callbacks in list(self._listeners.items()):
+                for callback in list(callbacks):
+                    try:
+                        callback("")
+                    except Exception:
+                        log.exception("store_listener_failed", channel=channel)
+            return
+
+
+def _settle(future: asyncio.Future, ok: bool, value: Any) -> None:
+    if future.done():  # the caller went away (cancelled); the work is committed regardless
+        return
+    if ok:
+        future.set_result(value)
+    else:
+        future.set_exception(value)

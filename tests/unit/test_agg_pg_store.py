@@ -1,0 +1,459 @@
+"""aggregator.pg_store on a private PostgreSQL (tests/conftest.py, labs/pgcluster.py).
+
+The store's own behaviours are test_agg_store.py's scenarios, imported here
+and run against PgStore (this module's `open_store` and `store_module`
+fixtures take the place of the SQLite ones): the same calls give the same
+results. Then what only PostgreSQL does: migrations by several replicas at
+once, a writer killed mid-stream, and the SharedStore methods with two
+PgStore instances on one database standing for two replicas: where hosts
+are, commands handed out once, leadership, the probe mesh, notifications
+(including a lost LISTEN connection), and event ids that follow commit order
+so that a reader following after_id never skips an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from contextlib import asynccontextmanager
+
+import pytest
+
+from linkpassd.aggregator import pg_schema, pg_store
+from linkpassd.aggregator.pg_store import PgStore
+from linkpassd.aggregator.store import (
+    CHANNEL_EVENTS, CHANNEL_HOSTS, EventQuery, StoreError, is_shared,
+)
+from test_agg_store import (  # noqa: F401 - collected here, against PgStore
+    DEADLINE_S, REPO, held, rows, run,
+    test_a_restart_keeps_hosts_events_and_what_was_acked,
+    test_any_interleaving_of_resent_batches_stores_each_event_once,
+    test_concurrent_batches_from_eight_hosts_are_all_stored,
+    test_concurrent_writes_share_commits_and_one_failing_call_spoils_only_itself,
+    test_day_totals_are_per_utc_day_in_a_half_open_range,
+    test_declared_gaps_and_holes_count_as_lost_once,
+    test_events_are_found_by_host_port_kind_time_and_cursor_with_a_limit,
+    test_hosts_rows_report_boot_version_times_state_and_lost,
+    test_out_of_order_batches_are_refused_naming_the_seqs_and_nothing_is_stored,
+    test_resends_and_overlapping_batches_store_each_event_once,
+    test_retention_prunes_old_events_in_chunks_and_keeps_the_savings,
+)
+
+WAIT_S = 30.0  # a bounded wait for a state (a notification, a reconnection)
+
+
+@asynccontextmanager
+async def opened(dsn: str):
+    store = PgStore(dsn)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+def store_module():
+    return pg_store
+
+
+@pytest.fixture
+def open_store(pg_databases):
+    """test_agg_store.py's `open_store`, on PostgreSQL: a name is a database."""
+    made: dict[str, str] = {}
+
+    def factory(name: str = "f"):
+        if name not in made:
+            made[name] = pg_databases()
+        return opened(made[name])
+    return factory
+
+
+async def until(predicate, what: str) -> None:
+    """Wait for a state, never for a time: poll `predicate` up to WAIT_S."""
+    end = time.monotonic() + WAIT_S
+    while not predicate():
+        assert time.monotonic() < end, f"still waiting for {what} after {WAIT_S:g} s"
+        await asyncio.sleep(0.01)
+
+
+def db_name(dsn: str) -> str:
+    return dsn.split("/")[3].split("?")[0]
+
+
+def tables(pg_cluster, dsn: str) -> set[str]:
+    out = pg_cluster.psql("SELECT tablename FROM pg_tables WHERE schemaname = 'public'", database=db_name(dsn))
+    return set(out.split())
+
+
+# -- schema ----------------------------------------------------------------------
+
+
+def test_an_empty_database_is_migrated_and_the_store_is_shared(pg_cluster, pg_databases):
+    dsn = pg_databases()
+
+    async def scenario():
+        async with opened(dsn) as store:
+            assert is_shared(store) and await store.schema_version() == pg_schema.SCHEMA_VERSION
+            await store.add_events("h1", "b1", rows([1]), None, 1.0)
+
+    run(scenario())
+    assert {"linkpass_schema", "hosts", "boots", "events", "absorbed", "commands", "mesh"} <= tables(pg_cluster, dsn)
+
+
+def test_replicas_starting_together_migrate_once(pg_databases):
+    """Without the migration lock, concurrent CREATE TABLEs of one step fail."""
+    dsn = pg_databases()
+
+    async def scenario():
+        stores = [PgStore(dsn) for _ in range(6)]
+        try:
+            await asyncio.gather(*(s.open() for s in stores))
+            assert [await s.schema_version() for s in stores] == [pg_schema.SCHEMA_VERSION] * 6
+        finally:
+            await asyncio.gather(*(s.close() for s in stores))
+
+    run(scenario())
+
+
+def test_migrations_apply_in_order_each_all_or_nothing(pg_cluster, pg_databases, monkeypatch):
+    dsn = pg_databases()
+    run(_open_close(dsn))  # version 1
+    good = ("CREATE TABLE later (x INTEGER)",)
+    bad = ("CREATE TABLE half (x INTEGER)", "THIS IS NOT SQL")
+    monkeypatch.setattr(pg_schema, "MIGRATIONS", pg_schema.MIGRATIONS + (good, bad))
+    monkeypatch.setattr(pg_schema, "SCHEMA_VERSION", pg_schema.SCHEMA_VERSION + 2)
+    with pytest.raises(StoreError, match=f"database {re.escape(dsn)}: migrating the schema: syntax error"):
+        run(_open_close(dsn))
+    version = pg_cluster.psql("SELECT version FROM linkpass_schema", database=db_name(dsn)).strip()
+    assert version == str(pg_schema.SCHEMA_VERSION - 1)  # step 2 stayed; step 3 left nothing behind
+    found = tables(pg_cluster, dsn)
+    assert "later" in found and "half" not in found
+
+
+def test_a_database_newer_than_the_code_is_refused_naming_both_versions(pg_cluster, pg_databases):
+    dsn = pg_databases()
+    pg_cluster.psql(f"{pg_schema.VERSION_TABLE}; INSERT INTO linkpass_schema (version) VALUES (99)",
+                    database=db_name(dsn))
+    with pytest.raises(StoreError, match=f"schema version 99, newer than this release's {pg_schema.SCHEMA_VERSION}"):
+        run(_open_close(dsn))
+
+
+def test_an_unreachable_database_is_a_store_error_without_the_password(tmp_path):
+    dsn = f"postgresql://someone:hunter2@/fleet?host={tmp_path}&port=5999"  # no server on that socket
+    with pytest.raises(StoreError) as refused:
+        run(_open_close(dsn))
+    message = str(refused.value)
+    assert "cannot connect" in message and "someone:***@" in message and "hunter2" not in message
+    assert refused.value.__cause__ is None and refused.value.__suppress_context__
+
+
+def test_calls_need_the_store_open(pg_databases):
+    async def scenario():
+        store = PgStore(pg_databases())
+        with pytest.raises(StoreError, match="not open"):
+            await store.hosts()
+        await store.open()
+        await store.close()
+        with pytest.raises(StoreError, match="not open"):
+            await store.add_events("h1", "b1", rows([1]), None, 1.0)
+        with pytest.raises(StoreError, match="not open"):
+            await store.try_lead("planner")
+    run(scenario())
+
+
+async def _open_close(dsn: str) -> None:
+    async with opened(dsn):
+        pass
+
+
+# -- durability -------------------------------------------------------------------
+
+CHILD = r"""
+import asyncio, sys, time
+from linkpassd import logs
+from linkpassd.aggregator.pg_store import PgStore
+from linkpassd.aggregator.store import EventRow
+
+async def main(dsn, batch):
+    logs.configure("kv", "warning")  # stdout carries only the acks
+    store = PgStore(dsn)
+    await store.open()
+    seq, end = 0, time.monotonic() + 120  # bounded even if nobody kills it
+    while time.monotonic() < end:
+        events = [EventRow(seq=s, wall=1e9 + s, kind="verdict", severity="info", port="eth1",
+                           rail="rail0", body=b"x" * 100) for s in range(seq + 1, seq + batch + 1)]
+        result = await store.add_events("h1", "b1", events, None, time.time())
+        seq = result.last_seq
+        sys.stdout.write(f"{seq}\n")  # only after add_events returned: acked
+        sys.stdout.flush()
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2])))
+"""
+
+
+def test_a_writer_killed_mid_stream_leaves_every_acked_batch_and_no_partial_one(pg_databases):
+    dsn, batch = pg_databases(), 100
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, dsn, str(batch)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO)
+    acked = 0
+    try:
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            end = time.monotonic() + DEADLINE_S
+            while acked < 30 * batch:
+                assert time.monotonic() < end, f"child acked only {acked}: {proc.stderr.read1().decode()!r}"
+                if sel.select(timeout=1.0):
+                    line = proc.stdout.readline()
+                    assert line, f"child ended: {proc.stderr.read().decode()!r}"
+                    acked = int(line)
+        time.sleep(random.uniform(0.0, 0.05))  # not synchronisation: the kill lands anywhere in a batch
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=DEADLINE_S) == -signal.SIGKILL
+        for line in proc.stdout.read().splitlines():
+            acked = int(line)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=DEADLINE_S)
+        proc.stdout.close()
+        proc.stderr.close()
+
+    async def reopened():
+        async with opened(dsn) as store:
+            seqs = await held(store, "h1", "b1")
+            assert await store.hello("h1", "b1", "", 0.0) == {"b1": seqs[-1]}
+            return seqs
+
+    seqs = run(reopened())
+    assert seqs[-1] >= acked
+    assert seqs == list(range(1, seqs[-1] + 1))
+    assert seqs[-1] % batch == 0  # a batch is all or nothing
+
+
+# -- shared: two replicas on one database -------------------------------------------
+
+
+@asynccontextmanager
+async def two_replicas(dsn: str):
+    async with opened(dsn) as a, opened(dsn) as b:
+        yield a, b
+
+
+def test_a_host_belongs_to_the_replica_that_set_it_last(pg_databases):
+    async def scenario():
+        async with two_replicas(pg_databases()) as (a, b):
+            await a.set_replica("h1", "A", 10.0)
+            await a.set_replica("h2", "A", 10.0)
+            await a.set_replica("h3", "A", 10.0)
+            (h1,) = await b.hosts(["h1"])
+            assert (h1.replica, h1.first_seen, h1.last_seen) == ("A", 10.0, 10.0)
+            await b.set_replica("h1", "B", 20.0)  # h1 reconnected to B
+            await a.clear_replica("h1", "A")  # A's old stream ends late: B keeps it
+            assert [(h.host_id, h.replica, h.last_seen) for h in await a.hosts()] == [
+                ("h1", "B", 20.0), ("h2", "A", 10.0), ("h3", "A", 10.0)]
+            await a.clear_replica("h2", "A")
+            assert (await b.hosts(["h2"]))[0].replica == ""
+            assert await a.forget_replica("A") == 1  # h3 only: h1 is B's, h2 is cleared
+            assert await a.forget_replica("A") == 0
+            assert await a.forget_replica("") == 0  # "" is no replica: nothing to forget
+            assert [(h.host_id, h.replica) for h in await b.hosts()] == [("h1", "B"), ("h2", ""), ("h3", "")]
+            await a.hello("h1", "boot", "0.1.0", 30.0)  # a hello keeps the replica
+            assert (await a.hosts(["h1"]))[0].replica == "B"
+    run(scenario())
+
+
+def test_commands_are_handed_out_once_to_concurrent_takers_oldest_first(pg_databases):
+    async def scenario():
+        async with two_replicas(pg_databases()) as (a, b):
+            assert await b.take_commands(["h1"], 1.0) == []
+            written = []
+            for i in range(200):
+                host = f"h{i % 4}"
+                await a.put_command(f"c{i:03d}", host, f"body {i}".encode(), 100.0 + i)
+                written.append((f"c{i:03d}", host))
+            await a.put_command("c000", "h0", b"resent", 999.0)  # the same id again: ignored
+
+            async def taker(store: PgStore) -> list:
+                got = []
+                for _ in range(40):
+                    got.extend(await store.take_commands(["h0", "h1", "h2", "h3"], 500.0))
+                return got
+
+            taken = await asyncio.gather(*(taker(s) for s in (a, b, a, b)))
+            every = [(p.command_id, p.host_id) for part in taken for p in part]
+            assert sorted(every) == sorted(written)  # each once, none lost
+            first = next(p for part in taken for p in part if p.command_id == "c000")
+            assert (first.body, first.created) == (b"body 0", 100.0)
+            for part in taken:  # each take is oldest first
+                created = [p.created for p in part]
+                assert created == sorted(created)
+            await a.put_command("c900", "h9", b"x", 600.0)
+            await a.put_command("c901", "h8", b"y", 601.0)
+            assert [p.command_id for p in await b.take_commands(["h9"], 700.0)] == ["c900"]  # only its hosts
+            assert await b.take_commands([], 700.0) == []
+    run(scenario())
+
+
+def test_a_result_written_by_one_replica_is_read_by_the_other(pg_databases):
+    async def scenario():
+        async with two_replicas(pg_databases()) as (a, b):
+            await a.put_command("c1", "h1", b"drain", 1.0)
+            assert await a.command_result("c1") is None
+            (pending,) = await b.take_commands(["h1"], 2.0)
+            assert await a.command_result("c1") is None  # taken, not answered yet
+            await b.put_result(pending.command_id, 0, "ok: drained eth1", 3.0)
+            assert await a.command_result("c1") == (0, "ok: drained eth1")
+            await b.put_result("c-unknown", 14, "host h7 is not connected", 4.0)  # never put: still found
+            assert await a.command_result("c-unknown") == (14, "host h7 is not connected")
+            assert await a.take_commands(["h1", ""], 5.0) == []  # answered commands are not pending
+            await a.prune(3.5)  # retention takes old commands too
+            assert await a.command_result("c1") is None
+            assert await a.command_result("c-unknown") == (14, "host h7 is not connected")
+    run(scenario())
+
+
+def test_one_replica_leads_at_a_time_and_leadership_ends_with_its_connection(pg_cluster, pg_databases):
+    dsn = pg_databases()
+
+    async def scenario():
+        async with opened(dsn) as a:
+            async with opened(dsn) as b:
+                assert await a.try_lead("mesh-planner") is True
+                assert await b.try_lead("mesh-planner") is False
+                assert await a.try_lead("mesh-planner") is True  # still held
+                assert await b.try_lead("other-role") is True  # roles are independent
+                assert await b.try_lead("mesh-planner") is False
+            # b closed: its roles are free; a keeps its own
+            assert await a.try_lead("other-role") is True
+            async with opened(dsn) as c:
+                assert await c.try_lead("mesh-planner") is False
+                # a's leadership connection dies (a network cut, a server restart):
+                pid = a._lead_conn.get_server_pid()
+                pg_cluster.psql(f"SELECT pg_terminate_backend({pid})", database=db_name(dsn))
+                await until(lambda: a._lead_conn is None or a._lead_conn.is_closed(), "a's connection to drop")
+                assert await a.try_lead("mesh-planner") is False  # lost: said once
+                await until_async(lambda: c.try_lead("mesh-planner"), "c to take the freed role")
+                assert await a.try_lead("mesh-planner") is False  # reconnected, c holds it
+                assert await a.try_lead("other-role") is False  # lost with the connection too: said once
+                assert await a.try_lead("other-role") is True  # then taken again on the new connection
+    run(scenario())
+
+
+async def until_async(predicate, what: str) -> None:
+    end = time.monotonic() + WAIT_S
+    while not await predicate():
+        assert time.monotonic() < end, f"still waiting for {what} after {WAIT_S:g} s"
+        await asyncio.sleep(0.01)
+
+
+def test_the_mesh_plan_is_replaced_whole_and_read_per_host(pg_databases):
+    async def scenario():
+        async with two_replicas(pg_databases()) as (a, b):
+            assert await b.mesh_for(["h1"]) == {}
+            await a.put_mesh(1, {"h1": b"peers of h1", "h2": b"peers of h2", "h3": b""})
+            assert await b.mesh_for(["h1", "h3", "h9"]) == {"h1": b"peers of h1", "h3": b""}
+            await b.put_mesh(2, {"h2": b"new peers of h2"})  # h1 and h3 are no longer in the plan
+            assert await a.mesh_for(["h1", "h2", "h3"]) == {"h2": b"new peers of h2"}
+            await asyncio.gather(a.put_mesh(3, {"h1": b"a"}), b.put_mesh(4, {"h1": b"b", "h2": b"b"}))
+            assert await a.mesh_for(["h1", "h2"]) in ({"h1": b"a"}, {"h1": b"b", "h2": b"b"})  # one, whole
+            await a.put_mesh(5, {})
+            assert await a.mesh_for(["h1", "h2"]) == {}
+            assert await a.mesh_for([]) == {}
+    run(scenario())
+
+
+def test_notifications_reach_every_replica_and_a_lost_listen_connection_comes_back(pg_cluster, pg_databases):
+    dsn = pg_databases()
+
+    async def scenario():
+        async with two_replicas(dsn) as (a, b):
+            heard_a, heard_b, events_b = [], [], []
+            await a.listen(CHANNEL_HOSTS, heard_a.append)
+            await b.listen(CHANNEL_HOSTS, heard_b.append)
+            await b.listen(CHANNEL_EVENTS, events_b.append)
+            await a.notify(CHANNEL_HOSTS, "h1")
+            await until(lambda: heard_a == ["h1"] and heard_b == ["h1"], "h1 heard by both (sender included)")
+            await a.add_events("h1", "b1", rows([1, 2]), None, 1.0)
+            await until(lambda: events_b == [""], "b told of a's events")
+
+            # b's LISTEN connection is cut: b reconnects, then tells every
+            # callback "" once (what was sent meanwhile may be gone)
+            pid = b._listen_conn.get_server_pid()
+            pg_cluster.psql(f"SELECT pg_terminate_backend({pid})", database=db_name(dsn))
+            await until(lambda: heard_b[-1:] == [""] and events_b == ["", ""], "b to listen again")
+            assert heard_b.count("") == 1
+            await a.notify(CHANNEL_HOSTS, "h2")
+            await until(lambda: heard_b[-1:] == ["h2"] and heard_a[-1:] == ["h2"], "h2 heard after the reconnection")
+            assert b._listen_conn.get_server_pid() != pid
+    run(scenario())
+
+
+def test_a_failing_callback_does_not_stop_the_others(pg_databases):
+    async def scenario():
+        async with opened(pg_databases()) as a:
+            heard = []
+
+            def broken(payload: str) -> None:
+                raise RuntimeError("a caller's bug")
+
+            await a.listen(CHANNEL_HOSTS, broken)
+            await a.listen(CHANNEL_HOSTS, heard.append)
+            await a.notify(CHANNEL_HOSTS, "x")
+            await a.notify(CHANNEL_HOSTS, "y")
+            await until(lambda: heard == ["x", "y"], "both payloads")
+    run(scenario())
+
+
+def test_event_ids_follow_commit_order_so_a_following_reader_misses_nothing(pg_databases):
+    """Two replicas write batches of 16 hosts at once while a reader follows
+    `after_id`: it must see every event (an id handed out before a later
+    commit would be skipped), and ids order each host's events by seq."""
+    hosts, batches, size = 16, 12, 25
+    dsn = pg_databases()
+
+    async def scenario():
+        async with two_replicas(dsn) as (a, b), opened(dsn) as reader:
+            seen: list = []
+            done = asyncio.Event()
+
+            async def follow():
+                cursor = 0
+                while True:
+                    finished = done.is_set()
+                    page = await reader.events(EventQuery(after_id=cursor, limit=100))
+                    seen.extend(page)
+                    if page:
+                        cursor = page[-1].id
+                    elif finished:
+                        return
+                    else:
+                        await asyncio.sleep(0)
+
+            async def host(n: int):
+                store = (a, b)[n % 2]
+                for k in range(batches):
+                    first = k * size + 1
+                    result = await store.add_events(f"h{n:02d}", "b1", rows(range(first, first + size)), None, 1.0)
+                    assert result.stored == size
+
+            follower = asyncio.create_task(follow())
+            try:
+                await asyncio.gather(*(host(n) for n in range(hosts)))
+            finally:
+                done.set()
+                await follower
+            assert len(seen) == hosts * batches * size == len({e.id for e in seen})
+            assert [e.id for e in seen] == sorted(e.id for e in seen)
+            for n in range(hosts):
+                assert [e.seq for e in seen if e.host_id == f"h{n:02d}"] == list(range(1, batches * size + 1))
+            assert a.group_commits + b.group_commits < hosts * batches  # batches shared commits
+    run(scenario())
