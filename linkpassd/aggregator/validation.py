@@ -65,6 +65,9 @@ BURST_PPS = 500.0
 BURST_S = 2.0
 MAX_PLAN_PORTS = 100_000  # 2,048 hosts x 8 rails x a few: a bound on what one request may carry
 NOT_CONNECTED = "not connected"
+# Several replicas (replicas.py): a run reaches only the hosts on the streams
+# of the replica that runs it; the others are named, never silently dropped.
+ON_OTHER_REPLICA = "on another aggregator replica (validation reaches the hosts of the replica it runs on)"
 TIMED_OUT = "timed out"
 
 
@@ -218,8 +221,14 @@ class Validations:
         fleet = self.fleet
         started = fleet.clock()
         sessions = {h: s for h in selection.hosts if (s := fleet.sessions.get(h)) is not None and s.open}
+        elsewhere: set[str] = set()
+        if fleet.replicas is not None:
+            now = fleet.clock()
+            elsewhere = {row.host_id for row in await fleet.store.hosts(
+                [h for h in selection.hosts if h not in sessions]) if fleet.connected(row, now)}
         results: dict[str, pb.HostValidationResult] = {
-            h: pb.HostValidationResult(host_id=h, status=NOT_CONNECTED) for h in selection.hosts if h not in sessions}
+            h: pb.HostValidationResult(host_id=h, status=ON_OTHER_REPLICA if h in elsewhere else NOT_CONNECTED)
+            for h in selection.hosts if h not in sessions}
         commands, unprobed = self.commands(selection, run_id, sessions)
         log.info("validation_started", run_id=run_id, by=by, hosts=len(selection.hosts), connected=len(sessions),
                  rails=list(selection.rails), duration_s=selection.duration_s,
