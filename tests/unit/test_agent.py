@@ -389,9 +389,14 @@ def test_a_misbehaving_aggregator_never_holds_up_the_event_hand_off(tmp_path, mo
         tasks = [asyncio.create_task(writer.run()), await running(agent)]
         try:
             await until(lambda: len(fake.hellos) >= 1, "a stream")
-            for chunk in range(20):  # 20 passes' worth of events, 1000 each
+            # 20 passes' worth of events, 1000 each, at 50,000 events/s: far
+            # beyond any daemon, and within what the writer sustains while a
+            # garbage-sending aggregator makes the agent reconnect and re-read
+            # the spool as fast as its backoff allows (at 200,000/s, a 2-core
+            # machine fell behind the 10,000-event hand-off one run in three).
+            for chunk in range(20):
                 writer.offer(events(1000, start=chunk * 1000))  # a plain call: never awaits
-                await asyncio.sleep(0.005)
+                await asyncio.sleep(0.02)
             await until(lambda: spool.total == 20_000, "every event spooled")
             if mode == "garbage":
                 await until(lambda: len(fake.hellos) >= 3, "reconnects after garbage")
