@@ -53,6 +53,17 @@ INBOX_MAX = 64  # messages read but not handled yet, per stream (agents keep <= 
 OUTBOX_MAX = 1024  # responses not written yet, per stream
 MAX_RAILS = 256
 MAX_ID_CHARS = 253
+# Streams grpc core holds before this server's loop has taken them (a new
+# stream waits there until grpc.aio asks core for the next call, one at a
+# time, between the loop's other work). Core's defaults (soft 1,000, hard
+# 3,000, random early reset in between) reset streams whenever more than
+# ~1,000 hosts connect within the same moment: a fleet reconnecting after an
+# aggregator restart. The agents saw that as CANCELLED, or INTERNAL "Failed
+# execute_batch" when their Hello write hit the reset stream (grpc #36066),
+# and the aggregator logged nothing. Bounded instead by time: core still
+# drops a stream left waiting past grpc.server_max_unrequested_time_in_server
+# (30 s), and an agent gives up on its Welcome after 10 s.
+MAX_PENDING_STREAMS = 65536
 
 
 class StreamEnd(Exception):
@@ -464,6 +475,8 @@ class AggregatorServer:
             ("grpc.so_reuseport", 0),  # a second aggregator on the same port must fail, not share it
             ("grpc.keepalive_time_ms", 60_000),
             ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+            ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
+            ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS),
         ])
         pb_grpc.add_AgentServiceServicer_to_server(self.agent, server)
         pb_grpc.add_FleetServiceServicer_to_server(self.fleet_api, server)
@@ -507,6 +520,7 @@ class AggregatorServer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        self.fleet.planner.close()
         if self.fleet.replicas is not None:
             await self.fleet.replicas.stop()
 
