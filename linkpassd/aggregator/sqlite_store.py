@@ -2,10 +2,24 @@
 
 Why these choices:
 
-- **One worker thread.** sqlite3 calls block; the gRPC event loop must not.
-  Every statement runs on one dedicated thread (a single-thread executor)
-  that owns the only connection, so there is no locking between our own
-  writers and the order of calls is the order they were made in.
+- **Statements on the loop, waits on one worker thread.** The worker thread
+  (a single-thread executor) runs only what may wait on the disk or on
+  another process: BEGIN IMMEDIATE (the write lock; busy_timeout), COMMIT
+  (the fsync, and the WAL checkpoints), open, migrations, retention chunks
+  and close. Every other statement, the writes inside a group's transaction
+  and the reads, runs on the event loop's thread. Inside our own write
+  transaction on a WAL file a statement never waits for a lock, and readers
+  never wait for the writer: what is left is CPU, tens of microseconds. Why
+  not all on the worker (as before): Python's sqlite3 releases the GIL
+  around every statement step and takes it back after, so a worker running a
+  group's hundreds of statements asks for the GIL hundreds of times, and each
+  time the event loop thread is busy (a burst of incoming batches) it waits
+  for the loop to give it up, up to sys.getswitchinterval() (5 ms). Measured
+  at 4,096 simulated hosts, incident burst: the worker spent 3-10x its CPU
+  time waiting, a group commit took up to half a second, and acks came 1.5-2 s
+  after their events (labs/bench/aggregator.py's docstring has the numbers);
+  with the statements on the loop, 50-200 ms. The connection has one user at
+  a time: the loop uses it only while no worker step holds it.
 - **WAL + synchronous=FULL.** The server acks an event once `add_events`
   returned, and the agent then deletes it from its spool: an ack is a promise
   that survives *anything*, a power cut included. In WAL mode
@@ -16,9 +30,10 @@ Why these choices:
   WAL at every commit, which is exactly "acked only after it is durable".
   The price is one fsync per commit, so writes are committed in groups:
   every write call (hello, inventory, report, heartbeat, events) queues its
-  work; the worker thread runs all that is queued in one transaction, one
-  savepoint per call (a call that fails rolls back only its own work), and
-  one COMMIT, then answers every caller. Under load one fsync covers
+  work; once the worker holds the write lock, the loop runs all that is
+  queued (up to GROUP_MAX) in that one transaction, one savepoint per call (a
+  call that fails rolls back only its own work), the worker COMMITs, and then
+  every caller is answered. Under load one fsync covers
   hundreds of hosts' batches; alone, a call commits at once. No caller is
   answered before the COMMIT that holds its work.
 - **Exactly once.** Events are UNIQUE(host_id, boot_id, seq) and go in with
@@ -40,8 +55,8 @@ import asyncio
 import functools
 import json
 import sqlite3
-import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -57,7 +72,7 @@ PRUNE_CHUNK = 2000  # events deleted per transaction by prune
 BUSY_TIMEOUT_MS = 5000  # another process holding the file (a backup, sqlite3 CLI)
 MAX_SEQ = 2**63 - 1  # SQLite INTEGER; proto seqs are uint64
 WRITE_SECONDS_KEPT = 1024  # StoreStats.write_seconds keeps the newest this many
-GROUP_MAX = 2000  # write calls per group commit (bounds one transaction's length)
+GROUP_MAX = 500  # write calls per group commit: bounds the loop's time in one group's statements
 
 # Schema migrations, applied in order, each in one transaction; PRAGMA
 # user_version is how many have been applied. Append only: never edit a step
@@ -123,22 +138,47 @@ class SqliteStore:
         self.stats = StoreStats()
         self._conn: sqlite3.Connection | None = None
         self._executor: ThreadPoolExecutor | None = None
-        # Group commit: write calls waiting for the worker, and whether a
-        # flush job is queued on it (both under _group_lock).
-        self._group: list[tuple[Callable[..., Any], tuple, asyncio.AbstractEventLoop, asyncio.Future]] = []
-        self._group_lock = threading.Lock()
-        self._flush_queued = False
-        self.group_commits = 0  # transactions committed by _flush (tests, metrics)
+        self._accepting = False  # open, and not closing: calls are taken
+        # All of the following belong to the event loop's thread (no locks):
+        # write calls for the next group commit; reads and worker jobs
+        # waiting for the connection (in order); whether a step on the
+        # worker holds the connection; close() waiting for all that to end.
+        self._group: list[tuple[Callable[..., Any], tuple, asyncio.Future]] = []
+        self._waiting: deque[tuple[bool, Callable[..., Any], tuple, asyncio.Future]] = deque()
+        self._busy = False
+        self._pump_scheduled = False
+        self._idle_waiters: list[asyncio.Future] = []
+        self.group_commits = 0  # transactions committed by group commit (tests, metrics)
 
     # -- plumbing ---------------------------------------------------------
+    #
+    # Who runs what (see "Statements on the loop" in the module docstring):
+    # the event loop runs the statements, the worker thread only what may
+    # wait on the disk or another process: BEGIN IMMEDIATE (the write lock,
+    # busy_timeout), COMMIT (the fsync, checkpoints), open, migrations,
+    # retention chunks, close. One user of the connection at a time: the
+    # loop touches it only while no worker step holds it (`_busy`).
+
+    def _check_open(self) -> None:
+        if not self._accepting or self._executor is None:
+            raise StoreError(f"store {self.path} is not open")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run `fn(conn, *args)` on the worker thread; sqlite's errors become
-        StoreError naming the file (the caller sees one line, no traceback)."""
-        if self._executor is None:
-            raise StoreError(f"store {self.path} is not open")
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(self._call, fn, *args))
+        """A read: `fn(conn, *args)` on the loop, once the connection is
+        free; sqlite's errors become StoreError naming the file."""
+        return await self._queue(False, fn, args)
+
+    async def _job(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(conn, *args)` on the worker thread, in its own turn (a write
+        with its own transaction and fsync: retention)."""
+        return await self._queue(True, fn, args)
+
+    async def _queue(self, on_worker: bool, fn: Callable[..., T], args: tuple) -> T:
+        self._check_open()
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._waiting.append((on_worker, fn, args, future))
+        self._kick()
+        return await future
 
     def _call(self, fn: Callable[..., T], *args: Any) -> T:
         conn = self._conn
@@ -157,51 +197,116 @@ class SqliteStore:
     async def _grouped(self, fn: Callable[..., T], *args: Any) -> T:
         """Run `fn(conn, *args)` in the next group commit; returns once that
         commit is durable (see the module docstring)."""
-        if self._executor is None:
-            raise StoreError(f"store {self.path} is not open")
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
-        with self._group_lock:
-            self._group.append((fn, args, loop, future))
-            queue = not self._flush_queued
-            self._flush_queued = True
-        if queue:
-            self._executor.submit(self._flush)
+        self._check_open()
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._group.append((fn, args, future))
+        self._kick()
         return await future
 
-    def _flush(self) -> None:
-        """On the worker: commit what is queued, in groups of GROUP_MAX."""
-        while True:
-            with self._group_lock:
-                group, self._group = self._group[:GROUP_MAX], self._group[GROUP_MAX:]
-                if not group:
-                    self._flush_queued = False
-                    return
-            outcomes: list[tuple[bool, Any]] = []
-            conn = self._conn
+    def _kick(self) -> None:
+        """Pump soon (not at once: calls made in the same loop turn join the group)."""
+        if not self._busy and not self._pump_scheduled:
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._pump)
+
+    def _pump(self) -> None:
+        """On the loop: hand the free connection to what waits, in order:
+        reads and jobs first (a read runs here and now), then the group."""
+        self._pump_scheduled = False
+        while not self._busy:
+            if self._waiting:
+                on_worker, fn, args, future = self._waiting.popleft()
+                if future.cancelled():  # the caller went away before its turn: nothing done
+                    continue
+                if on_worker:
+                    self._busy = True
+                    self._on_worker(functools.partial(self._call, fn, *args),
+                                    functools.partial(self._job_done, future))
+                else:
+                    try:
+                        _settle(future, True, self._call(fn, *args))
+                    except Exception as e:  # noqa: BLE001 - handed to that caller
+                        _settle(future, False, e)
+            elif self._group:
+                self._busy = True
+                self._on_worker(self._begin_sync, self._begun)
+            else:
+                for waiter in self._idle_waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+                self._idle_waiters.clear()
+                return
+
+    def _on_worker(self, fn: Callable[[], Any], then: Callable[[asyncio.Future], None]) -> None:
+        """fn() on the worker thread; then(its future) back on the loop."""
+        assert self._executor is not None  # close() waits for the pump to be idle first
+        asyncio.get_running_loop().run_in_executor(self._executor, fn).add_done_callback(then)
+
+    def _job_done(self, caller: asyncio.Future, step: asyncio.Future) -> None:
+        self._busy = False
+        error = _step_error(step)
+        _settle(caller, error is None, step.result() if error is None else error)
+        self._kick()
+
+    def _begin_sync(self) -> None:
+        """On the worker: take the write lock (may wait busy_timeout for
+        another process holding the file)."""
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"store {self.path} is not open")
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as e:
+            raise StoreError(f"database {self.path}: {e}") from None
+
+    def _begun(self, step: asyncio.Future) -> None:
+        """On the loop, in the open transaction: every queued call (up to
+        GROUP_MAX), each in its own savepoint (`_write`), then the COMMIT on
+        the worker."""
+        group, self._group = self._group[:GROUP_MAX], self._group[GROUP_MAX:]
+        error = _step_error(step)
+        if error is not None:
+            self._busy = False
+            for _fn, _args, future in group:
+                _settle(future, False, error)
+            self._kick()
+            return
+        conn = self._conn
+        outcomes: list[tuple[bool, Any]] = []
+        for fn, args, _future in group:
             try:
-                if conn is None:
-                    raise StoreError(f"store {self.path} is not open")
-                conn.execute("BEGIN IMMEDIATE")
-                for fn, args, _loop, _future in group:
-                    try:
-                        outcomes.append((True, fn(conn, *args)))  # each call's own savepoint (_write)
-                    except (sqlite3.Error, OverflowError) as e:
-                        outcomes.append((False, StoreError(f"database {self.path}: {e}")))
-                    except Exception as e:  # noqa: BLE001 - handed to that caller, not lost
-                        outcomes.append((False, e))
-                conn.execute("COMMIT")
-                self.group_commits += 1
-            except (sqlite3.Error, StoreError) as e:
-                if conn is not None and conn.in_transaction:
-                    try:
-                        conn.rollback()
-                    except sqlite3.Error:
-                        pass
-                error = e if isinstance(e, StoreError) else StoreError(f"database {self.path}: {e}")
-                outcomes = [(False, error)] * len(group)
-            for (_fn, _args, loop, future), (ok, value) in zip(group, outcomes):
-                loop.call_soon_threadsafe(_settle, future, ok, value)
+                outcomes.append((True, fn(conn, *args)))
+            except (sqlite3.Error, OverflowError) as e:
+                outcomes.append((False, StoreError(f"database {self.path}: {e}")))
+            except Exception as e:  # noqa: BLE001 - handed to that caller, not lost
+                outcomes.append((False, e))
+        self._on_worker(self._commit_sync, functools.partial(self._committed, group, outcomes))
+
+    def _commit_sync(self) -> None:
+        """On the worker: COMMIT (the fsync); a failed one rolls back."""
+        conn = self._conn
+        if conn is None:
+            raise StoreError(f"store {self.path} is not open")
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as e:
+            if conn.in_transaction:
+                try:
+                    conn.rollback()
+                except sqlite3.Error:
+                    pass
+            raise StoreError(f"database {self.path}: {e}") from None
+
+    def _committed(self, group: list[tuple[Callable[..., Any], tuple, asyncio.Future]],
+                   outcomes: list[tuple[bool, Any]], step: asyncio.Future) -> None:
+        """On the loop: answer every caller of the group, only now."""
+        self._busy = False
+        error = _step_error(step)
+        if error is None:
+            self.group_commits += 1
+        for (_fn, _args, future), (ok, value) in zip(group, outcomes):
+            _settle(future, ok and error is None, value if error is None else error)
+        self._kick()
 
     @staticmethod
     def _write(conn: sqlite3.Connection, fn: Callable[[], T]) -> T:
@@ -242,11 +347,14 @@ class SqliteStore:
             self._executor.shutdown(wait=True)
             self._executor = None
             raise
+        self._accepting = True
 
     def _open_sync(self) -> None:
         try:
             # isolation_level=None: no implicit transactions; we BEGIN/COMMIT ourselves.
-            conn = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
+            # check_same_thread=False: the loop and the worker take turns (never both at once).
+            conn = sqlite3.connect(self.path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000,
+                                   check_same_thread=False)
         except sqlite3.Error as e:
             raise StoreError(f"database {self.path}: cannot open: {e}") from None
         try:
@@ -278,10 +386,17 @@ class SqliteStore:
             self._write(conn, step)
 
     async def close(self) -> None:
-        executor, self._executor = self._executor, None
-        if executor is None:
+        """New calls are refused at once; those already made finish first."""
+        if self._executor is None:
             return
+        self._accepting = False
         loop = asyncio.get_running_loop()
+        if self._busy or self._group or self._waiting or self._pump_scheduled:
+            idle = loop.create_future()
+            self._idle_waiters.append(idle)
+            self._kick()
+            await idle
+        executor, self._executor = self._executor, None
         try:
             await loop.run_in_executor(executor, self._close_sync)
         finally:
@@ -467,7 +582,7 @@ class SqliteStore:
         callers queued meanwhile runs between chunks."""
         deleted = 0
         while True:
-            n = await self._run(self._prune_chunk, before, PRUNE_CHUNK)
+            n = await self._job(self._prune_chunk, before, PRUNE_CHUNK)
             deleted += n
             if n < PRUNE_CHUNK:
                 return deleted
@@ -485,6 +600,13 @@ class SqliteStore:
                              [(seq, h, b) for (h, b), seq in floors.items()])
             return len(rows)
         return self._write(conn, tx)
+
+
+def _step_error(step: asyncio.Future) -> BaseException | None:
+    """What a worker step raised (None: it returned)."""
+    if step.cancelled():  # the loop is shutting down under us
+        return StoreError("the store's worker step was cancelled")
+    return step.exception()
 
 
 def _settle(future: asyncio.Future, ok: bool, value: Any) -> None:

@@ -271,18 +271,30 @@ async def _open_close(path):
         pass
 
 
-def test_statements_run_on_the_stores_own_thread_and_need_it_open(tmp_path):
+def test_only_lock_waits_and_commits_run_on_the_stores_thread_and_it_must_be_open(tmp_path):
+    """BEGIN IMMEDIATE (may wait for the lock) and COMMIT (the fsync) run on
+    the store's worker thread, never on the event loop's; the statements in
+    between and the reads run on the loop (a worker running them waits for
+    the GIL at every step while the loop is busy: see the module docstring)."""
     async def scenario():
         store = SqliteStore(str(tmp_path / "f.db"))
         with pytest.raises(StoreError, match="not open"):
             await store.hosts()
         await store.open()
+        loop_thread = threading.get_ident()
+        seen: list[tuple[str, int]] = []
         try:
-            with pytest.raises(sqlite3.ProgrammingError, match="thread"):
-                store._conn.execute("SELECT 1")  # the connection belongs to the worker thread
-            loop_thread = threading.get_ident()
-            worker = await store._run(lambda conn: threading.get_ident())
+            store._conn.set_trace_callback(lambda sql: seen.append((sql.split()[0].upper(), threading.get_ident())))
+            await asyncio.gather(*(store.add_events(f"h{i}", "b", rows([1, 2]), None, 1.0) for i in range(5)))
+            await store.hosts()
+            store._conn.set_trace_callback(None)
+            worker = await store._job(lambda conn: threading.get_ident())
             assert worker != loop_thread
+            where = {}
+            for verb, thread in seen:
+                where.setdefault(verb, set()).add(thread)
+            assert where["BEGIN"] == {worker} and where["COMMIT"] == {worker}
+            assert where["INSERT"] == {loop_thread} and where["SELECT"] == {loop_thread}
         finally:
             await store.close()
         with pytest.raises(StoreError, match="not open"):
