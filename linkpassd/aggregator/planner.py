@@ -8,6 +8,11 @@ inventory (a disconnected host's daemon may be down: probing it would report
 false path failures), and sends ProbePeers only to hosts whose peers changed,
 or that (re)joined since they were last told.
 
+Above PROCESS_ABOVE_HOSTS the plan is made in a worker process (spawned at
+the first such plan, kept, killed at stop), never on the event loop or a
+thread of this process: it is pure Python and takes seconds (see
+PROCESS_ABOVE_HOSTS), and a thread would hold the GIL for all of them.
+
 Generations come from the wall clock in milliseconds (and always increase
 within a run), so an agent that kept the generation of an aggregator that was
 restarted still takes the new aggregator's plans (or another replica's).
@@ -28,7 +33,11 @@ replica died without clearing it leaves the plan once it is stale.
 from __future__ import annotations
 
 import asyncio
+import functools
+import multiprocessing
 import time
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -43,11 +52,25 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("linkpassd.aggregator.mesh")
 
-THREAD_ABOVE_HOSTS = 512  # plan on a worker thread above this many hosts (keeps the loop free)
+# Above this many hosts the plan is made in a worker process. Not a thread:
+# mesh.plan is pure Python (33 s of CPU for 16,384 hosts x 8 rails on this
+# 2-core lab machine), and a thread holding the GIL that long starves the
+# event loop and the store's worker thread, so every host's acks wait for it.
+PROCESS_ABOVE_HOSTS = 512
 STALE_REPLAN_S = 30.0  # shared store: re-plan at least this often
 LEAD_ROLE = "mesh-planner"
 
 HostPlan = dict[str, tuple[str, ...]]
+Probers = dict[str, dict[str, tuple[str, ...]]]
+
+
+def plan_rows(rows: list[tuple[str, str, str, str]], peers_per_rail: int,
+              max_peers_per_rail: int) -> tuple[mesh.Plan, Probers]:
+    """The plan and who probes whom, from (host_id, rail, address, leaf)
+    tuples: what the worker process runs (plain tuples pickle fast)."""
+    members = [mesh.Member(*row) for row in rows]
+    new = mesh.plan(members, peers_per_rail=peers_per_rail, max_peers_per_rail=max_peers_per_rail)
+    return new, mesh.probers(new, members)
 
 
 class MeshPlanner:
@@ -62,6 +85,10 @@ class MeshPlanner:
         self._told: dict[str, tuple[HostPlan, HostPlan]] = {}
         self._told_shared: dict[str, bytes] = {}  # shared store: the plan entry each host was last sent
         self._generation = 0
+        self._pool: ProcessPoolExecutor | None = None  # the worker process, started at the first big plan
+        # host -> (the inventory object, its members): parsing 16,384 hosts'
+        # addresses again at every plan took over a second of the loop.
+        self._members: dict[str, tuple[pb.Inventory, list[mesh.Member]]] = {}
         self.plans = 0  # completed plans (tests wait on it)
 
     def joined(self, host_id: str) -> None:
@@ -71,6 +98,7 @@ class MeshPlanner:
 
     def left(self, host_id: str) -> None:
         self._told.pop(host_id, None)
+        self._members.pop(host_id, None)
         self._told_shared.pop(host_id, None)
         self.changed()
 
@@ -105,19 +133,15 @@ class MeshPlanner:
             return
         sessions = dict(self._fleet.sessions)
         members = [m for host, s in sorted(sessions.items()) if s.inventory is not None
-                   for m in mesh.members_from_inventory(host, s.inventory)]
+                   for m in self._members_of(host, s.inventory)]
         hosts = {m.host_id for m in members}
-        settings = self._settings
-        args = dict(peers_per_rail=settings.peers_per_rail, max_peers_per_rail=settings.max_peers_per_rail)
-        if len(hosts) > THREAD_ABOVE_HOSTS:
-            new = await asyncio.to_thread(mesh.plan, members, **args)
-        else:
-            new = mesh.plan(members, **args)
-        probed_by = mesh.probers(new, members)
+        new, probed_by = await self._plan(members, len(hosts))
         self.plans += 1
         self._metrics.plans.inc()
         sent = 0
-        for host, session in sessions.items():
+        for n, (host, session) in enumerate(sessions.items()):
+            if n % 512 == 511:
+                await asyncio.sleep(0)  # thousands of hosts: let their acks out in between
             entry: HostPlan = dict(new.get(host, {}))
             answer = probed_by.get(host, {})
             if host not in hosts or not session.open:
@@ -130,6 +154,46 @@ class MeshPlanner:
             sent += 1
         if sent:
             log.info("mesh_planned", hosts=len(hosts), told=sent, generation=self._generation)
+
+    def _members_of(self, host: str, inventory: pb.Inventory) -> list[mesh.Member]:
+        cached = self._members.get(host)
+        if cached is None or cached[0] is not inventory:
+            cached = (inventory, mesh.members_from_inventory(host, inventory))
+            self._members[host] = cached
+        return cached[1]
+
+    async def _plan(self, members: list[mesh.Member], hosts: int) -> tuple[mesh.Plan, Probers]:
+        """mesh.plan and mesh.probers: here for a small fleet, in the worker
+        process above PROCESS_ABOVE_HOSTS (on a thread if that process cannot
+        run: slower for everyone, but planned)."""
+        settings = self._settings
+        args = (settings.peers_per_rail, settings.max_peers_per_rail)
+        if hosts <= PROCESS_ABOVE_HOSTS:
+            new = mesh.plan(members, peers_per_rail=args[0], max_peers_per_rail=args[1])
+            return new, mesh.probers(new, members)
+        rows = [(m.host_id, m.rail, m.address, m.leaf) for m in members]
+        job = functools.partial(plan_rows, rows, *args)
+        try:
+            if self._pool is None:
+                # spawn, not fork: forking a process that runs grpc's threads is unsafe
+                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            return await asyncio.get_running_loop().run_in_executor(self._pool, job)
+        except (BrokenProcessPool, OSError) as exc:
+            log.warning("mesh_plan_process_failed", error=str(exc) or type(exc).__name__, fallback="thread")
+            self.close()
+            return await asyncio.to_thread(job)
+
+    def close(self) -> None:
+        """Stop the worker process, even mid-plan (a stopping aggregator
+        must not wait for a plan nobody will send)."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        # ProcessPoolExecutor has no public kill before Python 3.14; its
+        # processes are in _processes. Terminate them, then let it clean up.
+        for process in list((getattr(pool, "_processes", None) or {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
 
     # -- several replicas on a shared store -----------------------------------
 
@@ -149,13 +213,7 @@ class MeshPlanner:
             except Exception:  # an undecodable stored inventory: the host's next one replaces it
                 continue
             members.extend(mesh.members_from_inventory(row.host_id, inventory))
-        settings = self._settings
-        args = dict(peers_per_rail=settings.peers_per_rail, max_peers_per_rail=settings.max_peers_per_rail)
-        if len({m.host_id for m in members}) > THREAD_ABOVE_HOSTS:
-            new = await asyncio.to_thread(mesh.plan, members, **args)
-        else:
-            new = mesh.plan(members, **args)
-        probed_by = mesh.probers(new, members)
+        new, probed_by = await self._plan(members, len({m.host_id for m in members}))
         entries = {host: mesh.probe_peers(entry, 0, probed_by.get(host, {})).SerializeToString()
                    for host, entry in new.items()}
         generation = self.next_generation()
