@@ -132,6 +132,8 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         self.failed_desired: KernelState | None = None  # the decision that failed
         self.carried: dict[str, carried.Carried] = {}  # verdicts from before this start
         self.saved_verdicts: dict | None = None  # what the verdict file says now
+        self.saved_mesh: bytes | None = None  # the ProbePeers mesh.json holds now
+        self.saved_mesh_message = None  # the message last compared with it
         self.state_problems: dict[str, Problem] = {}  # state files we could not use
         self.foreign: tuple = ()  # (ForeignObject, since) inside our ranges
         self.bfd_pending: dict[str, tuple[PeerSpec, str, float]] = {}  # session -> spec, error, since
@@ -170,6 +172,7 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         self.looplag.start()
         self.bfd = BfdAgent(self.queue.put_nowait, lag=self.looplag)
         self._sync_bfd(self.clock())
+        self._load_mesh()  # the last plan's peers, before the probers are made
         self._sync_echo()
         observed = await self._observe_at_start()
         self._load_allocation(observed)
@@ -366,6 +369,7 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
             if now >= self.hold_until or decision.desired != self.failed_desired:
                 await self._reconcile(decision, now)
         self._save_verdicts()
+        self._save_mesh()
 
     def _later(self, event: str, **fields) -> None:
         """Log after the kernel writes, so logging never delays a failover."""

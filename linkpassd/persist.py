@@ -1,6 +1,6 @@
 """The daemon's state files: what must outlive one run of it.
 
-A mixin of `Daemon`.  Two files in `[daemon] state_dir`, each written
+A mixin of `Daemon`.  Three files in `[daemon] state_dir`, each written
 atomically and only when its content changes, always after the kernel writes
 of the same pass (a disk never delays a failover):
 
@@ -8,7 +8,14 @@ of the same pass (a disk never delays a failover):
                    so a rail that failed over stays failed over across a restart
                    until its own probes prove it healthy;
   allocation.json  nexthop ids, rule priorities and auto tables by name
-                   (core.alloc), so a reload or restart renumbers nothing in use.
+                   (core.alloc), so a reload or restart renumbers nothing in use;
+  mesh.json        the last probe peers (and who probes us) the aggregator
+                   handed down, so a daemon restarted while the aggregator is
+                   away still probes its mesh paths and still answers the hosts
+                   that probe it, instead of waiting for the aggregator with
+                   those paths unwatched. The aggregator's next plan replaces
+                   it. A stale entry costs little: a peer that never answers
+                   is "never up" and moves nothing.
 
 A file that cannot be read or written is a reported problem (`status`), never
 the daemon's end.
@@ -18,7 +25,11 @@ from __future__ import annotations
 
 import structlog
 
+from google.protobuf import json_format
+
+from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.adapters.statefile import StateFileError, read_json, write_json_atomic
+from linkpassd.agent import reports
 from linkpassd.core import alloc, carried, health
 from linkpassd.core.model import Config, KernelState, Problem, Verdict
 
@@ -26,6 +37,8 @@ log = structlog.get_logger("linkpassd")
 
 VERDICT_FILE = "verdicts.json"  # in the state directory
 ALLOCATION_FILE = "allocation.json"  # in the state directory: ids, priorities, tables by name
+MESH_FILE = "mesh.json"  # in the state directory: the aggregator's last probe peers for us
+MESH_FILE_VERSION = 1
 ECHO_SIGNAL = "echo"  # the health signal that combines a rail's echo paths
 
 
@@ -117,6 +130,55 @@ class StateFiles:
             except OSError as exc:
                 self._state_problem(path, f"cannot write the allocation file: {exc}")
         return alloc.resolve(config, allocation)
+
+    def _load_mesh(self) -> None:
+        """At start, before the echo service is made: the probe peers of the
+        last plan applied (mesh.json), checked against this config like a
+        plan just received. Standalone daemons ([aggregator] absent) have no
+        mesh and ignore the file."""
+        if self.config.aggregator is None:
+            return
+        path = f"{self.config.state_dir}/{MESH_FILE}"
+        try:
+            doc = read_json(path)
+            if doc is None:
+                return
+            if doc.get("version") != MESH_FILE_VERSION:
+                raise StateFileError(f"version {doc.get('version')!r}, expected {MESH_FILE_VERSION}")
+            message = json_format.ParseDict(doc.get("probe_peers"), fleet_pb2.ProbePeers())
+        except (StateFileError, json_format.ParseError, TypeError, AttributeError) as exc:
+            self._state_problem(path, f"mesh file unusable, ignored (the aggregator's next plan "
+                                      f"applies): {exc}")
+            return
+        self.mesh_message = self.saved_mesh_message = message
+        self.saved_mesh = message.SerializeToString(deterministic=True)
+        self.mesh_peers, problems = reports.validate_peers(self.config, message)
+        self.mesh_probers, prober_problems = reports.validate_probers(self.config, message)
+        self.mesh_slot.publish((self.mesh_peers, self.mesh_probers))
+        log.info("mesh_peers_restored", generation=message.generation,
+                 written_at=doc.get("written_at"), peers=sum(len(p) for p in self.mesh_peers.values()),
+                 probed_by=sum(len(p) for p in self.mesh_probers.values()),
+                 ignored=len(problems) + len(prober_problems))
+
+    def _save_mesh(self) -> None:
+        """After the pass: write mesh.json when the applied plan changed."""
+        message = self.mesh_message
+        if message is None or message is self.saved_mesh_message or self.config.aggregator is None:
+            return
+        raw = message.SerializeToString(deterministic=True)
+        if raw == self.saved_mesh:
+            self.saved_mesh_message = message  # every pass calls this: compare once per plan
+            return
+        path = f"{self.config.state_dir}/{MESH_FILE}"
+        doc = {"version": MESH_FILE_VERSION, "written_at": self.wallclock(),
+               "probe_peers": json_format.MessageToDict(message)}
+        try:
+            write_json_atomic(path, doc)
+        except OSError as exc:
+            self._state_problem(path, f"cannot write the mesh file: {exc}")
+            return
+        self.saved_mesh, self.saved_mesh_message = raw, message
+        self.state_problems.pop(path, None)
 
     def _state_problem(self, path: str, detail: str) -> None:
         if path not in self.state_problems:

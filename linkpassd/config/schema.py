@@ -79,7 +79,9 @@ DAEMON = Section(
                "Directory for what must survive a restart: each port's verdict and its evidence "
                "(so a rail that failed over stays failed over until its own probes prove it "
                "healthy) and the allocated nexthop ids, rule priorities and tables (so a reload "
-               "or restart never renumbers what is in use). systemd's `StateDirectory=linkpass`.",
+               "or restart never renumbers what is in use), the aggregator's last probe peers "
+               "(`mesh.json`) and the unacknowledged events (`spool/`). systemd's "
+               "`StateDirectory=linkpass`.",
                (_abs_path(),)),
         Option("log_format", STR, "kv",
                "Log line format: `kv` (logfmt: key=value, a value quoted when it needs to be) or "

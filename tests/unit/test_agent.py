@@ -474,3 +474,98 @@ def test_a_cancel_that_lands_as_an_await_completes_still_stops_the_agent(tmp_pat
                 await asyncio.wait({task}, timeout=DEADLINE_S)
                 spool.close()
     asyncio.run(main())
+
+
+def test_the_last_plan_outlives_a_restart_while_the_aggregator_is_away(tmp_path):
+    """A daemon restarted with its aggregator away still probes its mesh
+    peers and answers the hosts that probe it (mesh.json in the state
+    directory), instead of leaving those paths unwatched until it is back."""
+    from linkpassd.core.admission import ipv4_int
+    from linkpassd.persist import MESH_FILE
+
+    start = LinkSnapshot(samples={p: link(p) for p in ("eth0", "eth1")}, reason="start")
+
+    async def first_run():
+        daemon = make_daemon(tmp_path, fabric=())
+        await daemon.handle([start])
+        daemon._sync_echo()
+        fake = FakeAggregator()
+        server, port = await serve(fake)
+        agent = agent_for(port, new_spool(tmp_path), DaemonHost(daemon))
+        tasks = [await running(agent), asyncio.create_task(reconcile_forever(daemon))]
+        try:
+            await until(lambda: agent.connected, "connected")
+            await fake.outgoing.put(fleet_pb2.ConnectResponse(peers=fleet_pb2.ProbePeers(
+                generation=9, rails=[fleet_pb2.RailPeers(
+                    rail="rail0", peers=["198.19.0.2"], probed_by=["198.19.0.44"])])))
+            await until(lambda: (tmp_path / "state" / MESH_FILE).exists(), "mesh.json written")
+        finally:
+            await stop(tasks, server)
+            daemon.echo.close()
+
+    async def restart():
+        daemon = make_daemon(tmp_path, fabric=())  # its aggregator (127.0.0.1:1) is away
+        daemon._load_mesh()  # as Daemon.run does, before the probers are made
+        daemon._sync_echo()
+        try:
+            assert sorted(p.peer for p in daemon.echo.probers) == ["198.19.0.1", "198.19.0.2"]
+            assert daemon.echo_spec.responder.allows(ipv4_int("198.19.0.44"))
+            assert not daemon.echo_spec.responder.allows(ipv4_int("198.19.0.45"))
+            assert daemon.state_problems == {}
+            await daemon.handle([start])  # a pass with the plan unchanged writes nothing
+            assert daemon.saved_mesh_message is daemon.mesh_message
+        finally:
+            daemon.echo.close()
+
+    asyncio.run(first_run())
+    written = (tmp_path / "state" / MESH_FILE).stat().st_mtime_ns
+    asyncio.run(restart())
+    assert (tmp_path / "state" / MESH_FILE).stat().st_mtime_ns == written
+
+
+@pytest.mark.parametrize("content", ['{"version": 1, "probe_peers": {"rails": [{"rail": 5}]}}',
+                                     '{"version": 2, "probe_peers": {}}', "[1, 2]", "{not json"])
+def test_an_unusable_mesh_file_is_reported_and_only_the_static_peers_are_probed(tmp_path, content):
+    from linkpassd.persist import MESH_FILE
+
+    (tmp_path / "state").mkdir()
+    (tmp_path / "state" / MESH_FILE).write_text(content)
+
+    async def main():
+        daemon = make_daemon(tmp_path)
+        daemon._load_mesh()
+        daemon._sync_echo()
+        try:
+            assert [p.peer for p in daemon.echo.probers] == ["198.19.0.1"]
+            (problem,) = daemon.state_problems.values()
+            assert problem.kind == "state" and problem.what.endswith(MESH_FILE)
+            assert "ignored" in problem.detail
+        finally:
+            daemon.echo.close()
+    asyncio.run(main())
+
+
+def test_a_standalone_daemon_ignores_a_mesh_file(tmp_path):
+    import json
+
+    from google.protobuf import json_format
+
+    from linkpassd.persist import MESH_FILE
+
+    (tmp_path / "state").mkdir()
+    message = fleet_pb2.ProbePeers(generation=1, rails=[fleet_pb2.RailPeers(rail="rail0",
+                                                                             peers=["198.19.0.2"])])
+    (tmp_path / "state" / MESH_FILE).write_text(json.dumps(
+        {"version": 1, "probe_peers": json_format.MessageToDict(message)}))
+
+    async def main():
+        daemon = make_daemon(tmp_path)
+        daemon.config = dataclasses.replace(daemon.config, aggregator=None)
+        daemon._load_mesh()
+        daemon._sync_echo()
+        try:
+            assert [p.peer for p in daemon.echo.probers] == ["198.19.0.1"]
+            assert daemon.state_problems == {}
+        finally:
+            daemon.echo.close()
+    asyncio.run(main())
