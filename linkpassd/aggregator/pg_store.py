@@ -226,8 +226,12 @@ class PgStore:
         try:
             flusher = self._flusher
             if flusher is not None:
+                # asyncio.timeout, not wait_for, here and below: on 3.11
+                # wait_for can drop a cancel of close() that lands as the
+                # awaited thing completes, and close() would carry on.
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(asyncio.shield(flusher), STATEMENT_TIMEOUT_S)
+                    async with asyncio.timeout(STATEMENT_TIMEOUT_S):
+                        await asyncio.shield(flusher)
             if self._relisten is not None:
                 self._relisten.cancel()
                 with contextlib.suppress(BaseException):
@@ -236,16 +240,18 @@ class PgStore:
             for conn in (self._listen_conn, self._lead_conn):
                 if conn is not None and not conn.is_closed():
                     try:
-                        await asyncio.wait_for(conn.close(), CLOSE_TIMEOUT_S)
-                    except (*DB_ERRORS, asyncio.TimeoutError):
+                        async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                            await conn.close()
+                    except (*DB_ERRORS, TimeoutError):
                         conn.terminate()
             self._listen_conn = self._lead_conn = None
             self._leading.clear()
             self._lost.clear()
             self._listeners.clear()
             try:
-                await asyncio.wait_for(pool.close(), CLOSE_TIMEOUT_S)
-            except (*DB_ERRORS, asyncio.TimeoutError):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await pool.close()
+            except (*DB_ERRORS, TimeoutError):
                 pool.terminate()
         finally:
             self._pool = None

@@ -276,8 +276,12 @@ class WebServer:
         self.server.close()
         for task in list(self._handlers):
             task.cancel()
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can drop a cancel
+        # that lands as the awaited thing completes (here: a close() that is
+        # itself cancelled at shutdown would carry on).
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.server.wait_closed(), 5)
+            async with asyncio.timeout(5):
+                await self.server.wait_closed()
 
 
 async def serve(listen: str, page_source: PageSource, health_source: HealthSource | None = None) -> WebServer:
@@ -304,7 +308,8 @@ async def serve(listen: str, page_source: PageSource, health_source: HealthSourc
             handlers.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer.wait_closed(), 2)
+                async with asyncio.timeout(2):  # not wait_for: see WebServer.close
+                    await writer.wait_closed()
 
     server = await asyncio.start_server(on_connection, host, port, limit=MAX_HEAD_BYTES * 2)
     bound = server.sockets[0].getsockname()
@@ -314,8 +319,9 @@ async def serve(listen: str, page_source: PageSource, health_source: HealthSourc
 async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                   page_source: PageSource, health_source: HealthSource | None) -> None:
     try:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(READ_TIMEOUT_S):  # not wait_for: close() cancels handlers
+            head = await reader.readuntil(b"\r\n\r\n")
+    except TimeoutError:
         await _respond(writer, 408, "text/plain", b"request head not received in time\n", head_only=False)
         return
     except asyncio.LimitOverrunError:
@@ -361,4 +367,5 @@ async def _respond(writer: asyncio.StreamWriter, status: int, content_type: str,
                "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'", **(extra or {})}
     head = f"HTTP/1.1 {status} {REASONS[status]}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     writer.write(head.encode("latin-1") + b"\r\n" + (b"" if head_only else body))
-    await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+    async with asyncio.timeout(WRITE_TIMEOUT_S):  # not wait_for: close() cancels handlers
+        await writer.drain()
