@@ -244,6 +244,7 @@ HealthSource = Callable[[], Awaitable[tuple[bool, str]]]
 MAX_HEAD_BYTES = 8192
 READ_TIMEOUT_S = 10.0
 WRITE_TIMEOUT_S = 10.0
+LINGER_S = 1.0  # a refused connection's unread request, drained before closing
 MAX_CONNECTIONS = 64
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
            408: "Request Timeout", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
@@ -297,6 +298,7 @@ async def serve(listen: str, page_source: PageSource, health_source: HealthSourc
         try:
             if slots.locked():
                 await _respond(writer, 503, "text/plain", b"too many connections\n", head_only=False)
+                await _linger(reader, writer)
                 return
             async with slots:
                 await _handle(reader, writer, page_source, health_source)
@@ -314,6 +316,18 @@ async def serve(listen: str, page_source: PageSource, health_source: HealthSourc
     server = await asyncio.start_server(on_connection, host, port, limit=MAX_HEAD_BYTES * 2)
     bound = server.sockets[0].getsockname()
     return WebServer(server=server, address=(bound[0], bound[1]), _handlers=handlers)
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """After answering a request that was never read (503): half-close, then
+    read until the client closes (at most LINGER_S). Closing with its request
+    still unread makes the kernel reset the connection, and the client can
+    lose the 503 before reading it."""
+    with contextlib.suppress(Exception):
+        writer.write_eof()
+        async with asyncio.timeout(LINGER_S):
+            while await reader.read(4096):
+                pass
 
 
 async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
