@@ -59,6 +59,7 @@ MODES = {"sqlite": 0, "pg1": 1, "pg3": 3}  # mode -> PostgreSQL replicas (0: SQL
 TARGET_HOSTS = 16384
 TARGET_P99_S = 1.0
 HOSTS_PER_LOAD_PROCESS = 2048
+PLAN_SETTLE_S = 300.0  # bound on waiting for the mesh plan after connecting
 GO_DELAY_S = 1.0  # the measured phase starts this long after the last process connected
 
 
@@ -94,15 +95,30 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def scrape(url: str) -> dict[tuple[str, str], float]:
-    """The stage histograms' cumulative buckets and sums: (stage, le|"sum"|"count") -> value."""
+def metrics_text(url: str) -> str:
     try:
         with urllib.request.urlopen(url, timeout=10) as reply:
-            text = reply.read().decode()
+            return reply.read().decode()
     except OSError:
-        return {}
+        return ""
+
+
+def mesh_settled(urls: list[str]) -> bool:
+    """Every replica has no plan pending, and some replica made one."""
+    pending, plans = 0.0, 0.0
+    for url in urls:
+        for name, _labels, value in parse_metrics(metrics_text(url)):
+            if name == "linkpass_aggregator_mesh_plan_pending":
+                pending += value
+            elif name == "linkpass_aggregator_mesh_plans_total":
+                plans += value
+    return pending == 0 and plans >= 1
+
+
+def scrape(url: str) -> dict[tuple[str, str], float]:
+    """The stage histograms' cumulative buckets and sums: (stage, le|"sum"|"count") -> value."""
     out: dict[tuple[str, str], float] = {}
-    for name, labels, value in parse_metrics(text):
+    for name, labels, value in parse_metrics(metrics_text(url)):
         if name.startswith("linkpass_aggregator_stage_seconds"):
             key = labels.get("le") or name.rsplit("_", 1)[1]  # bucket, or sum/count
             out[(labels.get("stage", ""), key)] = out.get((labels.get("stage", ""), key), 0.0) + value
@@ -225,6 +241,16 @@ def run_size(hosts: int, args, mode: str, pg, trial: int) -> dict:
                 agg.start()
             procs = start_load([a.address for a in aggs], hosts, args)
             connected = [read_line(p, "connecting") for p in procs]
+            # The probe mesh of the whole fleet is planned once every host is
+            # in (at 16,384 hosts: half a minute of a core in the planner's
+            # process); the measured phase is the steady state after it.
+            settle_from = time.monotonic()
+            while not mesh_settled([a.metrics_url for a in aggs]):
+                if time.monotonic() - settle_from > PLAN_SETTLE_S:
+                    log(f"mesh plan not settled after {PLAN_SETTLE_S:g} s: measuring anyway")
+                    break
+                time.sleep(1.0)
+            plan_settle_s = time.monotonic() - settle_from
             before = [scrape(a.metrics_url) for a in aggs]
             cpu0 = [tree_cpu_seconds(a.proc.pid) for a in aggs]
             db0 = tree_cpu_seconds(pg.pid) if replicas else 0.0
@@ -248,6 +274,7 @@ def run_size(hosts: int, args, mode: str, pg, trial: int) -> dict:
             row.update({
                 "mode": mode, "replicas": max(1, replicas), "trial": trial,
                 "connect_s": max(c["connect_s"] for c in connected),
+                "plan_settle_s": round(plan_settle_s, 1),
                 "aggregator_cpu_pct": round(100 * sum(cpu) / wall, 1),
                 "aggregator_cpu_pct_each": [round(100 * c / wall, 1) for c in cpu],
                 "postgres_cpu_pct": round(100 * db_cpu / wall, 1),

@@ -58,6 +58,9 @@ class AggregatorMetrics:
         self.group_calls = Histogram("linkpass_aggregator_store_group_calls",
                                      "Write calls committed together by one group commit",
                                      buckets=GROUP_BUCKETS, registry=r)
+        self.plan_pending = Gauge("linkpass_aggregator_mesh_plan_pending",
+                                  "1 while a change waits for its probe-mesh plan (or it is being made)",
+                                  registry=r)
         self.plans = Counter("linkpass_aggregator_mesh_plans_total",
                              "Probe-mesh plans computed", registry=r)
 
