@@ -10,8 +10,10 @@ aggregators (labs/aggproc.AggregatorProc: insecure, loopback TCP, no page,
 metrics on), then load processes (labs/bench/agg_load.py, each up to
 HOSTS_PER_LOAD_PROCESS agents, each agent on its own TCP connection, spread
 over the replicas as a load balancer would, moving to the next replica when a
-stream fails). Every load process connects its hosts; once all have, the
-bench starts their measured phase at one moment (so the incident is one
+stream fails). Every load process connects its hosts; once all have and
+the fleet's probe-mesh plan has settled (linkpass_aggregator_mesh_plan_pending;
+a 16,384-host plan is tens of seconds of a core), the bench starts their
+measured phase at one moment (so the incident is one
 fleet-wide second): a heartbeat every 5 s per host, background events, and
 halfway an incident in which a quarter of the hosts each send 20 events (4
 batches of 5) and a changed PortReport, spread over one second.

@@ -14,12 +14,13 @@ Why these choices:
   around every statement step and takes it back after, so a worker running a
   group's hundreds of statements asks for the GIL hundreds of times, and each
   time the event loop thread is busy (a burst of incoming batches) it waits
-  for the loop to give it up, up to sys.getswitchinterval() (5 ms). Measured
-  at 4,096 simulated hosts, incident burst: the worker spent 3-10x its CPU
-  time waiting, a group commit took up to half a second, and acks came 1.5-2 s
-  after their events (labs/bench/aggregator.py's docstring has the numbers);
-  with the statements on the loop, 50-200 ms. The connection has one user at
-  a time: the loop uses it only while no worker step holds it.
+  for the loop to give it up, up to sys.getswitchinterval() (5 ms), so a
+  group's statements took many times their CPU time. The stage timings
+  (`observe`: store_queue, store_begin, store_statements, store_commit;
+  the aggregator exports them as linkpass_aggregator_stage_seconds, and
+  labs/bench/aggregator reports them per run) show where a write's time
+  goes. The connection has one user at a time: the loop uses it only while
+  no worker step holds it.
 - **WAL + synchronous=FULL.** The server acks an event once `add_events`
   returned, and the agent then deletes it from its spool: an ack is a promise
   that survives *anything*, a power cut included. In WAL mode
