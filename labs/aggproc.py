@@ -37,16 +37,21 @@ class AggregatorProc:
 
     def __init__(self, workdir: Path, *, heartbeat_s: float = 1.0, peers_per_rail: int = 3,
                  name: str = "aggregator", web: bool = True, postgresql_dsn: str = "",
-                 database: Path | None = None):
+                 database: Path | None = None, tcp: bool = False, metrics: bool = False):
         """`name` prefixes its files in `workdir` (several replicas may share
         one); `postgresql_dsn` selects the PostgreSQL store (else SQLite at
-        `database`, default workdir/fleet.db); `web=False` serves no page."""
+        `database`, default workdir/fleet.db); `web=False` serves no page;
+        `tcp=True` listens on a free loopback TCP port instead of the Unix
+        socket (a bench's agents connect as real ones do: over TCP);
+        `metrics=True` serves Prometheus metrics at `metrics_url`."""
         self.workdir = Path(workdir)
         self.name = name
         self.socket_path = self.workdir / f"{name}.sock"
-        self.address = f"unix:{self.socket_path}"
+        self.address = (f"127.0.0.1:{_free_loopback_port()}" if tcp else f"unix:{self.socket_path}")
         self.web_port = _free_loopback_port() if web else 0
         self.web_url = f"http://127.0.0.1:{self.web_port}/" if web else ""
+        self.metrics_port = _free_loopback_port() if metrics else 0
+        self.metrics_url = f"http://127.0.0.1:{self.metrics_port}/metrics" if metrics else ""
         self.config_path = self.workdir / f"{name}.toml"
         self.log_path = self.workdir / f"{name}.log"
         self.database = Path(database) if database is not None else self.workdir / "fleet.db"
@@ -61,6 +66,7 @@ class AggregatorProc:
         store = (f'store = "postgresql"\npostgresql_dsn = "{self.postgresql_dsn}"' if self.postgresql_dsn
                  else f'database = "{self.database}"')
         web = f"127.0.0.1:{self.web_port}" if self.web_port else ""
+        metrics = f"127.0.0.1:{self.metrics_port}" if self.metrics_port else ""
         self.config_path.write_text(f"""# written by labs/aggproc.py
 [aggregator]
 listen = "{self.address}"
@@ -75,6 +81,9 @@ peers_per_rail = {self.peers_per_rail}
 
 [web]
 listen = "{web}"
+
+[metrics]
+listen = "{metrics}"
 """)
 
     def start(self) -> "AggregatorProc":

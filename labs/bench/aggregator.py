@@ -1,184 +1,311 @@
-"""How many hosts one linkpass-aggregator sustains on this machine.
+"""How many hosts linkpass-aggregator sustains on this machine, per store.
 
-    python -m labs.bench.aggregator [--hosts 1024,4096,16384] [--seconds 30] [--label run]
+    python -m labs.bench.aggregator [--hosts 1024,4096,16384] [--seconds 30]
+        [--modes sqlite,pg1,pg3] [--trials 1] [--label run]
 
-For each fleet size: a fresh aggregator (insecure mode, loopback, a new SQLite
-file), then load processes (labs.bench.agg_load), each simulating up to
-HOSTS_PER_LOAD_PROCESS agents (one Python grpc.aio client process fails
-streams with INTERNAL "from Core" past about 1,000 concurrent streams on this
-machine, whatever the number of channels; the aggregator sees none of them),
-together that many agents: Hello, inventory, a heartbeat every 5 s per host, background events,
-and halfway an incident in which a quarter of the hosts send 20 events each
-within one second. Measured per size: hosts connected, p50/p99 event-to-stored
-latency (batch written to the stream -> EventAck, which the aggregator sends
-only once the event is durable), the aggregator's CPU (all threads, % of one
-core) and memory, the load process's CPU (the bench's own limit on this
-2-core machine). Target (issue 12): 16,384 hosts with p99 <= 1 s.
+Modes: `sqlite` (one aggregator, its SQLite file), `pg1` and `pg3` (one or
+three aggregator replicas on one private PostgreSQL, labs/pgcluster.py, on
+this machine; a fresh database per size). For each mode and fleet size: fresh
+aggregators (labs/aggproc.AggregatorProc: insecure, loopback TCP, no page,
+metrics on), then load processes (labs/bench/agg_load.py, each up to
+HOSTS_PER_LOAD_PROCESS agents, each agent on its own TCP connection, spread
+over the replicas as a load balancer would, moving to the next replica when a
+stream fails). Every load process connects its hosts; once all have and
+the fleet's probe-mesh plan has settled (linkpass_aggregator_mesh_plan_pending;
+a 16,384-host plan is tens of seconds of a core), the bench starts their
+measured phase at one moment (so the incident is one
+fleet-wide second): a heartbeat every 5 s per host, background events, and
+halfway an incident in which a quarter of the hosts each send 20 events (4
+batches of 5) and a changed PortReport, spread over one second.
 
-Writes labs/bench/results/aggregator-<label>.json and .png.
+Measured per size: hosts connected, p50/p99 event-to-stored latency (batch
+handed to the stream -> EventAck, which the aggregator sends only once the
+event is durable), during the measured phase: each aggregator's CPU (with its
+mesh-planner process), PostgreSQL's CPU (all its processes), the load
+processes' CPU and their event-loop lag (their own cost, which on a 2-core
+machine is taken from the aggregator), and where the time goes inside the
+aggregator (its linkpass_aggregator_stage_seconds histograms, metrics.STAGES:
+inbox, store queue, begin, statements, commit, outbox, loop lag). Bytes per
+stored event: SQLite, the file's size less its size with the events deleted
+and vacuumed; PostgreSQL, pg_total_relation_size of events and absorbed, and
+the WAL written per event. With --trials N each size runs N times and the
+row is the trial with the median p99 (every trial is kept in the JSON).
+
+Sustained means every host got in, every event was acked and p99 <= 1 s.
+Target (issues 12 and 14): 16,384 hosts with p99 <= 1 s.
+
+Writes labs/bench/results/aggregator-<label>.json and .png; needs no root.
+Run under the lab lock (flock /tmp/linkpass-lab.lock): it is a benchmark.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-import signal
-import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-from labs.bench.scale_lab import cpu_seconds
+from labs.aggproc import AggregatorProc
+from labs.bench.scale_lab import parse_metrics
 
 RESULTS = Path(__file__).parent / "results"
 HOSTS = (1024, 4096, 16384)
+MODES = {"sqlite": 0, "pg1": 1, "pg3": 3}  # mode -> PostgreSQL replicas (0: SQLite)
 TARGET_HOSTS = 16384
 TARGET_P99_S = 1.0
-READY_S = 30.0
-HOSTS_PER_LOAD_PROCESS = 800
+HOSTS_PER_LOAD_PROCESS = 2048
+PLAN_SETTLE_S = 300.0  # bound on waiting for the mesh plan after connecting
+GO_DELAY_S = 1.0  # the measured phase starts this long after the last process connected
 
 
 def log(msg: str) -> None:
     print(f"[aggregator-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def aggregator_config(workdir: Path, port: int, backend: str, dsn: str) -> Path:
-    store = (f'database = "{workdir / "fleet.db"}"' if backend == "sqlite"
-             else f'backend = "postgresql"\ndsn = "{dsn}"')
-    path = workdir / "aggregator.toml"
-    path.write_text(f"""# written by labs/bench/aggregator.py
-[aggregator]
-listen = "127.0.0.1:{port}"
-{store}
-heartbeat_s = 5
-
-[tls]
-insecure = true
-
-[web]
-listen = ""
-""")
-    return path
-
-
-def wait_serving(target: str, proc: subprocess.Popen, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    with grpc.insecure_channel(target) as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"aggregator exited with {proc.returncode} before serving")
-            try:
-                reply = stub.Check(health_pb2.HealthCheckRequest(), timeout=1.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            time.sleep(0.1)
-    raise RuntimeError(f"aggregator not serving on {target} after {timeout:g} s")
+def tree_cpu_seconds(pid: int) -> float:
+    """utime + stime of a process and its live descendants (all threads)."""
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+            total += (int(rest[11]) + int(rest[12])) / os.sysconf("SC_CLK_TCK")
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except (OSError, ValueError):
+            continue  # ended meanwhile
+    return total
 
 
 def rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return 0.0
 
 
-def run_size(hosts: int, args, backend: str) -> dict:
-    with tempfile.TemporaryDirectory(prefix="lp-aggbench-") as tmp:
-        workdir = Path(tmp)
-        port = free_port()
-        target = f"127.0.0.1:{port}"
-        config = aggregator_config(workdir, port, backend, args.dsn)
-        with open(workdir / "aggregator.log", "wb") as agg_log:
-            agg = subprocess.Popen([sys.executable, "-m", "linkpassd.aggregator.main",
-                                    "--config", str(config)], stdout=agg_log,
-                                   stderr=subprocess.STDOUT)
-        try:
-            wait_serving(target, agg, READY_S)
-            cpu_before = cpu_seconds(agg.pid)
-            started = time.monotonic()
-            row = run_load(target, hosts, args)
-            wall = time.monotonic() - started
-            cpu = cpu_seconds(agg.pid) - cpu_before
-            rss = rss_mb(agg.pid)
-            row.update({"backend": backend, "aggregator_cpu_pct": round(100 * cpu / wall, 1),
-                        "load_cpu_pct": round(100 * row["load_cpu_s"] / wall, 1),
-                        "aggregator_rss_mb": round(rss, 1), "wall_s": round(wall, 1)})
-            # Streams that failed and were opened again (as real agents do) are
-            # counted in `errors`/`reconnects`; sustained means every host got
-            # in, every event was acked, and p99 stayed within the target.
-            row["sustained"] = (row["connected"] == hosts and row["p99_s"] is not None
-                                and row["p99_s"] <= TARGET_P99_S and row["events_unacked"] == 0)
-            return row
-        finally:
-            if agg.poll() is None:
-                agg.send_signal(signal.SIGTERM)
-                try:
-                    agg.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    agg.kill()
-                    agg.wait()
-            tail = (workdir / "aggregator.log").read_text(errors="replace")[-1500:]
-            if agg.returncode not in (0, -signal.SIGTERM):
-                log(f"aggregator exited {agg.returncode}; its log ends:\n{tail}")
+def metrics_text(url: str) -> str:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as reply:
+            return reply.read().decode()
+    except OSError:
+        return ""
 
 
-def run_load(target: str, hosts: int, args) -> dict:
-    """The load processes for `hosts` agents, run together; their results merged."""
+def mesh_settled(urls: list[str]) -> bool:
+    """Every replica has no plan pending, and some replica made one."""
+    pending, plans = 0.0, 0.0
+    for url in urls:
+        for name, _labels, value in parse_metrics(metrics_text(url)):
+            if name == "linkpass_aggregator_mesh_plan_pending":
+                pending += value
+            elif name == "linkpass_aggregator_mesh_plans_total":
+                plans += value
+    return pending == 0 and plans >= 1
+
+
+def scrape(url: str) -> dict[tuple[str, str], float]:
+    """The stage histograms' cumulative buckets and sums: (stage, le|"sum"|"count") -> value."""
+    out: dict[tuple[str, str], float] = {}
+    for name, labels, value in parse_metrics(metrics_text(url)):
+        if name.startswith("linkpass_aggregator_stage_seconds"):
+            key = labels.get("le") or name.rsplit("_", 1)[1]  # bucket, or sum/count
+            out[(labels.get("stage", ""), key)] = out.get((labels.get("stage", ""), key), 0.0) + value
+        elif name.startswith("linkpass_aggregator_store_group_calls"):
+            key = labels.get("le") or name.rsplit("_", 1)[1]
+            out[("group_calls", key)] = value
+    return out
+
+
+def stage_summary(before: list[dict], after: list[dict]) -> dict[str, dict]:
+    """Per stage over the measured phase (all replicas together): count,
+    mean, and p50/p99 as the upper bound of the bucket holding them."""
+    diff: dict[tuple[str, str], float] = {}
+    for b, a in zip(before, after):
+        for key, value in a.items():
+            diff[key] = diff.get(key, 0.0) + value - b.get(key, 0.0)
+    out = {}
+    for stage in sorted({s for s, _ in diff}):
+        count = diff.get((stage, "count"), 0.0)
+        if not count:
+            continue
+        buckets = sorted((float(k), v) for (s, k), v in diff.items()
+                         if s == stage and k not in ("sum", "count", "created"))
+
+        def quantile(q: float) -> float | None:
+            for le, cumulative in buckets:
+                if cumulative >= q * count:
+                    return le
+            return None
+        out[stage] = {"count": int(count), "mean": diff.get((stage, "sum"), 0.0) / count,
+                      "p50_le": quantile(0.5), "p99_le": quantile(0.99)}
+    return out
+
+
+def pct(values: list[float], q: float) -> float | None:
+    return values[min(len(values) - 1, int(q * len(values)))] if values else None
+
+
+def start_load(targets: list[str], hosts: int, args) -> list[subprocess.Popen]:
     procs = []
     for first in range(0, hosts, HOSTS_PER_LOAD_PROCESS):
         count = min(HOSTS_PER_LOAD_PROCESS, hosts - first)
         procs.append(subprocess.Popen(
-            [sys.executable, "-m", "labs.bench.agg_load", "--target", target,
+            [sys.executable, "-m", "labs.bench.agg_load", "--targets", ",".join(targets),
              "--hosts", str(count), "--first", str(first), "--seconds", str(args.seconds),
-             "--burst", str(args.burst), "--seed", str(args.seed + first)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    rows = []
-    try:
-        for proc in procs:
-            out, err = proc.communicate(timeout=args.seconds + 300)
-            if proc.returncode != 0:
-                raise RuntimeError(f"load process failed ({proc.returncode}): {err.strip()[-2000:]}")
-            rows.append(json.loads(out.strip().splitlines()[-1]))
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+             "--burst", str(args.burst), "--seed", str(args.seed + first), "--sync"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def read_line(proc: subprocess.Popen, what: str) -> dict:
+    line = proc.stdout.readline()  # bounded: each load process ends by itself
+    if not line:
+        proc.wait(timeout=30)
+        raise RuntimeError(f"load process ended ({proc.returncode}) before {what}: "
+                           f"{proc.stderr.read().strip()[-2000:]}")
+    return json.loads(line)
+
+
+def merge(rows: list[dict], hosts: int, args) -> dict:
     latencies = sorted(v / 1e3 for r in rows for v in r["latencies_ms"])
     incident = sorted(v / 1e3 for r in rows for v in r["incident_latencies_ms"])
     errors: dict[str, int] = {}
     for r in rows:
         for code, n in r["errors"].items():
             errors[code] = errors.get(code, 0) + n
-
-    def pct(values, q):
-        return values[min(len(values) - 1, int(q * len(values)))] if values else None
-
     total = {key: sum(r[key] for r in rows) for key in (
         "connected", "heartbeats_sent", "events_sent", "events_acked", "events_unacked",
-        "incident_hosts", "load_cpu_s", "reconnects")}
+        "incident_hosts", "incident_reports", "load_cpu_s", "load_connect_cpu_s",
+        "load_measured_cpu_s", "reconnects")}
+    measured_s = max(r["measured_s"] for r in rows)
     return {"hosts": hosts, "load_processes": len(rows), **total,
             "connect_s": max(r["connect_s"] for r in rows), "seconds": args.seconds,
             "burst": args.burst, "p50_s": pct(latencies, 0.5), "p99_s": pct(latencies, 0.99),
             "max_s": latencies[-1] if latencies else None, "incident_p99_s": pct(incident, 0.99),
             "errors": errors, "error_samples": [e for r in rows for e in r["error_samples"]][:5],
-            "load_loop_lag_max_s": max(r["load_loop_lag_max_s"] for r in rows)}
+            "load_cpu_pct": round(100 * total["load_measured_cpu_s"] / measured_s, 1),
+            "load_loop_lag_p99_s": max(r["load_loop_lag_p99_s"] or 0 for r in rows),
+            "load_loop_lag_max_s": max(r["load_loop_lag_max_s"] for r in rows),
+            "measured_s": round(measured_s, 2)}
+
+
+def sqlite_bytes_per_event(path: Path) -> dict:
+    """The file's size with its events, and after deleting them and VACUUM."""
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        events = conn.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+        full = conn.execute("PRAGMA page_count").fetchone()[0] * page
+        conn.execute("DELETE FROM events")
+        conn.execute("DELETE FROM absorbed")
+        conn.commit()
+        conn.execute("VACUUM")
+        empty = conn.execute("PRAGMA page_count").fetchone()[0] * page
+    return {"events": events, "db_bytes": full,
+            "bytes_per_event": round((full - empty) / events, 1) if events else None}
+
+
+def pg_bytes(pg, database: str) -> tuple[int, int, int]:
+    """(events, bytes of events + absorbed with their indexes and TOAST, WAL position)."""
+    out = pg.psql("SELECT (SELECT COUNT(*) FROM events), pg_total_relation_size('events') "
+                  "+ pg_total_relation_size('absorbed'), "
+                  "pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::BIGINT", database)
+    events, size, wal = out.strip().split("|")
+    return int(events), int(size), int(wal)
+
+
+def run_size(hosts: int, args, mode: str, pg, trial: int) -> dict:
+    replicas = MODES[mode]
+    with tempfile.TemporaryDirectory(prefix="lp-aggbench-") as tmp:
+        workdir = Path(tmp)
+        database = f"bench_{mode}_{hosts}_{trial}"
+        dsn = pg.create_database(database) if replicas else ""
+        aggs = [AggregatorProc(workdir, heartbeat_s=5, name=f"agg{i}", web=False, tcp=True,
+                               metrics=True, postgresql_dsn=dsn)
+                for i in range(max(1, replicas))]
+        procs: list[subprocess.Popen] = []
+        try:
+            for agg in aggs:
+                agg.start()
+            procs = start_load([a.address for a in aggs], hosts, args)
+            connected = [read_line(p, "connecting") for p in procs]
+            # The probe mesh of the whole fleet is planned once every host is
+            # in (at 16,384 hosts: half a minute of a core in the planner's
+            # process); the measured phase is the steady state after it.
+            settle_from = time.monotonic()
+            while not mesh_settled([a.metrics_url for a in aggs]):
+                if time.monotonic() - settle_from > PLAN_SETTLE_S:
+                    log(f"mesh plan not settled after {PLAN_SETTLE_S:g} s: measuring anyway")
+                    break
+                time.sleep(1.0)
+            plan_settle_s = time.monotonic() - settle_from
+            before = [scrape(a.metrics_url) for a in aggs]
+            cpu0 = [tree_cpu_seconds(a.proc.pid) for a in aggs]
+            db0 = tree_cpu_seconds(pg.pid) if replicas else 0.0
+            wal0 = pg_bytes(pg, database)[2] if replicas else 0
+            go_at = time.time() + GO_DELAY_S
+            for p in procs:
+                p.stdin.write(f"go {go_at}\n")
+                p.stdin.flush()
+            time.sleep(GO_DELAY_S + args.seconds)
+            wall = args.seconds
+            cpu = [tree_cpu_seconds(a.proc.pid) - c for a, c in zip(aggs, cpu0)]
+            db_cpu = tree_cpu_seconds(pg.pid) - db0 if replicas else 0.0
+            after = [scrape(a.metrics_url) for a in aggs]
+            rows = []
+            for p in procs:
+                out, err = p.communicate(timeout=args.seconds + 300)
+                if p.returncode != 0:
+                    raise RuntimeError(f"load process failed ({p.returncode}): {err.strip()[-2000:]}")
+                rows.append(json.loads(out.strip().splitlines()[-1]))
+            row = merge(rows, hosts, args)
+            row.update({
+                "mode": mode, "replicas": max(1, replicas), "trial": trial,
+                "connect_s": max(c["connect_s"] for c in connected),
+                "plan_settle_s": round(plan_settle_s, 1),
+                "aggregator_cpu_pct": round(100 * sum(cpu) / wall, 1),
+                "aggregator_cpu_pct_each": [round(100 * c / wall, 1) for c in cpu],
+                "postgres_cpu_pct": round(100 * db_cpu / wall, 1),
+                "aggregator_rss_mb": round(sum(rss_mb(a.proc.pid) for a in aggs), 1),
+                "stages": stage_summary(before, after)})
+            if replicas:
+                events, size, wal = pg_bytes(pg, database)
+                row.update({"stored_events": events, "db_bytes": size,
+                            "bytes_per_event": round(size / events, 1) if events else None,
+                            "wal_bytes_per_event_measured": round((wal - wal0) / max(1, row["events_acked"]), 1)})
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+            for agg in aggs:
+                code = agg.stop()
+                if code not in (0, None, -15):
+                    log(f"{agg.name} exited {code}; its log ends:\n{agg.log_tail(1500)}")
+            if replicas:
+                with contextlib.suppress(Exception):
+                    pg.drop_database(database)
+        if not replicas:
+            stored = sqlite_bytes_per_event(aggs[0].database)
+            row.update({"stored_events": stored["events"], "db_bytes": stored["db_bytes"],
+                        "bytes_per_event": stored["bytes_per_event"]})
+    row["sustained"] = (row["connected"] == hosts and row["p99_s"] is not None
+                        and row["p99_s"] <= TARGET_P99_S and row["events_unacked"] == 0)
+    return row
 
 
 def plot(result: dict, path: Path) -> None:
@@ -186,29 +313,40 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (lat_ax, cpu_ax) = plt.subplots(1, 2, figsize=(12, 5))
-    for backend, rows in sorted(result["sizes"].items()):
+    fig, (lat_ax, cpu_ax) = plt.subplots(1, 2, figsize=(13, 5))
+    for mode, rows in result["sizes"].items():
         rows = sorted(rows, key=lambda r: r["hosts"])
         xs = [r["hosts"] for r in rows]
-        lat_ax.plot(xs, [(r["p99_s"] or 0) * 1e3 for r in rows], marker="o", label=f"{backend} p99")
+        line = lat_ax.plot(xs, [(r["p99_s"] or 0) * 1e3 for r in rows], marker="o", label=f"{mode} p99")
         lat_ax.plot(xs, [(r["p50_s"] or 0) * 1e3 for r in rows], marker=".", ls="--",
-                    label=f"{backend} p50")
+                    color=line[0].get_color(), label=f"{mode} p50")
         cpu_ax.plot(xs, [r["aggregator_cpu_pct"] for r in rows], marker="o",
-                    label=f"aggregator ({backend})")
+                    color=line[0].get_color(), label=f"aggregator(s), {mode}")
+        if MODES[mode]:
+            cpu_ax.plot(xs, [r["postgres_cpu_pct"] for r in rows], marker="s", ls="-.",
+                        color=line[0].get_color(), label=f"PostgreSQL, {mode}")
         cpu_ax.plot(xs, [r["load_cpu_pct"] for r in rows], marker="x", ls=":",
-                    label=f"load processes, together ({backend})")
+                    color=line[0].get_color(), label=f"load processes, {mode}")
     lat_ax.axhline(TARGET_P99_S * 1e3, color="grey", ls=":", lw=0.8)
+    lat_ax.set_yscale("log")
     lat_ax.set_ylabel("event -> stored (acked), ms")
-    cpu_ax.set_ylabel("CPU, % of one core")
+    cpu_ax.set_ylabel(f"CPU during the measured phase, % of one core ({result['cpus']} cores)")
     for ax in (lat_ax, cpu_ax):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("simulated hosts")
         ax.grid(True, alpha=0.3)
-        ax.legend()
-    fig.suptitle(f"aggregator load ({result['label']}): heartbeat 5 s, incident burst "
-                 f"{result['burst']} events x 25 % of hosts")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"aggregator load ({result['label']}): heartbeat 5 s, incident: {result['burst']} events "
+                 f"and a report from 25 % of hosts within 1 s")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+
+
+def median_trial(trials: list[dict]) -> dict:
+    ranked = sorted(trials, key=lambda r: (r["p99_s"] is None, r["p99_s"] or 0))
+    return dict(ranked[(len(ranked) - 1) // 2], trials=[
+        {k: r[k] for k in ("trial", "connected", "p50_s", "p99_s", "aggregator_cpu_pct", "sustained")}
+        for r in trials])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -216,9 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", default=",".join(map(str, HOSTS)))
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--burst", type=int, default=20)
-    parser.add_argument("--backends", default="sqlite",
-                        help="comma-separated: sqlite, postgresql (needs --dsn)")
-    parser.add_argument("--dsn", default="", help="PostgreSQL DSN for the postgresql backend")
+    parser.add_argument("--modes", default="sqlite,pg1,pg3", help=f"comma-separated: {', '.join(MODES)}")
+    parser.add_argument("--trials", type=int, default=1)
     parser.add_argument("--label", default="run")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
@@ -228,29 +365,42 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--hosts: comma-separated integers expected, got {args.hosts!r}")
     if bad := [n for n in sizes if not 1 <= n <= 65536]:
         parser.error(f"--hosts: 1..65536 expected, got {bad}")
-    backends = [b for b in args.backends.split(",") if b]
-    if bad := [b for b in backends if b not in ("sqlite", "postgresql")]:
-        parser.error(f"--backends: unknown {bad}")
-    if "postgresql" in backends and not args.dsn:
-        parser.error("--backends postgresql needs --dsn")
+    modes = [m for m in args.modes.split(",") if m]
+    if bad := [m for m in modes if m not in MODES]:
+        parser.error(f"--modes: unknown {bad}; known: {', '.join(MODES)}")
+    if not 1 <= args.trials <= 9:
+        parser.error(f"--trials: 1..9, got {args.trials}")
+    if not 5 <= args.seconds <= 600:
+        parser.error(f"--seconds: 5..600, got {args.seconds}")
     if not args.label.replace("-", "").replace("_", "").isalnum():
         parser.error(f"--label: letters, digits, - and _ only, got {args.label!r}")
 
     result = {"bench": "aggregator", "label": args.label, "seconds": args.seconds,
-              "burst": args.burst, "cpus": os.cpu_count(), "sizes": {}}
-    for backend in backends:
-        for hosts in sizes:
-            log(f"{backend}: {hosts} hosts for {args.seconds:g} s")
-            row = run_size(hosts, args, backend)
-            result["sizes"].setdefault(backend, []).append(row)
-            log(f"{backend} {hosts:>6} hosts: connected {row['connected']}, p50 "
-                f"{(row['p50_s'] or 0) * 1e3:.0f} ms, p99 {(row['p99_s'] or 0) * 1e3:.0f} ms, "
-                f"aggregator {row['aggregator_cpu_pct']} % CPU, load {row['load_cpu_pct']} %, "
-                f"errors {row['errors']}, sustained {row['sustained']}")
-    for backend, rows in result["sizes"].items():
+              "burst": args.burst, "cpus": os.cpu_count(), "load_average_start": os.getloadavg(),
+              "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "sizes": {}}
+    with contextlib.ExitStack() as stack:
+        pg = None
+        if any(MODES[m] for m in modes):
+            from labs.pgcluster import private_postgres
+            pg = stack.enter_context(private_postgres())
+        for mode in modes:
+            for hosts in sizes:
+                trials = []
+                for trial in range(args.trials):
+                    log(f"{mode}: {hosts} hosts for {args.seconds:g} s (trial {trial + 1}/{args.trials})")
+                    row = run_size(hosts, args, mode, pg, trial)
+                    trials.append(row)
+                    log(f"{mode} {hosts:>6} hosts: connected {row['connected']} in {row['connect_s']} s, "
+                        f"p50 {(row['p50_s'] or 0) * 1e3:.0f} ms, p99 {(row['p99_s'] or 0) * 1e3:.0f} ms, "
+                        f"aggregator {row['aggregator_cpu_pct']} % CPU, postgres {row['postgres_cpu_pct']} %, "
+                        f"load {row['load_cpu_pct']} %, errors {row['errors']}, sustained {row['sustained']}")
+                result["sizes"].setdefault(mode, []).append(median_trial(trials))
+    result["load_average_end"] = os.getloadavg()
+    for mode, rows in result["sizes"].items():
         ok = [r["hosts"] for r in rows if r["sustained"]]
-        result.setdefault("summary", {})[backend] = {
+        result.setdefault("summary", {})[mode] = {
             "largest_sustained": max(ok, default=0),
+            "bytes_per_event": [r.get("bytes_per_event") for r in rows],
             "target_hosts": TARGET_HOSTS, "target_p99_s": TARGET_P99_S,
             "target_met": TARGET_HOSTS in ok}
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -13,6 +13,20 @@ from prometheus_client.exposition import start_http_server
 from linkpassd.aggregator.settings import split_listen
 
 WRITE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+STAGE_BUCKETS_S = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                   1.0, 2.5, 5.0, 10.0)
+GROUP_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+# Where an event's time to its ack goes (labs/bench/aggregator reads these):
+# inbox: read from the stream -> its stream's worker takes it (the worker
+#   was busy with the stream's earlier messages, or the loop with others);
+# store_queue: a write call -> its group's statements start;
+# store_begin, store_statements, store_commit: per group, the write lock
+#   taken on the worker, the group's statements on the loop, COMMIT (fsync,
+#   checkpoints) on the worker, each including the hop back to the loop;
+# outbox: a response (an ack) queued -> written to its stream;
+# loop_lag: how late the event loop ran a 50 ms timer (a busy loop delays all).
+STAGES = ("inbox", "store_queue", "store_begin", "store_statements", "store_commit", "outbox",
+          "loop_lag")
 
 
 class AggregatorMetrics:
@@ -37,8 +51,22 @@ class AggregatorMetrics:
         self.watchers_dropped = Counter("linkpass_aggregator_watchers_dropped_total",
                                         "WatchFleetEvents callers dropped for reading too slowly",
                                         registry=r)
+        self.stage_seconds = Histogram("linkpass_aggregator_stage_seconds",
+                                       "Time spent in each stage of the ingestion path (see metrics.STAGES)",
+                                       ["stage"], buckets=STAGE_BUCKETS_S, registry=r)
+        self._stages = {name: self.stage_seconds.labels(name) for name in STAGES}
+        self.group_calls = Histogram("linkpass_aggregator_store_group_calls",
+                                     "Write calls committed together by one group commit",
+                                     buckets=GROUP_BUCKETS, registry=r)
+        self.plan_pending = Gauge("linkpass_aggregator_mesh_plan_pending",
+                                  "1 while a change waits for its probe-mesh plan (or it is being made)",
+                                  registry=r)
         self.plans = Counter("linkpass_aggregator_mesh_plans_total",
                              "Probe-mesh plans computed", registry=r)
+
+    def stage(self, name: str, seconds: float) -> None:
+        """One observation of `name` (one of STAGES)."""
+        self._stages[name].observe(seconds)
 
     def serve(self, listen: str):
         """Start the HTTP endpoint (prometheus_client's own thread); returns

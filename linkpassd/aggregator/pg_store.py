@@ -226,8 +226,12 @@ class PgStore:
         try:
             flusher = self._flusher
             if flusher is not None:
+                # asyncio.timeout, not wait_for, here and below: on 3.11
+                # wait_for can drop a cancel of close() that lands as the
+                # awaited thing completes, and close() would carry on.
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(asyncio.shield(flusher), STATEMENT_TIMEOUT_S)
+                    async with asyncio.timeout(STATEMENT_TIMEOUT_S):
+                        await asyncio.shield(flusher)
             if self._relisten is not None:
                 self._relisten.cancel()
                 with contextlib.suppress(BaseException):
@@ -236,16 +240,18 @@ class PgStore:
             for conn in (self._listen_conn, self._lead_conn):
                 if conn is not None and not conn.is_closed():
                     try:
-                        await asyncio.wait_for(conn.close(), CLOSE_TIMEOUT_S)
-                    except (*DB_ERRORS, asyncio.TimeoutError):
+                        async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                            await conn.close()
+                    except (*DB_ERRORS, TimeoutError):
                         conn.terminate()
             self._listen_conn = self._lead_conn = None
             self._leading.clear()
             self._lost.clear()
             self._listeners.clear()
             try:
-                await asyncio.wait_for(pool.close(), CLOSE_TIMEOUT_S)
-            except (*DB_ERRORS, asyncio.TimeoutError):
+                async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                    await pool.close()
+            except (*DB_ERRORS, TimeoutError):
                 pool.terminate()
         finally:
             self._pool = None
@@ -272,11 +278,21 @@ class PgStore:
         await self._set_host_column("report", host_id, bytes(report), now)
 
     async def touch(self, host_id: str, now: float) -> None:
-        await self._execute(f"heartbeat of host {host_id}",
-                            "INSERT INTO hosts (host_id, first_seen, last_seen) VALUES ($1, $2, $2) "
+        await self.touch_many({host_id: now})
+
+    async def touch_many(self, seen: dict[str, float]) -> None:
+        """One statement for all (a transaction and a commit each was one
+        round trip and one WAL flush per heartbeat); in host order, so two
+        replicas' statements lock rows in the same order."""
+        if not seen:
+            return
+        items = sorted(seen.items())
+        await self._execute(f"heartbeats of {len(items)} hosts",
+                            "INSERT INTO hosts (host_id, first_seen, last_seen) "
+                            "SELECT h, t, t FROM unnest($1::TEXT[], $2::FLOAT8[]) AS s(h, t) "
                             "ON CONFLICT (host_id) DO UPDATE SET "
                             "last_seen = GREATEST(hosts.last_seen, excluded.last_seen)",
-                            host_id, float(now))
+                            [h for h, _ in items], [float(t) for _, t in items])
 
     async def _set_host_column(self, column: str, host_id: str, value: bytes, now: float) -> None:
         assert column in ("inventory", "report")  # never from outside: part of the SQL text

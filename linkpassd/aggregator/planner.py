@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import hashlib
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -90,6 +91,7 @@ class MeshPlanner:
         # addresses again at every plan took over a second of the loop.
         self._members: dict[str, tuple[pb.Inventory, list[mesh.Member]]] = {}
         self.plans = 0  # completed plans (tests wait on it)
+        self._shared_signature = b""  # shared store: what this replica's last plan was made of
 
     def joined(self, host_id: str) -> None:
         self._told.pop(host_id, None)  # a new stream: tell it, changed or not
@@ -104,6 +106,7 @@ class MeshPlanner:
 
     def changed(self) -> None:
         self._dirty.set()
+        self._metrics.plan_pending.set(1)
 
     def next_generation(self) -> int:
         self._generation = max(self._generation + 1, int(time.time() * 1000))
@@ -126,6 +129,8 @@ class MeshPlanner:
                 await self.replan()
             except Exception as exc:  # a planner bug must not stop ingestion; the next change retries
                 log.exception("mesh_plan_failed", error=str(exc))
+            if not self._dirty.is_set():
+                self._metrics.plan_pending.set(0)
 
     async def replan(self) -> None:
         if self._fleet.replicas is not None:
@@ -201,19 +206,31 @@ class MeshPlanner:
         fleet = self._fleet
         store = fleet.store
         if not await store.try_lead(LEAD_ROLE):
+            self._shared_signature = b""  # another replica plans: ours is no longer the standing plan
             await self.tell_from_store()  # joins here hear the standing plan at once
             return
         now = fleet.clock()
         members = []
+        # What the plan is made of: the connected hosts and their inventories.
+        # Unchanged since this replica's last plan (the STALE_REPLAN_S round
+        # with nobody gone stale): no plan. At 16,384 hosts a plan is half a
+        # minute of a core (see PROCESS_ABOVE_HOSTS), and redoing it every
+        # STALE_REPLAN_S kept a core busy for nothing.
+        signature = hashlib.blake2b(digest_size=16)
         for row in await store.hosts():
             if not row.inventory or not fleet.connected(row, now):
                 continue
+            signature.update(row.host_id.encode() + b"\0" + row.inventory + b"\1")
             try:
                 inventory = pb.Inventory.FromString(row.inventory)
             except Exception:  # an undecodable stored inventory: the host's next one replaces it
                 continue
             members.extend(mesh.members_from_inventory(row.host_id, inventory))
+        if signature.digest() == self._shared_signature:
+            await self.tell_from_store()
+            return
         new, probed_by = await self._plan(members, len({m.host_id for m in members}))
+        self._shared_signature = signature.digest()
         entries = {host: mesh.probe_peers(entry, 0, probed_by.get(host, {})).SerializeToString()
                    for host, entry in new.items()}
         generation = self.next_generation()

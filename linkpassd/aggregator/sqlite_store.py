@@ -14,12 +14,13 @@ Why these choices:
   around every statement step and takes it back after, so a worker running a
   group's hundreds of statements asks for the GIL hundreds of times, and each
   time the event loop thread is busy (a burst of incoming batches) it waits
-  for the loop to give it up, up to sys.getswitchinterval() (5 ms). Measured
-  at 4,096 simulated hosts, incident burst: the worker spent 3-10x its CPU
-  time waiting, a group commit took up to half a second, and acks came 1.5-2 s
-  after their events (labs/bench/aggregator.py's docstring has the numbers);
-  with the statements on the loop, 50-200 ms. The connection has one user at
-  a time: the loop uses it only while no worker step holds it.
+  for the loop to give it up, up to sys.getswitchinterval() (5 ms), so a
+  group's statements took many times their CPU time. The stage timings
+  (`observe`: store_queue, store_begin, store_statements, store_commit;
+  the aggregator exports them as linkpass_aggregator_stage_seconds, and
+  labs/bench/aggregator reports them per run) show where a write's time
+  goes. The connection has one user at a time: the loop uses it only while
+  no worker step holds it.
 - **WAL + synchronous=FULL.** The server acks an event once `add_events`
   returned, and the agent then deletes it from its spool: an ack is a promise
   that survives *anything*, a power cut included. In WAL mode
@@ -143,12 +144,18 @@ class SqliteStore:
         # write calls for the next group commit; reads and worker jobs
         # waiting for the connection (in order); whether a step on the
         # worker holds the connection; close() waiting for all that to end.
-        self._group: list[tuple[Callable[..., Any], tuple, asyncio.Future]] = []
+        self._group: list[tuple[Callable[..., Any], tuple, asyncio.Future, float]] = []
         self._waiting: deque[tuple[bool, Callable[..., Any], tuple, asyncio.Future]] = deque()
         self._busy = False
         self._pump_scheduled = False
         self._idle_waiters: list[asyncio.Future] = []
         self.group_commits = 0  # transactions committed by group commit (tests, metrics)
+        # Stage timings (metrics.STAGES: store_queue, store_begin,
+        # store_statements, store_commit) and group sizes; the server sets
+        # these to its metrics. Called on the loop.
+        self.observe: Callable[[str, float], None] = _ignore
+        self.observe_group: Callable[[int], None] = _ignore_size
+        self._step_started = 0.0
 
     # -- plumbing ---------------------------------------------------------
     #
@@ -199,7 +206,7 @@ class SqliteStore:
         commit is durable (see the module docstring)."""
         self._check_open()
         future: asyncio.Future = asyncio.get_running_loop().create_future()
-        self._group.append((fn, args, future))
+        self._group.append((fn, args, future, time.perf_counter()))
         self._kick()
         return await future
 
@@ -229,6 +236,7 @@ class SqliteStore:
                         _settle(future, False, e)
             elif self._group:
                 self._busy = True
+                self._step_started = time.perf_counter()
                 self._on_worker(self._begin_sync, self._begun)
             else:
                 for waiter in self._idle_waiters:
@@ -264,22 +272,29 @@ class SqliteStore:
         GROUP_MAX), each in its own savepoint (`_write`), then the COMMIT on
         the worker."""
         group, self._group = self._group[:GROUP_MAX], self._group[GROUP_MAX:]
+        started = time.perf_counter()
+        self.observe("store_begin", started - self._step_started)
         error = _step_error(step)
         if error is not None:
             self._busy = False
-            for _fn, _args, future in group:
+            for _fn, _args, future, _queued in group:
                 _settle(future, False, error)
             self._kick()
             return
         conn = self._conn
         outcomes: list[tuple[bool, Any]] = []
-        for fn, args, _future in group:
+        observe = self.observe
+        for fn, args, _future, queued in group:
+            observe("store_queue", started - queued)
             try:
                 outcomes.append((True, fn(conn, *args)))
             except (sqlite3.Error, OverflowError) as e:
                 outcomes.append((False, StoreError(f"database {self.path}: {e}")))
             except Exception as e:  # noqa: BLE001 - handed to that caller, not lost
                 outcomes.append((False, e))
+        self._step_started = time.perf_counter()
+        observe("store_statements", self._step_started - started)
+        self.observe_group(len(group))
         self._on_worker(self._commit_sync, functools.partial(self._committed, group, outcomes))
 
     def _commit_sync(self) -> None:
@@ -297,14 +312,15 @@ class SqliteStore:
                     pass
             raise StoreError(f"database {self.path}: {e}") from None
 
-    def _committed(self, group: list[tuple[Callable[..., Any], tuple, asyncio.Future]],
+    def _committed(self, group: list[tuple[Callable[..., Any], tuple, asyncio.Future, float]],
                    outcomes: list[tuple[bool, Any]], step: asyncio.Future) -> None:
         """On the loop: answer every caller of the group, only now."""
         self._busy = False
+        self.observe("store_commit", time.perf_counter() - self._step_started)
         error = _step_error(step)
         if error is None:
             self.group_commits += 1
-        for (_fn, _args, future), (ok, value) in zip(group, outcomes):
+        for (_fn, _args, future, _queued), (ok, value) in zip(group, outcomes):
             _settle(future, ok and error is None, value if error is None else error)
         self._kick()
 
@@ -435,19 +451,27 @@ class SqliteStore:
         await self._grouped(self._set_host_column, "report", host_id, report, now)
 
     async def touch(self, host_id: str, now: float) -> None:
-        await self._grouped(self._set_host_column, "", host_id, b"", now)
+        await self.touch_many({host_id: now})
+
+    async def touch_many(self, seen: dict[str, float]) -> None:
+        if seen:
+            await self._grouped(self._touch_many, sorted(seen.items()))
+
+    def _touch_many(self, conn: sqlite3.Connection, seen: list[tuple[str, float]]) -> None:
+        def tx() -> None:
+            conn.executemany("INSERT INTO hosts (host_id, first_seen, last_seen) VALUES (?, ?, ?) "
+                             "ON CONFLICT (host_id) DO UPDATE SET "
+                             "last_seen = MAX(last_seen, excluded.last_seen)",
+                             [(host, now, now) for host, now in seen])
+        self._write(conn, tx)
 
     def _set_host_column(self, conn: sqlite3.Connection, column: str, host_id: str, value: bytes,
                          now: float) -> None:
-        assert column in ("", "inventory", "report")  # never from outside: part of the SQL text
+        assert column in ("inventory", "report")  # never from outside: part of the SQL text
         def tx() -> None:
             self._ensure_host(conn, host_id, now)
-            if column:
-                conn.execute(f"UPDATE hosts SET {column} = ?, last_seen = MAX(last_seen, ?) "
-                             "WHERE host_id = ?", (bytes(value), now, host_id))
-            else:
-                conn.execute("UPDATE hosts SET last_seen = MAX(last_seen, ?) WHERE host_id = ?",
-                             (now, host_id))
+            conn.execute(f"UPDATE hosts SET {column} = ?, last_seen = MAX(last_seen, ?) "
+                         "WHERE host_id = ?", (bytes(value), now, host_id))
         self._write(conn, tx)
 
     @staticmethod
@@ -600,6 +624,14 @@ class SqliteStore:
                              [(seq, h, b) for (h, b), seq in floors.items()])
             return len(rows)
         return self._write(conn, tx)
+
+
+def _ignore(_stage: str, _seconds: float) -> None:
+    pass
+
+
+def _ignore_size(_calls: int) -> None:
+    pass
 
 
 def _step_error(step: asyncio.Future) -> BaseException | None:

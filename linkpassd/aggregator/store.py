@@ -115,6 +115,10 @@ class Store(Protocol):
     async def touch(self, host_id: str, now: float) -> None:
         """A heartbeat: the host is alive at `now`."""
 
+    async def touch_many(self, seen: dict[str, float]) -> None:
+        """Heartbeats of many hosts (host_id -> when) in one write: the
+        server collects a fleet's heartbeats and stores them together."""
+
     async def add_events(self, host_id: str, boot_id: str, events: Sequence[EventRow],
                          gap: tuple[int, int] | None, now: float) -> AddResult:
         """Store the events not held yet, durably, before returning. `events`

@@ -244,6 +244,7 @@ HealthSource = Callable[[], Awaitable[tuple[bool, str]]]
 MAX_HEAD_BYTES = 8192
 READ_TIMEOUT_S = 10.0
 WRITE_TIMEOUT_S = 10.0
+LINGER_S = 1.0  # a refused connection's unread request, drained before closing
 MAX_CONNECTIONS = 64
 REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
            408: "Request Timeout", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
@@ -276,8 +277,12 @@ class WebServer:
         self.server.close()
         for task in list(self._handlers):
             task.cancel()
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can drop a cancel
+        # that lands as the awaited thing completes (here: a close() that is
+        # itself cancelled at shutdown would carry on).
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.server.wait_closed(), 5)
+            async with asyncio.timeout(5):
+                await self.server.wait_closed()
 
 
 async def serve(listen: str, page_source: PageSource, health_source: HealthSource | None = None) -> WebServer:
@@ -293,6 +298,7 @@ async def serve(listen: str, page_source: PageSource, health_source: HealthSourc
         try:
             if slots.locked():
                 await _respond(writer, 503, "text/plain", b"too many connections\n", head_only=False)
+                await _linger(reader, writer)
                 return
             async with slots:
                 await _handle(reader, writer, page_source, health_source)
@@ -304,18 +310,32 @@ async def serve(listen: str, page_source: PageSource, health_source: HealthSourc
             handlers.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(writer.wait_closed(), 2)
+                async with asyncio.timeout(2):  # not wait_for: see WebServer.close
+                    await writer.wait_closed()
 
     server = await asyncio.start_server(on_connection, host, port, limit=MAX_HEAD_BYTES * 2)
     bound = server.sockets[0].getsockname()
     return WebServer(server=server, address=(bound[0], bound[1]), _handlers=handlers)
 
 
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """After answering a request that was never read (503): half-close, then
+    read until the client closes (at most LINGER_S). Closing with its request
+    still unread makes the kernel reset the connection, and the client can
+    lose the 503 before reading it."""
+    with contextlib.suppress(Exception):
+        writer.write_eof()
+        async with asyncio.timeout(LINGER_S):
+            while await reader.read(4096):
+                pass
+
+
 async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                   page_source: PageSource, health_source: HealthSource | None) -> None:
     try:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(READ_TIMEOUT_S):  # not wait_for: close() cancels handlers
+            head = await reader.readuntil(b"\r\n\r\n")
+    except TimeoutError:
         await _respond(writer, 408, "text/plain", b"request head not received in time\n", head_only=False)
         return
     except asyncio.LimitOverrunError:
@@ -361,4 +381,5 @@ async def _respond(writer: asyncio.StreamWriter, status: int, content_type: str,
                "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'", **(extra or {})}
     head = f"HTTP/1.1 {status} {REASONS[status]}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     writer.write(head.encode("latin-1") + b"\r\n" + (b"" if head_only else body))
-    await asyncio.wait_for(writer.drain(), WRITE_TIMEOUT_S)
+    async with asyncio.timeout(WRITE_TIMEOUT_S):  # not wait_for: close() cancels handlers
+        await writer.drain()

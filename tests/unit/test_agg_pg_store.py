@@ -40,6 +40,7 @@ from test_agg_store import (  # noqa: F401 - collected here, against PgStore
     test_day_totals_are_per_utc_day_in_a_half_open_range,
     test_declared_gaps_and_holes_count_as_lost_once,
     test_events_are_found_by_host_port_kind_time_and_cursor_with_a_limit,
+    test_heartbeats_of_many_hosts_are_stored_in_one_call_and_never_move_back,
     test_hosts_rows_report_boot_version_times_state_and_lost,
     test_out_of_order_batches_are_refused_naming_the_seqs_and_nothing_is_stored,
     test_resends_and_overlapping_batches_store_each_event_once,

@@ -131,6 +131,55 @@ def test_events_are_acked_after_storing_and_a_resend_is_stored_once(pki: Path, t
     run(scenario())
 
 
+def test_batches_waiting_together_are_stored_in_one_call_and_acked_once(pki: Path, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with serving(tls_settings(pki, tmp_path / "fleet.db")) as server:
+            store = server.fleet.store
+            calls: list[list[int]] = []
+            release = asyncio.Event()
+            add_events = store.add_events
+
+            async def held_add_events(host, boot, rows, gap, now):
+                calls.append([r.seq for r in rows])
+                if len(calls) == 1:
+                    await release.wait()  # the next batches pile up in the stream's inbox meanwhile
+                return await add_events(host, boot, rows, gap, now)
+            store.add_events = held_add_events
+            inboxes: list[asyncio.Queue] = []
+            read = server.agent._read
+
+            async def spy_read(session, requests, inbox):
+                inboxes.append(inbox)
+                await read(session, requests, inbox)
+            server.agent._read = spy_read
+            async with channel(server.port, pki, "h1") as ch:
+                agent = Agent(ch)
+                await agent.connect("h1")
+                await agent.send(batch("boot-a", range(1, 6)))
+                await eventually(lambda: len(calls) == 1, "the first batch at the store")
+                for first in (6, 11, 16):
+                    await agent.send(batch("boot-a", range(first, first + 5)))
+                await eventually(lambda: inboxes[0].qsize() == 3, "three batches waiting")
+                release.set()
+                acks = [(await agent.read_kind("ack")).ack.seq for _ in range(2)]
+                assert acks == [5, 20]
+                assert calls == [[1, 2, 3, 4, 5], list(range(6, 21))]
+                # a bad batch waiting behind good ones: those are still stored
+                release.clear()
+                calls.clear()
+                await agent.send(batch("boot-a", [21]))
+                await eventually(lambda: len(calls) == 1, "batch 21 at the store")
+                await agent.send(batch("boot-a", [22, 23]))
+                await agent.send(batch("boot-a", [23]))  # out of order
+                await eventually(lambda: inboxes[0].qsize() == 2, "two batches waiting")
+                release.set()
+                assert "out of order: event seq 23" in (await agent.refusal()).details()
+            stored = await store.events(EventQuery(host_id="h1"))
+            assert [e.seq for e in stored] == list(range(1, 24))
+
+    run(scenario())
+
+
 def test_a_second_stream_for_the_same_host_replaces_the_first(pki: Path, tmp_path: Path) -> None:
     async def scenario() -> None:
         async with serving(tls_settings(pki, tmp_path / "fleet.db")) as server:

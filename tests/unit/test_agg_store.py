@@ -355,6 +355,18 @@ def test_hosts_rows_report_boot_version_times_state_and_lost(open_store):
     run(scenario())
 
 
+def test_heartbeats_of_many_hosts_are_stored_in_one_call_and_never_move_back(open_store):
+    async def scenario():
+        async with open_store() as store:
+            await store.hello("h1", "a1", "0.1.0", 100.0)
+            await store.touch_many({"h1": 110.0, "h2": 111.0, "h3": 90.0})  # h2, h3 unknown until now
+            await store.touch_many({"h1": 105.0, "h3": 120.0})  # late for h1: it stays at 110
+            await store.touch_many({})
+            seen = {h.host_id: (h.first_seen, h.last_seen, h.boot_id) for h in await store.hosts()}
+            assert seen == {"h1": (100.0, 110.0, "a1"), "h2": (111.0, 111.0, ""), "h3": (90.0, 120.0, "")}
+    run(scenario())
+
+
 def test_retention_prunes_old_events_in_chunks_and_keeps_the_savings(open_store, store_module, monkeypatch):
     monkeypatch.setattr(store_module, "PRUNE_CHUNK", 7)
 
