@@ -37,10 +37,11 @@ class AggregatorProc:
 
     def __init__(self, workdir: Path, *, heartbeat_s: float = 1.0, peers_per_rail: int = 3,
                  name: str = "aggregator", web: bool = True, postgresql_dsn: str = "",
-                 database: Path | None = None):
+                 database: Path | None = None, validation_budget_pps: float | None = None):
         """`name` prefixes its files in `workdir` (several replicas may share
         one); `postgresql_dsn` selects the PostgreSQL store (else SQLite at
-        `database`, default workdir/fleet.db); `web=False` serves no page."""
+        `database`, default workdir/fleet.db); `web=False` serves no page;
+        `validation_budget_pps`: [validation] host_budget_pps (None: the default)."""
         self.workdir = Path(workdir)
         self.name = name
         self.socket_path = self.workdir / f"{name}.sock"
@@ -53,6 +54,7 @@ class AggregatorProc:
         self.postgresql_dsn = postgresql_dsn
         self.heartbeat_s = heartbeat_s
         self.peers_per_rail = peers_per_rail
+        self.validation_budget_pps = validation_budget_pps
         self.proc: subprocess.Popen | None = None
         self.paused = False
 
@@ -75,7 +77,8 @@ peers_per_rail = {self.peers_per_rail}
 
 [web]
 listen = "{web}"
-""")
+""" + ("" if self.validation_budget_pps is None else
+       f"\n[validation]\nhost_budget_pps = {float(self.validation_budget_pps)!r}\n"))
 
     def start(self) -> "AggregatorProc":
         if self.proc is not None and self.proc.poll() is None:

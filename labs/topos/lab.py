@@ -178,7 +178,7 @@ class Lab:
                  linkpassd_timers: dict[str, float | int] | None = None,
                  linkpassd_log_level: str = "info",
                  bfd: dict | None = None, probes: dict | None = None,
-                 aggregator: bool = False, mesh: bool = False, lldp: bool | dict = False):
+                 aggregator: bool | dict = False, mesh: bool = False, lldp: bool | dict = False):
         if mechanism not in MECHANISMS:
             raise LabError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
         if carrier_events not in CARRIER_EVENTS:
@@ -198,11 +198,15 @@ class Lab:
         self.lldp_options = lldp_options(lldp)
         self.lldp: LabLldp | None = None
         # `aggregator`: a linkpass-aggregator in the root namespace (labs.aggproc),
-        # reached by the daemons over a Unix socket in the work directory; with
-        # `mesh` the configs name no probe peers: the aggregator's mesh does.
+        # reached by the daemons over a Unix socket in the work directory (a
+        # dict: AggregatorProc options, e.g. {"validation_budget_pps": 2000});
+        # with `mesh` the configs name no probe peers: the aggregator's mesh does.
         if mesh and not aggregator:
             raise LabError("mesh=True needs aggregator=True")
-        self.want_aggregator = aggregator
+        if not isinstance(aggregator, (bool, dict)):
+            raise LabError(f"aggregator must be a bool or a dict of options, got {aggregator!r}")
+        self.want_aggregator = bool(aggregator)
+        self.aggregator_options = dict(aggregator) if isinstance(aggregator, dict) else {}
         self.aggregator: AggregatorProc | None = None
         self.mesh = mesh
         self._own_workdir = workdir is None
@@ -271,7 +275,7 @@ class Lab:
             if setup.ip_batch:
                 self.run(name, ["ip", "-batch", "-"], input="\n".join(setup.ip_batch) + "\n")
         if self.want_aggregator:
-            self.aggregator = AggregatorProc(self.workdir / "aggregator")
+            self.aggregator = AggregatorProc(self.workdir / "aggregator", **self.aggregator_options)
         for host in self.plan.hosts:
             self._write_host_files(host)
         if self.aggregator is not None:

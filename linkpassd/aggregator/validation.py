@@ -160,10 +160,11 @@ def unvalidated_finding(result: pb.HostValidationResult) -> pb.Finding:
 class Validations:
     """The validation runs of one aggregator: at most one at a time, and the last report."""
 
-    def __init__(self, fleet: Fleet, *, margin_s: float = ANSWER_MARGIN_S) -> None:
+    def __init__(self, fleet: Fleet, *, margin_s: float = ANSWER_MARGIN_S,
+                 budget_pps: float = rates.HOST_BUDGET_PPS) -> None:
         self.fleet = fleet
         self.margin_s = margin_s
-        self.budget_pps = rates.HOST_BUDGET_PPS
+        self.budget_pps = budget_pps  # [validation] host_budget_pps
         self.last: pb.ValidationReport | None = None
         self.running: tuple[str, str] | None = None  # (run_id, by)
 
