@@ -195,10 +195,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     a = vm.Assumptions()
     lab_rows = []
+    failed = []  # sizes this machine could not hold at the time (named in the output)
     if not args.no_lab:
+        from labs.topos.plan import LabError
+
         for hosts, rails in parse_sizes(args.sizes):
             log(f"lab {hosts} hosts x {rails} rails, {leaves_per_rail(hosts)} leaves per rail")
-            lab_rows.append(measure_lab(hosts, rails, args.trials, args.duration, a))
+            try:
+                lab_rows.append(measure_lab(hosts, rails, args.trials, args.duration, a))
+            except LabError as exc:
+                log(f"  {hosts}x{rails}: {exc}")
+                failed.append({"size": f"{hosts}x{rails}", "error": str(exc)[:2000],
+                               "load1": os.getloadavg()[0]})
     scale = []
     for rails in SCALE_RAILS:
         for hosts in SCALE_HOSTS:
@@ -223,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     document = {"assumptions": asdict(a), "notes": vm.__doc__.split("What is computed")[1].strip(),
                 "machine": {"cpus": os.cpu_count(), "load1_end": os.getloadavg()[0]},
-                "lab": lab_rows, "check": checks, "scale": scale, "summary": summary}
+                "lab": lab_rows, "lab_failed": failed, "check": checks, "scale": scale, "summary": summary}
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"validate-{args.label}.json"
     out.write_text(json.dumps(document, indent=2))
@@ -254,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{summary['resolves']}); total {summary['total_with_lldpd_s']} s with lldpd on the hosts, "
           f"{summary['total_lldp_on_wire_s']} s reading LLDP on the wire (CLI start-up {cli_s:.2f} s, {cli_from}); "
           f"target {vm.TARGET_S:.0f} s: {'met' if summary['met'] else 'NOT met'}")
+    for item in failed:
+        print(f"lab {item['size']} not measured (load average {item['load1']:.1f}): "
+              f"{item['error'].splitlines()[0]}")
     if checks:
         print("model vs lab, aggregator run time: " + ", ".join(
             f"{c['size']} {c['run_error']:+.0%}" for c in checks))
