@@ -148,7 +148,7 @@ def draw(lab_rows: list[dict], scale: list[dict], path: Path) -> None:
         left.set_xlabel(f"lab: hosts x rails (--duration {lab_rows[0]['duration_s']:g})")
         left.set_ylabel("seconds")
         left.set_title("validation time in the lab")
-        left.legend(fontsize=7)
+        left.legend(fontsize=7, loc="lower right")
     for rails in sorted({r["rails"] for r in scale}):
         sel = [r for r in scale if r["rails"] == rails]
         xs = [r["hosts"] for r in sel]
