@@ -37,13 +37,15 @@ class AggregatorProc:
 
     def __init__(self, workdir: Path, *, heartbeat_s: float = 1.0, peers_per_rail: int = 3,
                  name: str = "aggregator", web: bool = True, postgresql_dsn: str = "",
-                 database: Path | None = None, tcp: bool = False, metrics: bool = False):
+                 database: Path | None = None, tcp: bool = False, metrics: bool = False,
+                 validation_budget_pps: float | None = None):
         """`name` prefixes its files in `workdir` (several replicas may share
         one); `postgresql_dsn` selects the PostgreSQL store (else SQLite at
         `database`, default workdir/fleet.db); `web=False` serves no page;
         `tcp=True` listens on a free loopback TCP port instead of the Unix
         socket (a bench's agents connect as real ones do: over TCP);
-        `metrics=True` serves Prometheus metrics at `metrics_url`."""
+        `metrics=True` serves Prometheus metrics at `metrics_url`;
+        `validation_budget_pps`: [validation] host_budget_pps (None: the default)."""
         self.workdir = Path(workdir)
         self.name = name
         self.socket_path = self.workdir / f"{name}.sock"
@@ -58,6 +60,7 @@ class AggregatorProc:
         self.postgresql_dsn = postgresql_dsn
         self.heartbeat_s = heartbeat_s
         self.peers_per_rail = peers_per_rail
+        self.validation_budget_pps = validation_budget_pps
         self.proc: subprocess.Popen | None = None
         self.paused = False
 
@@ -84,7 +87,8 @@ listen = "{web}"
 
 [metrics]
 listen = "{metrics}"
-""")
+""" + ("" if self.validation_budget_pps is None else
+       f"\n[validation]\nhost_budget_pps = {float(self.validation_budget_pps)!r}\n"))
 
     def start(self) -> "AggregatorProc":
         if self.proc is not None and self.proc.poll() is None:

@@ -286,9 +286,7 @@ def _node_ports(lab: "Lab", node: str) -> list[str]:
     if node in plan.host_names:
         return [rail.port for rail in plan.host(node).rails]
     if node in plan.leaf_names:
-        r = plan.leaf_names.index(node)
-        return [h.rail(r).leaf_port for h in plan.hosts] + \
-            [u.leaf_port for u in plan.uplinks if u.rail == r]
+        return plan.leaf_ports(node)
     return [u.spine_port for u in plan.uplinks if u.spine == node]
 
 

@@ -1,57 +1,54 @@
-"""A model of fleet validation's probe plan and time as the fleet grows
-(issue 13), extrapolated to 2,048 hosts x 8 rails (Llama-3 scale: 16,384
-GPUs); target: the whole run in <= 5 minutes.
+"""The model of a fleet validation run: its probe plan and its time, for any
+cabling plan, from a 4-host lab to 2,048 hosts x 8 rails (Llama-3 scale:
+16,384 GPUs). labs/bench/validate.py runs it beside the lab it checks it
+against; this module has no command line of its own.
 
-    .venv/bin/python -m labs.bench.validate_model [--hosts 8,32,128,512,1024,2048] [--rails 2,8]
-        [--hosts-per-leaf 32] [--label model]
-
-What is computed, what is measured and what is assumed (all printed, and
-written to the JSON under "assumptions"):
+What is computed, what is measured and what is assumed (the bench prints
+all of it and writes it to its JSON under "assumptions" and "notes"):
 
 - The probe plan is the real one (linkpassd.validate.probeplan) for each
-  size: its probes, intra- and cross-leaf, and each host's degree (probes it
-  sends + probes it answers). Leaves hold `hosts_per_leaf` hosts per rail.
-- Every host probes in parallel; one host's time is set by its own degree.
-  Low-rate phase: `rate_pps` per target for `low_s` (enough samples for a
-  p99 RTT per pair); when a host's send+answer load would exceed its probe
-  budget, the phase stretches so every pair still gets its samples. Burst
-  phase: each port must see enough probes (sent and answered) that random
-  loss of `target_resolution` shows as >= min_lost (3) losses with 95 %
-  probability (localize.detectable_loss); the per-target burst rate is the
-  budget shared by the worst host's degree, capped at `burst_cap_pps` (the
-  peers' echo responders allow 5,000/s per source; we stay well under).
-- The window also covers LLDP: none extra when lldpd runs on the hosts (its
-  table is read at once), a full LLDP transmit interval when the host must
-  sniff frames on the wire.
+  size: its pairs, intra- and cross-leaf, each host's degree (pairs it sends
+  on plus pairs it answers). At scale, leaves hold `hosts_per_leaf` hosts per
+  rail.
+- The rates are the real ones: linkpassd.validate.schedule, the function the
+  aggregator calls (per-host probe budget shared over the busiest host's
+  degree; a burst sized for 0.1 % random loss on the least probed port).
+- The window: at scale, the shortest `--duration` whose low-rate phase still
+  lasts `low_s` (100 samples per pair at 10/s, for a p99 RTT) after the
+  host's start readings, the burst, the reply grace and the end readings
+  (hostcheck's timeline); for a lab run, the duration the lab used. The
+  host answers at duration - END_READ_S + `host_end_s` (its end readings
+  and the answer's trip up the stream: assumed, and checked by the lab).
+- LLDP: nothing extra when lldpd runs on the hosts (its table is read at
+  once); a full LLDP transmit interval when a host must read a frame off the
+  wire, so the window is at least `lldp_wire_s` then.
 - Aggregator: building and serialising every host's ValidateHost, parsing
-  every host's HostValidation, localising and rendering the report are
-  *measured* here on synthetic healthy results of the same size (this
-  2-core VM, busy with others' tests: an upper bound); gRPC send/receive
-  per message is an assumed constant on top.
-- A dead leaf-to-spine link: how many probe flows cross a leaf's uplinks,
-  and the chance that none hashes onto the dead one (ECMP over `uplinks`).
-
-Writes labs/bench/results/validate_model-<label>.json and .png.
+  every host's HostValidation, localising, and rendering the report the
+  operator reads are *measured* here, in this process, on synthetic
+  healthy results of the same size (this 2-core VM, shared: an upper
+  bound); gRPC send/receive per host message is an assumed constant on top.
+- A dead leaf-to-spine link at scale: how many probe flows (pairs x source
+  ports) cross a leaf's uplinks, the chance that none hashes onto the dead
+  link (ECMP over `uplinks_per_leaf`), and the chance that every one does
+  (the run would then read it as dead uplinks, not one spine link).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2
+from linkpassd.adapters.valprober import FLOWS
 from linkpassd.validate import report as reporting
-from linkpassd.validate.localize import Thresholds, detectable_loss, localize
+from linkpassd.validate import schedule as rates
+from linkpassd.validate.hostcheck import END_READ_S, REPLY_GRACE_S
+from linkpassd.validate.localize import Thresholds, localize
 from linkpassd.validate.plan import CablingPlan, PlannedPort
 from linkpassd.validate.probeplan import CROSS_PER_HOST, CROSS_PER_LEAF_PAIR, ProbePlan
 from linkpassd.validate.results import HostResult, HostValidation, PairResult, PortCheck
 
-RESULTS = Path(__file__).parent / "results"
 TARGET_S = 300.0
 TARGET_HOSTS, TARGET_RAILS = 2048, 8
 
@@ -60,24 +57,17 @@ TARGET_HOSTS, TARGET_RAILS = 2048, 8
 class Assumptions:
     hosts_per_leaf: int = 32  # a 64-port leaf per rail: 32 hosts down, 32 spine links up
     uplinks_per_leaf: int = 32  # ECMP width towards the spines
-    rate_pps: float = 10.0  # low-rate phase, per target
-    low_s: float = 10.0  # low-rate phase length: 100 samples per pair (a p99)
-    burst_cap_pps: float = 1000.0  # per target; responders allow 5,000/s per source
-    host_budget_pps: float = 10_000.0  # probes sent + answered per host per second: at the
-    # measured 35-60 us of CPU per probe (README, probe_scale) about half of one core
-    target_resolution: float = 0.001  # random loss per host port the burst must resolve
-    min_lost: int = 3  # losses before a port is lossy (localize.Thresholds)
-    phase_gap_s: float = 1.0  # between the phases (counters read, prober switch)
-    host_overhead_s: float = 2.0  # port checks outside the window: ethtool, EEPROM, counters
+    low_s: float = 10.0  # low-rate phase at scale: 100 samples per pair (a p99)
+    start_read_s: float = 0.3  # carrier, counters, lldpd's table at the window's start
+    host_end_s: float = 0.5  # end readings + the answer's trip up the stream (checked by the lab)
     lldp_wire_s: float = 31.0  # no lldpd on the host: one LLDP transmit interval (30 s) + 1
     grpc_per_message_s: float = 0.0005  # aggregator send or receive per host message, on top of
     # the measured (de)serialisation
+    host_budget_pps: float = rates.HOST_BUDGET_PPS  # a real host's; a lab's is its share
+    flows: int = FLOWS
     cross_per_leaf_pair: int = CROSS_PER_LEAF_PAIR
     cross_per_host: int = CROSS_PER_HOST
-
-
-def log(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    min_lost: int = Thresholds.min_lost
 
 
 def cabling(hosts: int, rails: int, per_leaf: int) -> CablingPlan:
@@ -87,80 +77,98 @@ def cabling(hosts: int, rails: int, per_leaf: int) -> CablingPlan:
         for r in range(rails) for h in range(hosts)))
 
 
-def addresses(hosts: int, rails: int) -> dict[tuple[str, str], str]:
-    return {(f"gpu-{h:05d}", f"rail{r}"): f"10.{r}.{h // 250}.{h % 250 + 1}" for r in range(rails) for h in range(hosts)}
+def addresses(plan: CablingPlan) -> dict[tuple[str, str], str]:
+    hosts = plan.hosts()
+    return {(p.host, p.rail): f"10.{int(p.rail[4:]) % 256}.{hosts.index(p.host) // 250}."
+            f"{hosts.index(p.host) % 250 + 1}" for p in plan.ports}
 
 
-def plan_shape(probes: ProbePlan, hosts: int, rails: int, a: Assumptions) -> dict:
-    degrees = probes.degrees()
-    per_host: dict[str, tuple[int, int]] = {}
-    for (host, _), (out, inn) in degrees.items():
-        o, i = per_host.get(host, (0, 0))
-        per_host[host] = (o + out, i + inn)
-    host_loads = [o + i for o, i in per_host.values()]
-    port_loads = [o + i for o, i in degrees.values()]
+def probe_plan(plan: CablingPlan, a: Assumptions) -> tuple[ProbePlan, float]:
+    t0 = time.perf_counter()
+    probes = ProbePlan.from_plan(plan, addresses(plan), cross_per_leaf_pair=a.cross_per_leaf_pair,
+                                 cross_per_host=a.cross_per_host)
+    return probes, time.perf_counter() - t0
+
+
+def plan_shape(probes: ProbePlan) -> dict:
     counts = probes.counts()
-    leaves = math.ceil(hosts / a.hosts_per_leaf)
-    cross_per_leaf = [0] * leaves
+    per_host: dict[str, int] = {}
+    for (host, _), (out, _inn) in probes.degrees().items():
+        per_host[host] = per_host.get(host, 0) + out
+    host_load, port_load = rates.loads(probes)
+    through: dict[tuple[str, str], int] = {}  # (rail, leaf) -> cross-leaf pairs through its uplinks
     for p in probes.probes:
-        if p.rail == "rail0" and p.cross_leaf:
-            cross_per_leaf[int(p.sender_leaf[-3:])] += 1
-            cross_per_leaf[int(p.receiver_leaf[-3:])] += 1
+        if p.cross_leaf:
+            for leaf in (p.sender_leaf, p.receiver_leaf):
+                through[(p.rail, leaf)] = through.get((p.rail, leaf), 0) + 1
+    leaves = {(m.rail, m.leaf) for m in probes.members}
     return {
         "probes": probes.size,
         "intra": sum(c["intra"] for c in counts.values()),
         "cross": sum(c["cross"] for c in counts.values()),
-        "leaves_per_rail": leaves,
-        "targets_per_host_max": max(o for o, _ in per_host.values()),
-        "targets_per_host_mean": round(sum(o for o, _ in per_host.values()) / len(per_host), 1),
-        "host_load_max": max(host_loads),  # probes sent + answered per probe round
-        "port_load_min": min(port_loads),
-        "flows_through_a_leaf_uplinks_min": min(cross_per_leaf) if leaves > 1 else 0,
+        "leaves": len(leaves),
+        "targets_per_host_max": max(per_host.values(), default=0),
+        "targets_per_host_mean": round(sum(per_host.values()) / max(1, len(per_host)), 1),
+        "host_load_max": host_load,  # pairs sent on + answered, all rails
+        "port_load_min": port_load,
+        "cross_pairs_through_a_leaf_min": min(through.values()) if len(leaves) > len(counts) else 0,
     }
 
 
-def phase_times(shape: dict, a: Assumptions) -> dict:
-    load = shape["host_load_max"]
-    low_s = a.low_s * max(1.0, load * a.rate_pps / a.host_budget_pps)
-    burst_pps = min(a.burst_cap_pps, a.host_budget_pps / load) if load else a.burst_cap_pps
-    mean_losses = detectable_loss(10**9, a.min_lost) * 10**9  # 6.3 for 3 losses at 95 %
-    needed = math.ceil(mean_losses / a.target_resolution)  # burst probes per port
-    port_pps = shape["port_load_min"] * burst_pps
-    burst_s = max(1.0, math.ceil(2 * needed / port_pps) / 2) if port_pps else 0.0
-    probes_s = low_s + a.phase_gap_s + burst_s
-    return {"low_s": round(low_s, 2), "burst_pps_per_target": round(burst_pps, 1), "burst_s": burst_s,
-            "burst_probes_needed_per_port": needed, "probe_window_s": round(probes_s, 2),
-            "window_with_lldpd_s": round(probes_s, 2), "window_lldp_on_wire_s": round(max(probes_s, a.lldp_wire_s), 2)}
+def duration_for(probes: ProbePlan, a: Assumptions) -> tuple[float, rates.Schedule]:
+    """The shortest --duration whose low-rate phase lasts `low_s` (hostcheck:
+    low = duration - END_READ_S - start reads - grace - burst)."""
+    fixed = a.low_s + END_READ_S + a.start_read_s + REPLY_GRACE_S
+    duration = fixed + rates.MIN_BURST_S
+    for _ in range(20):
+        sched = rates.schedule(probes, duration, budget_pps=a.host_budget_pps)
+        want = math.ceil((fixed + sched.burst_s) * 10) / 10
+        if want <= duration:
+            return duration, sched
+        duration = want
+    return duration, sched
 
 
-def synthetic_results(plan: CablingPlan, probes: ProbePlan, rate_n: int, burst_n: int) -> dict[str, HostValidation]:
+def dead_spine_link(shape: dict, a: Assumptions) -> dict:
+    flows = shape["cross_pairs_through_a_leaf_min"] * a.flows
+    p_hit = 1 - (1 - 1 / a.uplinks_per_leaf) ** 2  # either direction of a flow
+    return {"flows_through_the_leaf_uplinks": flows, "p_flow_hits": round(p_hit, 4),
+            "expected_silent_flows": round(flows * p_hit, 1),
+            "p_missed": float(f"{(1 - p_hit) ** flows:.3g}") if flows else 1.0,
+            "p_read_as_dead_uplinks": float(f"{p_hit ** flows:.3g}") if flows else 0.0}
+
+
+def _synthetic(plan: CablingPlan, probes: ProbePlan, rate_n: int, burst_n: int,
+               flows: int) -> dict[str, HostValidation]:
     out = {}
     for host in plan.hosts():
         ports = [p for p in (plan.port_of(host, rail) for rail in plan.rails()) if p is not None]
         checks = tuple(PortCheck(p.port, p.rail, True, p.speed_mbps, p.switch, p.switch_port, "lldpd") for p in ports)
-        pairs = tuple(PairResult(t.rail, t.peer, t.peer_host, rate_n, rate_n, 20, 55, burst_n, burst_n)
+        pairs = tuple(PairResult(t.rail, t.peer, t.peer_host, rate_n, rate_n, 20, 55, burst_n, burst_n, flows, 0)
                       for t in probes.targets_for(host))
         out[host] = HostValidation("model", checks, pairs)
     return out
 
 
-def measure_aggregator(plan: CablingPlan, probes: ProbePlan, a: Assumptions, phases: dict) -> dict:
-    """Time what the aggregator does per run, on this machine."""
+def measure_server(plan: CablingPlan, probes: ProbePlan, sched: rates.Schedule, duration: float,
+                   a: Assumptions) -> dict:
+    """Time what the aggregator and the operator's CLI do per run, here."""
     t0 = time.perf_counter()
     commands = []
     for host in plan.hosts():
         command = fleet_pb2.Command(id=host, validate=fleet_pb2.ValidateHost(
-            run_id="model", duration_s=phases["probe_window_s"],
+            run_id="model", duration_s=duration,
             ports=[fleet_pb2.ExpectedPort(port=p.port, rail=p.rail, speed_mbps=p.speed_mbps,
                                           switch_name=p.switch, switch_port=p.switch_port)
                    for p in (plan.port_of(host, r) for r in plan.rails()) if p is not None],
-            targets=[t.to_proto() for t in probes.targets_for(host)], rate_pps=a.rate_pps,
-            burst_pps=phases["burst_pps_per_target"], burst_s=phases["burst_s"]))
+            targets=[t.to_proto() for t in probes.targets_for(host)],
+            probed_by=[t.to_proto() for t in probes.probers_of(host)], rate_pps=sched.rate_pps,
+            burst_pps=sched.burst_pps, burst_s=sched.burst_s, flows=a.flows))
         commands.append(command.SerializeToString())
     build_s = time.perf_counter() - t0
-    rate_n = round(a.rate_pps * a.low_s)
-    burst_n = round(phases["burst_pps_per_target"] * phases["burst_s"])
-    results = synthetic_results(plan, probes, rate_n, burst_n)
+    low_s = duration - END_READ_S - a.start_read_s - REPLY_GRACE_S - sched.burst_s
+    rate_n, burst_n = math.floor(sched.rate_pps * low_s), math.floor(sched.burst_pps * sched.burst_s)
+    results = _synthetic(plan, probes, rate_n, burst_n, a.flows)
     wire = [HostResult(h, "ok", v).to_proto().SerializeToString() for h, v in results.items()]
     t0 = time.perf_counter()
     parsed = [fleet_pb2.HostValidationResult.FromString(b) for b in wire]
@@ -184,121 +192,32 @@ def measure_aggregator(plan: CablingPlan, probes: ProbePlan, a: Assumptions, pha
             "report_proto_bytes": report.ByteSize(), "grpc_assumed_s": round(grpc_s, 3)}
 
 
-def model(hosts: int, rails: int, a: Assumptions, measure: bool) -> dict:
-    plan = cabling(hosts, rails, a.hosts_per_leaf)
-    t0 = time.perf_counter()
-    probes = ProbePlan.from_plan(plan, addresses(hosts, rails), cross_per_leaf_pair=a.cross_per_leaf_pair,
-                                 cross_per_host=a.cross_per_host)
-    plan_s = time.perf_counter() - t0
-    shape = plan_shape(probes, hosts, rails, a)
-    phases = phase_times(shape, a)
-    row = {"hosts": hosts, "rails": rails, **shape, **phases, "probe_plan_s": round(plan_s, 3)}
-    full_mesh_load = (hosts - 1) * rails  # every pair once: a host sends to half its peers, answers the rest
-    row["full_mesh_probes"] = rails * hosts * (hosts - 1) // 2
-    row["full_mesh_low_s"] = round(a.low_s * max(1.0, full_mesh_load * a.rate_pps / a.host_budget_pps), 1)
-    p_hit = 1 - (1 - 1 / a.uplinks_per_leaf) ** 2
-    flows = shape["flows_through_a_leaf_uplinks_min"]
-    row["dead_spine_link"] = {"flows_through_the_leaf_uplinks": flows, "p_flow_hits": round(p_hit, 4),
-                              "expected_failing_flows": round(flows * p_hit, 1),
-                              "p_missed": float(f"{(1 - p_hit) ** flows:.3g}") if flows else 1.0}
+def predict(plan: CablingPlan, a: Assumptions, *, duration: float | None = None,
+            measure: bool = True) -> dict:
+    """One size: the plan's shape, its schedule and window, and (`measure`)
+    the run's predicted time: the aggregator's run (started to report) and
+    the operator's command (plus the CLI's parse and render of the report;
+    its start-up is the lab's to measure)."""
+    probes, plan_s = probe_plan(plan, a)
+    shape = plan_shape(probes)
+    if duration is None:
+        duration, sched = duration_for(probes, a)
+    else:
+        sched = rates.schedule(probes, duration, budget_pps=a.host_budget_pps)
+    row = {"hosts": len(plan.hosts()), "rails": len(plan.rails()), **shape, "duration_s": duration,
+           "rate_pps": sched.rate_pps, "burst_pps": sched.burst_pps, "burst_s": sched.burst_s,
+           "busiest_host_pps": round(sched.busiest_host_pps), "expected_resolution": sched.resolution,
+           "probe_plan_s": round(plan_s, 3)}
+    hosts = row["hosts"]
+    row["full_mesh_probes"] = row["rails"] * hosts * (hosts - 1) // 2
+    if shape["leaves"] > row["rails"]:
+        row["dead_spine_link"] = dead_spine_link(shape, a)
     if measure:
-        row["aggregator"] = measure_aggregator(plan, probes, a, phases)
-        agg = row["aggregator"]
-        server_s = (agg["build_commands_s"] + agg["parse_results_s"] + agg["localize_s"] + agg["render_text_s"]
-                    + agg["grpc_assumed_s"] + plan_s)
-        row["total_with_lldpd_s"] = round(phases["window_with_lldpd_s"] + a.host_overhead_s + server_s, 1)
-        row["total_lldp_on_wire_s"] = round(phases["window_lldp_on_wire_s"] + a.host_overhead_s + server_s, 1)
+        row["server"] = server = measure_server(plan, probes, sched, duration, a)
+        server_s = (plan_s + server["build_commands_s"] + server["parse_results_s"] + server["localize_s"]
+                    + server["grpc_assumed_s"])
+        host_s = duration - END_READ_S + a.host_end_s
+        row["predicted_run_s"] = round(host_s + server_s, 2)
+        row["predicted_run_lldp_on_wire_s"] = round(max(host_s, a.lldp_wire_s + a.host_end_s) + server_s, 2)
+        row["cli_render_s"] = server["render_text_s"]
     return row
-
-
-def draw(rows: list[dict], path: Path) -> None:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(12, 4.8))
-    left, right = fig.subplots(1, 2)
-    for rails in sorted({r["rails"] for r in rows}):
-        sel = [r for r in rows if r["rails"] == rails]
-        xs = [r["hosts"] for r in sel]
-        left.plot(xs, [r["probes"] for r in sel], marker="o", label=f"plan, {rails} rails")
-        left.plot(xs, [r["full_mesh_probes"] for r in sel], linestyle="--", label=f"full mesh, {rails} rails")
-    left.set_xscale("log", base=2)
-    left.set_yscale("log")
-    left.set_xlabel("hosts")
-    left.set_ylabel("probed pairs")
-    left.set_title("probe plan size")
-    left.legend(fontsize=7)
-    sel = [r for r in rows if r["rails"] == max(x["rails"] for x in rows) and "aggregator" in r]
-    labels = [str(r["hosts"]) for r in sel]
-    parts = [("low-rate", lambda r: r["low_s"]), ("burst", lambda r: r["burst_s"]),
-             ("gap + host checks", lambda r: r["probe_window_s"] - r["low_s"] - r["burst_s"] + 2.0),
-             ("aggregator (measured + gRPC)", lambda r: r["total_with_lldpd_s"] - r["window_with_lldpd_s"] - 2.0)]
-    bottom = [0.0] * len(sel)
-    for name, value in parts:
-        heights = [max(0.0, value(r)) for r in sel]
-        right.bar(labels, heights, bottom=bottom, label=name)
-        bottom = [b + h for b, h in zip(bottom, heights)]
-    right.plot(labels, [r["total_lldp_on_wire_s"] for r in sel], "k^", label="total, LLDP read on the wire")
-    right.axhline(TARGET_S, color="red", linestyle=":", label="target 5 min")
-    right.set_xlabel(f"hosts ({sel[0]['rails'] if sel else '?'} rails)")
-    right.set_ylabel("seconds")
-    right.set_title("validation time (model)")
-    right.legend(fontsize=7)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hosts", default="8,32,128,512,1024,2048")
-    parser.add_argument("--rails", default="2,8")
-    parser.add_argument("--hosts-per-leaf", type=int, default=Assumptions.hosts_per_leaf)
-    parser.add_argument("--label", default="model")
-    args = parser.parse_args(argv)
-    a = Assumptions(hosts_per_leaf=args.hosts_per_leaf)
-    sizes = sorted({(int(h), int(r)) for h in args.hosts.split(",") for r in args.rails.split(",")}
-                   | {(TARGET_HOSTS, TARGET_RAILS)})
-    rows = []
-    for hosts, rails in sizes:
-        measure = rails == max(r for _, r in sizes)
-        log(f"{hosts} hosts x {rails} rails{' (measuring the aggregator side)' if measure else ''}")
-        rows.append(model(hosts, rails, a, measure))
-    target = next(r for r in rows if (r["hosts"], r["rails"]) == (TARGET_HOSTS, TARGET_RAILS))
-    worst = max(target["total_with_lldpd_s"], target["total_lldp_on_wire_s"])
-    summary = {
-        "target_s": TARGET_S, "at": f"{TARGET_HOSTS} hosts x {TARGET_RAILS} rails",
-        "total_with_lldpd_s": target["total_with_lldpd_s"], "total_lldp_on_wire_s": target["total_lldp_on_wire_s"],
-        "met": worst <= TARGET_S, "probes": target["probes"],
-        "targets_per_host_max": target["targets_per_host_max"],
-        "burst_resolves": f">= {a.target_resolution:.2%} random loss per host port "
-                          f"({target['burst_probes_needed_per_port']} burst probes per port)",
-    }
-    document = {"assumptions": asdict(a), "notes": __doc__.split("What is computed")[1].strip(),
-                "summary": summary, "rows": rows}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"validate_model-{args.label}.json"
-    out.write_text(json.dumps(document, indent=2))
-    draw(rows, out.with_suffix(".png"))
-    print("assumptions:")
-    for key, value in asdict(a).items():
-        print(f"  {key} = {value}")
-    print(f"\n{'hosts':>6} {'rails':>5} {'probes':>9} {'tgt/host':>8} {'load':>5} {'low_s':>6} {'burst':>6} "
-          f"{'b_pps':>6} {'localize':>8} {'total':>6} {'total(wire)':>11}")
-    for r in rows:
-        agg = r.get("aggregator", {})
-        print(f"{r['hosts']:>6} {r['rails']:>5} {r['probes']:>9,} {r['targets_per_host_max']:>8} "
-              f"{r['host_load_max']:>5} {r['low_s']:>6} {r['burst_s']:>6} {r['burst_pps_per_target']:>6} "
-              f"{agg.get('localize_s', ''):>8} {r.get('total_with_lldpd_s', ''):>6} {r.get('total_lldp_on_wire_s', ''):>11}")
-    print(f"\n{summary['at']}: {summary['probes']:,} probed pairs, {summary['targets_per_host_max']} targets on the "
-          f"busiest host; total {summary['total_with_lldpd_s']} s with lldpd on the hosts, "
-          f"{summary['total_lldp_on_wire_s']} s reading LLDP on the wire; target {TARGET_S:.0f} s: "
-          f"{'met' if summary['met'] else 'NOT met'}")
-    print(f"dead spine link at that scale: {target['dead_spine_link']}")
-    print(f"full mesh instead: {target['full_mesh_probes']:,} pairs, low-rate phase alone {target['full_mesh_low_s']} s")
-    agg = target["aggregator"]
-    print(f"the report message is {agg['report_proto_bytes'] / 1e6:.1f} MB (gRPC's default receive limit is 4 MB); "
-          f"its JSON {agg['report_json_bytes'] / 1e6:.0f} MB in {agg['report_json_s']} s (-o json only, not in the total)")
-    print(f"wrote {out} and {out.with_suffix('.png')}")
-    return 0 if summary["met"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,10 +11,13 @@ dead optic or cut fibre would.
 - ``LeafPortBlackhole(lab, host, rail)``: the leaf's port facing that host
   port. Every probe to or from that host port dies; nothing else does.
 - ``SpineLinkBlackhole(lab, leaf, spine)``: the leaf's port toward that spine.
-  In railopt each rail has one leaf, so what crosses a spine is traffic
-  between rails (a host's rail-a address to another's rail-b address) and
-  the detour; with several spines, only the flows the leaf hashes onto that
-  link die (a multipath route keeps using a link whose carrier is up).
+  With one leaf per rail, what crosses a spine is traffic between rails (a
+  host's rail-a address to another's rail-b address) and the detour; with
+  several leaves per rail (``railopt(..., leaves_per_rail=L)``) also the
+  rail's own traffic between leaves. With several spines only the flows
+  hashed onto that link die (a multipath route keeps using a link whose
+  carrier is up); multi-leaf labs hash on the 5-tuple, so a pair's flows
+  from different source ports die or live independently.
 """
 
 from __future__ import annotations

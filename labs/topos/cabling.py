@@ -1,8 +1,9 @@
 """The cabling plan of a railopt lab, as the validation's ``cabling`` file.
 
 A lab is built from a FabricPlan, so its cabling plan is known exactly: host
-``lph<i>`` port ``lph<i>-eth<r>`` goes to leaf ``lpl<r>`` port
-``lpl<r>-eth<i-1>`` on ``rail<r>``. ``cabling_toml`` renders it in the format
+``lph<i>`` port ``lph<i>-eth<r>`` goes to its leaf's port on ``rail<r>``
+(with one leaf per rail leaf ``lpl<r>`` port ``lpl<r>-eth<i-1>``; with
+several, the leaf of its group, see labs/topos/plan.py). ``cabling_toml`` renders it in the format
 of linkpassd/validate/plan.py (one ``[[port]]`` table per host port)::
 
     [[port]]
@@ -69,7 +70,8 @@ def write_cabling(plan: FabricPlan, path: str | os.PathLike[str], *,
                   entries: list[CableEntry] | None = None) -> Path:
     """Write the plan's cabling file (or ``entries``, e.g. a swapped_plan)."""
     entries = cabling_entries(plan, speed_mbps) if entries is None else entries
-    shape = f"railopt lab: {plan.n_hosts} hosts x {plan.n_rails} rails, {plan.n_spines} spines"
+    leaves = f"{plan.leaves_per_rail} leaves per rail" if plan.leaves_per_rail > 1 else "a leaf per rail"
+    shape = f"railopt lab: {plan.n_hosts} hosts x {plan.n_rails} rails, {plan.n_spines} spines, {leaves}"
     target = Path(path)
     target.write_text(cabling_toml(entries, comment=shape))
     return target

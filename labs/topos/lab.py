@@ -101,12 +101,14 @@ class RailOptTopo(Topo):
             self.addHost(name, ip=None)  # no Mininet 10/8 address, ever
         for host in plan.hosts:
             for rail in host.rails:
-                self.addLink(host.name, rail.leaf, port1=rail.index, port2=host.index - 1,
+                self.addLink(host.name, rail.leaf, port1=rail.index,
+                             port2=plan.leaf_position(host.index),
                              intfName1=rail.port, intfName2=rail.leaf_port,
                              addr1=rail.mac, addr2=rail.leaf_mac,
                              ifindex1=rail.ifindex, ifindex2=rail.ifindex + far)
         for up in plan.uplinks:
-            self.addLink(up.leaf, up.spine, port1=plan.n_hosts + up.spine_index, port2=up.rail,
+            self.addLink(up.leaf, up.spine, port1=plan.hosts_per_leaf + up.spine_index,
+                         port2=up.leaf_index,
                          intfName1=up.leaf_port, intfName2=up.spine_port,
                          addr1=up.leaf_mac, addr2=up.spine_mac,
                          ifindex1=up.ifindex, ifindex2=up.ifindex + far)
@@ -176,7 +178,7 @@ class Lab:
                  linkpassd_timers: dict[str, float | int] | None = None,
                  linkpassd_log_level: str = "info",
                  bfd: dict | None = None, probes: dict | None = None,
-                 aggregator: bool = False, mesh: bool = False, lldp: bool | dict = False):
+                 aggregator: bool | dict = False, mesh: bool = False, lldp: bool | dict = False):
         if mechanism not in MECHANISMS:
             raise LabError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
         if carrier_events not in CARRIER_EVENTS:
@@ -184,6 +186,8 @@ class Lab:
         if mechanism == frrbgp.MECHANISM and bfd is None:
             raise LabError("frr-bgp tracks each rail with BFD: give bfd={'interval_ms': ..., "
                            "'detect_mult': ...}")
+        if mechanism == frrbgp.MECHANISM and plan.leaves_per_rail > 1:
+            raise LabError("frr-bgp speaks to one leaf per rail: leaves_per_rail must be 1")
         self.plan = plan
         self.mechanism = mechanism
         self.carrier_events = carrier_events
@@ -194,11 +198,15 @@ class Lab:
         self.lldp_options = lldp_options(lldp)
         self.lldp: LabLldp | None = None
         # `aggregator`: a linkpass-aggregator in the root namespace (labs.aggproc),
-        # reached by the daemons over a Unix socket in the work directory; with
-        # `mesh` the configs name no probe peers: the aggregator's mesh does.
+        # reached by the daemons over a Unix socket in the work directory (a
+        # dict: AggregatorProc options, e.g. {"validation_budget_pps": 2000});
+        # with `mesh` the configs name no probe peers: the aggregator's mesh does.
         if mesh and not aggregator:
             raise LabError("mesh=True needs aggregator=True")
-        self.want_aggregator = aggregator
+        if not isinstance(aggregator, (bool, dict)):
+            raise LabError(f"aggregator must be a bool or a dict of options, got {aggregator!r}")
+        self.want_aggregator = bool(aggregator)
+        self.aggregator_options = dict(aggregator) if isinstance(aggregator, dict) else {}
         self.aggregator: AggregatorProc | None = None
         self.mesh = mesh
         self._own_workdir = workdir is None
@@ -267,7 +275,7 @@ class Lab:
             if setup.ip_batch:
                 self.run(name, ["ip", "-batch", "-"], input="\n".join(setup.ip_batch) + "\n")
         if self.want_aggregator:
-            self.aggregator = AggregatorProc(self.workdir / "aggregator")
+            self.aggregator = AggregatorProc(self.workdir / "aggregator", **self.aggregator_options)
         for host in self.plan.hosts:
             self._write_host_files(host)
         if self.aggregator is not None:
@@ -293,17 +301,18 @@ class Lab:
         teardown's leak check covers them even if a start failed half-way."""
         bfd = self.bfd
         assert bfd is not None
-        for r, leaf in enumerate(self.leaves):
-            runner = mnexec_attach(self.pid(leaf))
-            if self.mechanism == frrbgp.MECHANISM:
-                self._frr[leaf] = FrrBfd(None, [], runner=runner,
-                                         bgp=frrbgp.leaf_speaker(self.plan, r, bfd))
+        for leaf in self.plan.leaves:
+            runner = mnexec_attach(self.pid(leaf.name))
+            if self.mechanism == frrbgp.MECHANISM:  # one leaf per rail (checked at init)
+                self._frr[leaf.name] = FrrBfd(None, [], runner=runner,
+                                              bgp=frrbgp.leaf_speaker(self.plan, leaf.rail, bfd))
                 continue
-            peers = [BfdPeer(peer=h.rail(r).address, local=h.rail(r).gateway,
-                             ifname=h.rail(r).leaf_port, transmit_ms=bfd["interval_ms"],
+            ports = [self.plan.host_rail(i, leaf.rail) for i in leaf.hosts]
+            peers = [BfdPeer(peer=p.address, local=p.gateway,
+                             ifname=p.leaf_port, transmit_ms=bfd["interval_ms"],
                              receive_ms=bfd["interval_ms"], detect_mult=bfd["detect_mult"],
-                             passive=bfd["passive"]) for h in self.hosts]
-            self._frr[leaf] = FrrBfd(None, peers, runner=runner)
+                             passive=bfd["passive"]) for p in ports]
+            self._frr[leaf.name] = FrrBfd(None, peers, runner=runner)
         if self.mechanism == frrbgp.MECHANISM:
             for host in self.hosts:
                 self._frr[host.name] = FrrBfd(None, [], runner=mnexec_attach(self.pid(host.name)),

@@ -4,17 +4,34 @@ Pure (no system calls), so the addressing can be read, printed and checked
 without root, and the Lab only *writes* what this module renders (build ->
 render -> write, as ipmininet does).
 
-Addressing (everything inside 198.18.0.0/15, RFC 2544):
+Shape: N hosts x R rails, L leaves per rail (default 1), S spines. The hosts
+are split into L contiguous groups of near-equal size (group sizes differ by
+at most one); group g's port on rail r is cabled to leaf k = r*L + g, and
+every leaf is cabled to every spine: the real rail-optimised shape, where
+same-rail traffic between two groups crosses a spine. With L = 1 (the
+default) leaf k is rail r's only leaf and everything below is as it always
+was.
+
+Addressing (everything inside 198.18.0.0/15, RFC 2544; j is host i's place
+in its group, P = ceil(N/L) the leaves' host-port count):
 
   host i (1-based) on rail r   host port ``lph<i>-eth<r>``  198.18.<r>.<2i+1>/31
-                               leaf port ``lpl<r>-eth<i-1>`` 198.18.<r>.<2i>/31
-  leaf r <-> spine s           leaf port ``lpl<r>-eth<N+s>`` 198.19.<s>.<2r+1>/31
-                               spine port ``lps<s>-eth<r>``  198.19.<s>.<2r>/31
+                               leaf port ``lpl<k>-eth<j>``   198.18.<r>.<2i>/31
+  leaf k <-> spine s           leaf port ``lpl<k>-eth<P+s>`` 198.19.<s>.<2k+1>/31
+                               spine port ``lps<s>-eth<k>``  198.19.<s>.<2k>/31
 
 so rail r's host space is 198.18.<r>.0/24 and a host's gateway on rail r is
 the leaf half of its /31.  198.19.0.0/16 is the fabric's own (leaf-spine)
 space; no host sends to it.  MACs are fixed too: ``02:4c:50:<role>:<node>:<port>``
 (role 1 host, 2 leaf, 3 spine), so a neighbour MAC names the port it belongs to.
+
+ECMP: a leaf spreads what goes up over all its spine links (a multipath
+route). With several leaves per rail the leaves and spines hash on the
+5-tuple (``fib_multipath_hash_policy = 1``), as RoCE fabrics do (RoCEv2
+carries its flow entropy in the UDP source port), so probes from several
+source ports between one host pair take several spines. Single-leaf rails
+keep the kernel's default (addresses only), so the failover labs' paths
+are what they always were.
 """
 
 from __future__ import annotations
@@ -49,6 +66,7 @@ BFD_DETECT_MULT = (2, 255)
 
 MAX_HOSTS = 127  # 2i+1 <= 255
 MAX_RAILS = 128  # 2r+1 <= 255 on the spine links
+MAX_LEAVES = 128  # all rails' leaves: 2k+1 <= 255 on the spine links
 MAX_SPINES = 256
 
 
@@ -127,6 +145,20 @@ class HostPlan:
 
 
 @dataclass(frozen=True)
+class LeafPlan:
+    """One leaf: its rail, its group of hosts and its ports."""
+
+    name: str
+    index: int  # k = rail * leaves_per_rail + group
+    rail: int
+    group: int
+    hosts: tuple[int, ...]  # 1-based host indexes, in port order
+
+    def port(self, position: int) -> str:
+        return f"{self.name}-eth{position}"
+
+
+@dataclass(frozen=True)
 class Uplink:
     leaf: str
     spine: str
@@ -139,6 +171,7 @@ class Uplink:
     leaf_mac: str
     spine_mac: str
     ifindex: int
+    leaf_index: int = 0  # k; equals rail with one leaf per rail
 
 
 @dataclass(frozen=True)
@@ -159,7 +192,7 @@ def _multipath(hops: list[tuple[str, str]]) -> str:
 
 @dataclass(frozen=True)
 class FabricPlan:
-    """N hosts x R rails, one leaf per rail, S spines.
+    """N hosts x R rails, ``leaves_per_rail`` leaves per rail (module doc), S spines.
 
     ``detour``: when a host's link to leaf r is down, leaf r hands traffic for
     that host's rail-r address to the spine (its ``default`` table, consulted
@@ -171,21 +204,31 @@ class FabricPlan:
     host). It only reacts to carrier loss: a silent blackhole still eats the
     replies, as it would in a real fabric without switch-side BFD. Double
     failures (rails r and r+1 of one host) end in ICMP unreachable, not a loop.
+    With several leaves per rail the detour goes to the same group's leaf on
+    rail r+1 (a host's ports sit in the same group on every rail).
     """
 
     n_hosts: int
     n_rails: int
     n_spines: int
     detour: bool = True
+    leaves_per_rail: int = 1
 
     def __post_init__(self) -> None:
         for what, value, hi in (("hosts", self.n_hosts, MAX_HOSTS),
                                 ("rails", self.n_rails, MAX_RAILS),
                                 ("spines", self.n_spines, MAX_SPINES)):
-            if not isinstance(value, int) or not 1 <= value <= hi:
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= hi:
                 raise LabError(f"{what} must be an integer in 1..{hi}, got {value!r}")
-        if self.n_hosts + self.n_spines > 256:
-            raise LabError("hosts + spines must be <= 256 (leaf port numbers)")
+        per = self.leaves_per_rail
+        if not isinstance(per, int) or isinstance(per, bool) or not 1 <= per <= self.n_hosts:
+            raise LabError(f"leaves_per_rail must be an integer in 1..hosts ({self.n_hosts}), "
+                           f"got {per!r}")
+        if self.n_rails * per > MAX_LEAVES:
+            raise LabError(f"rails x leaves_per_rail must be <= {MAX_LEAVES} (spine link "
+                           f"addresses), got {self.n_rails} x {per}")
+        if self.hosts_per_leaf + self.n_spines > 256:
+            raise LabError("hosts per leaf + spines must be <= 256 (leaf port numbers)")
 
     # ---- names ---------------------------------------------------------------
 
@@ -195,7 +238,53 @@ class FabricPlan:
 
     @property
     def leaf_names(self) -> list[str]:
-        return [f"{LEAF}{r}" for r in range(self.n_rails)]
+        return [leaf.name for leaf in self.leaves]
+
+    @property
+    def hosts_per_leaf(self) -> int:
+        """The largest group: every leaf's uplinks start at this port number."""
+        return -(-self.n_hosts // self.leaves_per_rail)
+
+    def _group_start(self, g: int) -> int:
+        """0-based index of group g's first host (near-equal contiguous groups)."""
+        return g * self.n_hosts // self.leaves_per_rail
+
+    def group_of(self, i: int) -> int:
+        """Host i's (1-based) group: the same on every rail."""
+        g = (i - 1) * self.leaves_per_rail // self.n_hosts
+        while self._group_start(g + 1) <= i - 1:
+            g += 1
+        while self._group_start(g) > i - 1:
+            g -= 1
+        return g
+
+    @cached_property
+    def leaves(self) -> tuple[LeafPlan, ...]:
+        out = []
+        for r in range(self.n_rails):
+            for g in range(self.leaves_per_rail):
+                k = r * self.leaves_per_rail + g
+                hosts = tuple(range(self._group_start(g) + 1, self._group_start(g + 1) + 1))
+                out.append(LeafPlan(f"{LEAF}{k}", k, r, g, hosts))
+        return tuple(out)
+
+    def leaf(self, name: str | int) -> LeafPlan:
+        """A leaf by name or by index k."""
+        for leaf in self.leaves:
+            if name in (leaf.name, leaf.index) and not isinstance(name, bool):
+                return leaf
+        raise LabError(f"no leaf {name!r} in this lab (leaves: {', '.join(self.leaf_names)})")
+
+    def leaves_of_rail(self, r: int) -> list[str]:
+        if not 0 <= r < self.n_rails:
+            raise LabError(f"no rail {r} in this lab (rails 0..{self.n_rails - 1})")
+        return [leaf.name for leaf in self.leaves if leaf.rail == r]
+
+    def leaf_ports(self, name: str) -> list[str]:
+        """A leaf's interfaces: host ports in order, then its spine links."""
+        leaf = self.leaf(name)
+        return [self.host_rail(i, leaf.rail).leaf_port for i in leaf.hosts] + \
+            [u.leaf_port for u in self.uplinks if u.leaf == leaf.name]
 
     @property
     def spine_names(self) -> list[str]:
@@ -216,12 +305,18 @@ class FabricPlan:
 
     # ---- hosts ---------------------------------------------------------------
 
+    def leaf_position(self, i: int) -> int:
+        """Host i's port number on its leaf (its place in its group)."""
+        return i - 1 - self._group_start(self.group_of(i))
+
     def host_rail(self, i: int, r: int) -> HostRail:
+        k = r * self.leaves_per_rail + self.group_of(i)
+        j = self.leaf_position(i)
         return HostRail(
             index=r, name=f"rail{r}", port=f"{HOST}{i}-eth{r}",
             address=f"198.18.{r}.{2 * i + 1}", prefixlen=31, gateway=f"198.18.{r}.{2 * i}",
-            leaf=f"{LEAF}{r}", leaf_port=f"{LEAF}{r}-eth{i - 1}",
-            mac=mac(1, i, r), leaf_mac=mac(2, r, i - 1),
+            leaf=f"{LEAF}{k}", leaf_port=f"{LEAF}{k}-eth{j}",
+            mac=mac(1, i, r), leaf_mac=mac(2, k, j),
             ifindex=self.link_ifindex("host", r, i),
         )
 
@@ -237,23 +332,34 @@ class FabricPlan:
         raise LabError(f"no host {name!r} in this lab (hosts: {', '.join(self.host_names)})")
 
     def leaf_of(self, r: int) -> str:
-        if not 0 <= r < self.n_rails:
-            raise LabError(f"no rail {r} in this lab (rails 0..{self.n_rails - 1})")
-        return f"{LEAF}{r}"
+        """Rail r's leaf, when it has one (LabError names them otherwise)."""
+        leaves = self.leaves_of_rail(r)
+        if len(leaves) != 1:
+            raise LabError(f"rail {r} has {len(leaves)} leaves ({', '.join(leaves)}): name one")
+        return leaves[0]
 
     @cached_property
     def uplinks(self) -> tuple[Uplink, ...]:
         out = []
-        for r in range(self.n_rails):
+        base = self.hosts_per_leaf
+        for leaf in self.leaves:
+            k = leaf.index
             for s in range(self.n_spines):
                 out.append(Uplink(
-                    leaf=f"{LEAF}{r}", spine=f"{SPINE}{s}", rail=r, spine_index=s,
-                    leaf_port=f"{LEAF}{r}-eth{self.n_hosts + s}", spine_port=f"{SPINE}{s}-eth{r}",
-                    leaf_address=f"198.19.{s}.{2 * r + 1}", spine_address=f"198.19.{s}.{2 * r}",
-                    leaf_mac=mac(2, r, self.n_hosts + s), spine_mac=mac(3, s, r),
-                    ifindex=self.link_ifindex("uplink", s, r),
+                    leaf=leaf.name, spine=f"{SPINE}{s}", rail=leaf.rail, spine_index=s,
+                    leaf_port=leaf.port(base + s), spine_port=f"{SPINE}{s}-eth{k}",
+                    leaf_address=f"198.19.{s}.{2 * k + 1}", spine_address=f"198.19.{s}.{2 * k}",
+                    leaf_mac=mac(2, k, base + s), spine_mac=mac(3, s, k),
+                    ifindex=self.link_ifindex("uplink", s, k), leaf_index=k,
                 ))
         return tuple(out)
+
+    def _prefixes(self, leaf: LeafPlan) -> list[str]:
+        """The host space behind one leaf: its rail's /24 when it is the
+        rail's only leaf, else its hosts' /31s."""
+        if self.leaves_per_rail == 1:
+            return [f"198.18.{leaf.rail}.0/24"]
+        return [f"198.18.{leaf.rail}.{2 * i}/31" for i in leaf.hosts]
 
     # ---- rendering -----------------------------------------------------------
 
@@ -263,7 +369,7 @@ class FabricPlan:
         if node.startswith(HOST):
             return self._host_setup(self.host(node), mechanism)
         if node in self.leaf_names:
-            return self._leaf_setup(int(node[len(LEAF):]))
+            return self._leaf_setup(self.leaf(node))
         if node in self.spine_names:
             return self._spine_setup(int(node[len(SPINE):]))
         raise LabError(f"no node {node!r} in this lab")
@@ -321,11 +427,17 @@ class FabricPlan:
             b.append(f"route add {FABRIC_SPACE} {_multipath(hops)}")
         return setup
 
-    def _leaf_setup(self, r: int) -> NodeSetup:
-        ups = [u for u in self.uplinks if u.rail == r]
-        hosts = [self.host_rail(i, r) for i in range(1, self.n_hosts + 1)]
+    def _ecmp_sysctls(self) -> dict[str, str]:
+        """Several leaves per rail: hash on the 5-tuple (module doc)."""
+        return {"net.ipv4.fib_multipath_hash_policy": "1"} if self.leaves_per_rail > 1 else {}
+
+    def _leaf_setup(self, leaf: LeafPlan) -> NodeSetup:
+        r = leaf.rail
+        ups = [u for u in self.uplinks if u.leaf == leaf.name]
+        hosts = [self.host_rail(i, r) for i in leaf.hosts]
         ports = [h.leaf_port for h in hosts] + [u.leaf_port for u in ups]
-        setup = NodeSetup(self._common_sysctls(ports, forwarding=True, linkdown=True, arp_host=False))
+        setup = NodeSetup({**self._common_sysctls(ports, forwarding=True, linkdown=True,
+                                                  arp_host=False), **self._ecmp_sysctls()})
         b = setup.ip_batch
         for h in hosts:
             b.append(f"address add {h.gateway}/{h.prefixlen} dev {h.leaf_port}")
@@ -335,6 +447,9 @@ class FabricPlan:
         for other in range(self.n_rails):
             if other != r:
                 b.append(f"route add 198.18.{other}.0/24 {to_spines}")
+        for peer in self.leaves:  # the rail's other leaves: through the spines
+            if peer.rail == r and peer.name != leaf.name:
+                b.extend(f"route add {prefix} {to_spines}" for prefix in self._prefixes(peer))
         if self.detour and self.n_rails > 1:
             # Outbound: own host space the main table cannot deliver (link down).
             b.append(f"route add 198.18.{r}.0/24 table default {to_spines}")
@@ -345,7 +460,7 @@ class FabricPlan:
             for u in ups:
                 b.append(f"rule add pref {DETOUR_RULE_PREF} iif {u.leaf_port} "
                          f"to 198.18.{p}.0/24 lookup {table}")
-            for i in range(1, self.n_hosts + 1):
+            for i in leaf.hosts:
                 dst, via = self.host_rail(i, p), self.host_rail(i, r)
                 b.append(f"route add {dst.address}/32 via {via.address} dev {via.leaf_port} "
                          f"table {table}")
@@ -354,27 +469,37 @@ class FabricPlan:
 
     def _spine_setup(self, s: int) -> NodeSetup:
         ups = [u for u in self.uplinks if u.spine_index == s]
-        setup = NodeSetup(self._common_sysctls([u.spine_port for u in ups], forwarding=True,
-                                               linkdown=True, arp_host=False))
+        setup = NodeSetup({**self._common_sysctls([u.spine_port for u in ups], forwarding=True,
+                                                  linkdown=True, arp_host=False),
+                           **self._ecmp_sysctls()})
         b = setup.ip_batch
         for u in ups:
             b.append(f"address add {u.spine_address}/31 dev {u.spine_port}")
         for u in ups:
-            b.append(f"route add 198.18.{u.rail}.0/24 via {u.leaf_address} dev {u.spine_port}")
+            b.extend(f"route add {prefix} via {u.leaf_address} dev {u.spine_port}"
+                     for prefix in self._prefixes(self.leaf(u.leaf)))
         if self.detour and self.n_rails > 1:
+            by_leaf = {u.leaf_index: u for u in ups}
             for u in ups:
-                nxt = ups[(u.rail + 1) % self.n_rails]
-                table = DETOUR_TABLE_BASE + u.rail
-                b.append(f"rule add pref {DETOUR_RULE_PREF + u.rail} iif {u.spine_port} "
-                         f"to 198.18.{u.rail}.0/24 lookup {table}")
-                b.append(f"route add 198.18.{u.rail}.0/24 via {nxt.leaf_address} "
-                         f"dev {nxt.spine_port} table {table}")
+                here = self.leaf(u.leaf)
+                nxt = by_leaf[((u.rail + 1) % self.n_rails) * self.leaves_per_rail + here.group]
+                table = DETOUR_TABLE_BASE + u.leaf_index
+                # Only this leaf's own hosts: what else it sends up is ordinary
+                # traffic to the rail's other leaves.
+                for prefix in self._prefixes(here):
+                    b.append(f"rule add pref {DETOUR_RULE_PREF + u.leaf_index} iif {u.spine_port} "
+                             f"to {prefix} lookup {table}")
+                    b.append(f"route add {prefix} via {nxt.leaf_address} "
+                             f"dev {nxt.spine_port} table {table}")
         return setup
 
     def describe(self) -> str:
         """The addressing as a table, for humans."""
-        lines = [f"railopt: {self.n_hosts} hosts x {self.n_rails} rails, {self.n_spines} spine(s), "
-                 f"detour {'on' if self.detour else 'off'}",
+        leaves = (f", {self.leaves_per_rail} leaves per rail (hosts per leaf: "
+                  f"{', '.join(str(len(x.hosts)) for x in self.leaves if x.rail == 0)})"
+                  if self.leaves_per_rail > 1 else "")
+        lines = [f"railopt: {self.n_hosts} hosts x {self.n_rails} rails, {self.n_spines} spine(s)"
+                 f"{leaves}, detour {'on' if self.detour else 'off'}",
                  f"{'host':<7}{'rail':<6}{'port':<13}{'address':<18}{'gateway':<15}leaf port"]
         for host in self.hosts:
             for rail in host.rails:

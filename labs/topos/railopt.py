@@ -1,6 +1,12 @@
-"""Rail-optimised fabric: N hosts x R rails, a leaf per rail, S spines.
+"""Rail-optimised fabric: N hosts x R rails, L leaves per rail (default 1), S spines.
 
     python -m labs.topos.railopt --hosts 4 --rails 2 --spines 2 --mechanism linkpassd --check
+    python -m labs.topos.railopt --hosts 6 --rails 2 --spines 2 --leaves-per-rail 3 --check
+
+With ``--leaves-per-rail L`` each rail's hosts are split into L groups, one
+leaf each, every leaf linked to every spine (labs/topos/plan.py): traffic
+between two groups of one rail crosses a spine, as in a real rail-optimised
+fabric with more hosts than a leaf has ports.
 
 builds the lab, (for ``linkpassd``) starts one daemon per host from the
 generated configs, pings every host pair on every rail from the rail address,
@@ -30,10 +36,11 @@ BFD_UP_S = 15.0
 
 
 def railopt(hosts: int = 4, rails: int = 2, spines: int = 2, mechanism: str = "none", *,
-            detour: bool = True, **lab_options) -> Lab:
+            detour: bool = True, leaves_per_rail: int = 1, **lab_options) -> Lab:
     """An unstarted Lab; ``with railopt(...) as lab:`` builds it and tears it
     down. ``lab_options`` go to Lab (workdir, carrier_events, linkpassd_timers...)."""
-    return Lab(FabricPlan(hosts, rails, spines, detour=detour), mechanism, **lab_options)
+    return Lab(FabricPlan(hosts, rails, spines, detour=detour, leaves_per_rail=leaves_per_rail),
+               mechanism, **lab_options)
 
 
 def start_linkpassd(lab: Lab, host: str) -> subprocess.Popen:
@@ -96,6 +103,8 @@ def main(argv: list[str] | None = None, *, defaults: tuple[int, int, int] = (4, 
     parser.add_argument("--hosts", type=int, default=defaults[0])
     parser.add_argument("--rails", type=int, default=defaults[1])
     parser.add_argument("--spines", type=int, default=defaults[2])
+    parser.add_argument("--leaves-per-rail", type=int, default=1, metavar="L",
+                        help="split each rail's hosts over L leaves (default 1)")
     parser.add_argument("--mechanism", choices=MECHANISMS, default="none")
     parser.add_argument("--no-detour", action="store_true",
                         help="strict fabric: no fallback path to a host whose link is down")
@@ -107,7 +116,8 @@ def main(argv: list[str] | None = None, *, defaults: tuple[int, int, int] = (4, 
                         help="ping every host pair on every rail, print the table, tear down")
     parser.add_argument("--plan", action="store_true", help="print the addressing and exit")
     args = parser.parse_args(argv)
-    plan = FabricPlan(args.hosts, args.rails, args.spines, detour=not args.no_detour)
+    plan = FabricPlan(args.hosts, args.rails, args.spines, detour=not args.no_detour,
+                      leaves_per_rail=args.leaves_per_rail)
     if args.plan or not args.check:
         print(plan.describe())
         if not args.check:

@@ -8,8 +8,15 @@ in two phases and reports what came back:
 - a low-rate phase (`rate_pps` per target for `low_s`): loss and RTT
   percentiles (p50/p99) of the path as traffic sees it;
 - a burst phase (`burst_pps` per target for `burst_s`): many probes in a
-  short time, so low-rate random loss shows (N probes resolve a loss rate of
-  about 1/N).
+  short time, so low-rate random loss shows (what N probes resolve:
+  validate.localize.detectable_loss, the one place that computes it).
+
+Each target's probes are spread over `flows` UDP source ports (one socket
+each, taken in turn), and each flow is counted: a fabric that hashes ECMP
+on the 5-tuple (RoCEv2 puts its entropy in the UDP source port) sends the
+flows of one pair over different spines, so a dead spine link kills some of
+a pair's flows and spares the others - the signature that tells it from a
+dead port, which kills them all (validate.localize).
 
 It speaks the daemon's echo wire format (adapters.echoresponder) to the
 responders every linkpassd runs (or labs/echopeer.py): nothing new to open
@@ -17,9 +24,9 @@ in fabric ACLs. Those responders answer only sources in their
 `fabric_prefixes` or probe peers, at most `responder_rate_pps` (default
 5,000) per source: a burst rate above that reads as loss.
 
-One socket per rail, bound to the rail's port (SO_BINDTODEVICE) and address,
-so a probe takes that rail whatever the routing tables say; replies are
-matched by prober id, sequence number and the peer's address. RTT is the
+`flows` sockets per rail, each bound to the rail's port (SO_BINDTODEVICE) and
+address, so a probe takes that rail whatever the routing tables say; replies
+are matched by prober id, the socket's sequence number and the peer's address. RTT is the
 kernel's receive time (SO_TIMESTAMPNS) minus the send time minus what the
 peer says it held the request (`held_us`), so a busy receiver does not
 inflate it.
@@ -60,6 +67,10 @@ _SNDBUF = 4 << 20
 SO_RCVBUFFORCE = 33
 SO_SNDBUFFORCE = 32
 LOW, BURST = 0, 1
+FLOWS = 8  # source ports per rail: with 2 spines, a pair whose 8 flows all die
+# by ECMP chance (a dead spine link) has odds (3/4)^8 = 10 %; over a leaf's
+# few cross-leaf pairs, all of them ~1e-4 (that would read as dead uplinks)
+MAX_FLOWS = 64
 
 
 @dataclass(frozen=True)
@@ -101,6 +112,20 @@ class PairTally:
     rtts_s: list[float] = field(default_factory=list)  # low phase
     burst_rtts_s: list[float] = field(default_factory=list)
     duplicates: int = 0  # replies to a probe already answered (or given up)
+    # Per source port (both phases): probes sent and replies received.
+    flow_sent: list[int] = field(default_factory=list)
+    flow_received: list[int] = field(default_factory=list)
+    next_flow: int = 0
+
+    @property
+    def flows(self) -> int:
+        """Source ports that carried at least one probe."""
+        return sum(n > 0 for n in self.flow_sent)
+
+    @property
+    def flows_silent(self) -> int:
+        """Of those, the ones no reply came back on."""
+        return sum(n > 0 and got == 0 for n, got in zip(self.flow_sent, self.flow_received))
 
     def rtt_us(self, quantile: float) -> int:
         """Nearest-rank percentile of the low phase's RTTs (the burst's when
@@ -113,24 +138,35 @@ class PairTally:
 
 
 @dataclass
+class _Flow:
+    """One source port of a rail."""
+
+    index: int
+    sock: socket.socket
+    pending: dict[int, tuple[int, int]] = field(default_factory=dict)  # seq -> (tally, phase)
+    seq: int = 0
+
+
+@dataclass
 class _Rail:
     port: str
     source: str
-    sock: socket.socket
+    flows: list[_Flow]
     tallies: list[int]  # indexes into the prober's tallies
-    pending: dict[int, tuple[int, int]] = field(default_factory=dict)  # seq -> (tally, phase)
-    seq: int = 0
 
 
 class ValidationProber:
     """Blocking; `run` on a thread (see `run_probes`)."""
 
     def __init__(self, targets: list[Target], phases: Phases, *, echo_port: int = ECHO_PORT,
-                 netns: str | None = None) -> None:
+                 netns: str | None = None, flows: int = FLOWS) -> None:
+        if not 1 <= flows <= MAX_FLOWS:
+            raise ValueError(f"flows must be 1..{MAX_FLOWS}, not {flows!r}")
         self.targets = list(targets)
         self.phases = phases
         self.echo_port = echo_port
         self.netns = netns
+        self.flows = flows
         self.prober_id = _random_id()
         self.tallies = [PairTally(t) for t in self.targets]
         self.problems: list[str] = []
@@ -145,32 +181,51 @@ class ValidationProber:
         for i, t in enumerate(self.targets):
             groups.setdefault((t.rail, t.port, t.source), []).append(i)
         for (rail, port, source), members in groups.items():
-            try:
-                sock = _udp_socket(self.netns)
-            except OSError as exc:
-                self.problems.append(f"{rail} ({port}): cannot open a probe socket: {exc}")
+            flows: list[_Flow] = []
+            why = ""
+            for k in range(self.flows):
+                sock, why = self._socket(port, source)
+                if sock is None:
+                    break
+                flows.append(_Flow(k, sock))
+            if not flows:
+                self.problems.append(f"{rail}: cannot probe from {source} on {port}: {why}; "
+                                     f"its {len(members)} pairs not probed")
                 continue
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, port.encode())
-                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-                for force, plain, size in ((SO_RCVBUFFORCE, socket.SO_RCVBUF, _RCVBUF),
-                                           (SO_SNDBUFFORCE, socket.SO_SNDBUF, _SNDBUF)):
-                    try:  # beyond net.core.[rw]mem_max needs CAP_NET_ADMIN (the daemon has it)
-                        sock.setsockopt(socket.SOL_SOCKET, force, size)
-                    except PermissionError:
-                        sock.setsockopt(socket.SOL_SOCKET, plain, size)
-                sock.bind((source, 0))
-                sock.setblocking(False)
-            except OSError as exc:
-                sock.close()
-                self.problems.append(f"{rail}: cannot probe from {source} on {port}: "
-                                     f"{exc.strerror or exc}; its {len(members)} pairs not probed")
-                continue
-            self._rails.append(_Rail(port, source, sock, members))
+            if len(flows) < self.flows:
+                self.problems.append(f"{rail}: only {len(flows)} of {self.flows} source ports "
+                                     f"open on {port}: {why}")
+            for i in members:
+                self.tallies[i].flow_sent = [0] * len(flows)
+                self.tallies[i].flow_received = [0] * len(flows)
+            self._rails.append(_Rail(port, source, flows, members))
+
+    def _socket(self, port: str, source: str) -> tuple[socket.socket | None, str]:
+        """A probe socket on `port` from `source`, on a port of its own; or why not."""
+        try:
+            sock = _udp_socket(self.netns)
+        except OSError as exc:
+            return None, f"cannot open a probe socket: {exc}"
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, port.encode())
+            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+            for force, plain, size in ((SO_RCVBUFFORCE, socket.SO_RCVBUF, _RCVBUF),
+                                       (SO_SNDBUFFORCE, socket.SO_SNDBUF, _SNDBUF)):
+                try:  # beyond net.core.[rw]mem_max needs CAP_NET_ADMIN (the daemon has it)
+                    sock.setsockopt(socket.SOL_SOCKET, force, size)
+                except PermissionError:
+                    sock.setsockopt(socket.SOL_SOCKET, plain, size)
+            sock.bind((source, 0))
+            sock.setblocking(False)
+        except OSError as exc:
+            sock.close()
+            return None, str(exc.strerror or exc)
+        return sock, ""
 
     def _close(self) -> None:
         for rail in self._rails:
-            rail.sock.close()
+            for flow in rail.flows:
+                flow.sock.close()
         self._rails = []
 
     # ------------------------------------------------------------ the run
@@ -185,8 +240,9 @@ class ValidationProber:
             poller = select.poll()
             by_fd = {}
             for rail in self._rails:
-                poller.register(rail.sock.fileno(), select.POLLIN)
-                by_fd[rail.sock.fileno()] = rail
+                for flow in rail.flows:
+                    poller.register(flow.sock.fileno(), select.POLLIN)
+                    by_fd[flow.sock.fileno()] = (rail, flow)
             start = time.monotonic()
             for phase, span in ((LOW, self.phases.low_s), (BURST, self.phases.burst_s)):
                 if stop.is_set():
@@ -231,22 +287,25 @@ class ValidationProber:
 
     def _send(self, rail: _Rail, index: int, phase: int) -> None:
         tally = self.tallies[index]
-        rail.seq = (rail.seq + 1) & 0xFFFFFFFF
-        packet = EchoPacket(KIND_REQUEST, rail.seq, time.monotonic_ns(), self.prober_id).encode()
+        flow = rail.flows[tally.next_flow % len(rail.flows)]  # the target's flows in turn
+        tally.next_flow += 1
+        flow.seq = (flow.seq + 1) & 0xFFFFFFFF
+        packet = EchoPacket(KIND_REQUEST, flow.seq, time.monotonic_ns(), self.prober_id).encode()
         try:
-            rail.sock.sendto(packet, (tally.target.peer, self.echo_port))
+            flow.sock.sendto(packet, (tally.target.peer, self.echo_port))
         except OSError as exc:  # a full send buffer, no route, the port down: not sent
             why = f"{tally.target.rail} ({rail.port}): {exc.strerror or exc}"
             self.unsent[why] = self.unsent.get(why, 0) + 1
             return
-        rail.pending[rail.seq] = (index, phase)
+        flow.pending[flow.seq] = (index, phase)
+        tally.flow_sent[flow.index] += 1
         if phase == LOW:
             tally.sent += 1
         else:
             tally.burst_sent += 1
 
     def _await_replies(self, until: float, poller, by_fd, stop: threading.Event) -> None:
-        while not stop.is_set() and any(r.pending for r in self._rails):
+        while not stop.is_set() and any(f.pending for r in self._rails for f in r.flows):
             left = until - time.monotonic()
             if left <= 0:
                 return
@@ -258,14 +317,14 @@ class ValidationProber:
         except InterruptedError:
             return
         for fd, _events in ready:
-            rail = by_fd.get(fd)
-            if rail is not None:
-                self._drain(rail)
+            entry = by_fd.get(fd)
+            if entry is not None:
+                self._drain(*entry)
 
-    def _drain(self, rail: _Rail) -> None:
+    def _drain(self, rail: _Rail, flow: _Flow) -> None:
         for _ in range(_READS_PER_ROUND):
             try:
-                data, ancdata, flags, src = rail.sock.recvmsg(_RECV_BYTES, _ANCILLARY)
+                data, ancdata, flags, src = flow.sock.recvmsg(_RECV_BYTES, _ANCILLARY)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:  # an ICMP error for an earlier send
@@ -275,7 +334,7 @@ class ValidationProber:
             if packet is None or packet.kind != KIND_REPLY or packet.prober_id != self.prober_id:
                 self.stray += 1
                 continue
-            entry = rail.pending.get(packet.seq)
+            entry = flow.pending.get(packet.seq)
             if entry is None:
                 self._duplicate(rail, src)
                 continue
@@ -284,7 +343,8 @@ class ValidationProber:
             if src[0] != tally.target.peer or src[1] != self.echo_port:
                 self.stray += 1
                 continue
-            del rail.pending[packet.seq]
+            del flow.pending[packet.seq]
+            tally.flow_received[flow.index] += 1
             rx, _ = _cmsgs(ancdata)
             waited = 0.0 if rx is None else min(max(0.0, wall - rx), _MAX_KERNEL_DELAY_S)
             rtt = max(0.0, now - waited - packet.sent_ns * 1e-9 - packet.held_us * 1e-6)
@@ -304,10 +364,10 @@ class ValidationProber:
 
 
 async def run_probes(targets: list[Target], phases: Phases, *, echo_port: int = ECHO_PORT,
-                     netns: str | None = None) -> ValidationProber:
+                     netns: str | None = None, flows: int = FLOWS) -> ValidationProber:
     """Run a ValidationProber on its own thread; the finished prober. If the
     caller is cancelled the thread is told to stop (it does within _POLL_S)."""
-    prober = ValidationProber(targets, phases, echo_port=echo_port, netns=netns)
+    prober = ValidationProber(targets, phases, echo_port=echo_port, netns=netns, flows=flows)
     if not targets:
         return prober
     loop = asyncio.get_running_loop()

@@ -75,7 +75,7 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
         self.stopping = asyncio.Event()
-        self.validations = Validations(fleet)
+        self.validations = Validations(fleet, budget_pps=fleet.settings.validation_host_budget_pps)
 
     # -- queries, shared with the web page ---------------------------------
 

@@ -59,6 +59,8 @@ class Settings:
     max_peers_per_rail: int = 8
     web_listen: str = "127.0.0.1:9480"  # "" = no web page
     metrics_listen: str = ""  # "" = no metrics endpoint
+    # fleet validation: probes sent + answered per host per second (validate.schedule)
+    validation_host_budget_pps: float = 10_000.0
 
 
 # section -> key -> (Settings field, checker). A checker takes the value and
@@ -214,6 +216,7 @@ SCHEMA: dict[str, dict[str, tuple[str, Any]]] = {
         "peers_per_rail": ("peers_per_rail", _int_range(1, 64)),
         "max_peers_per_rail": ("max_peers_per_rail", _int_range(1, 256)),
     },
+    "validation": {"host_budget_pps": ("validation_host_budget_pps", _number_range(100, 10_000_000))},
     "web": {"listen": ("web_listen", _listen(optional=True))},
     "metrics": {"listen": ("metrics_listen", _listen(optional=True))},
 }

@@ -9,9 +9,12 @@ inventories) and which hosts share a leaf (the plan). So it
 1. selects the hosts: plan ∩ request.hosts ∩ connected. A selected host that
    is not connected is *reported* ("not connected"), never silently dropped:
    a cluster with an unvalidated host is not ready to hand over;
-2. gives each host its part (ValidateHost): the ports the plan expects of it
-   and whom to probe (linkpassd.validate.probeplan over the connected hosts,
-   with their rail addresses from their inventories);
+2. gives each host its part (ValidateHost): the ports the plan expects of it,
+   whom to probe (linkpassd.validate.probeplan over the connected hosts,
+   with their rail addresses from their inventories) and how fast
+   (linkpassd.validate.schedule: rates within a per-host probe budget, a
+   burst long enough to resolve the target loss on every port), over
+   `FLOWS` source ports per target;
 3. sends every command at once down the hosts' streams (the command relay
    FleetDrain uses: HostSession.commands + send), so the whole fleet's window
    runs in parallel and a run takes one window, not one per host;
@@ -43,6 +46,7 @@ from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd.validate import localize as locate
 from linkpassd.validate import plan as cabling
 from linkpassd.validate import probeplan
+from linkpassd.validate import schedule as rates
 from linkpassd.validate.plan import CablingPlan
 
 if TYPE_CHECKING:
@@ -56,13 +60,7 @@ MAX_DURATION_S = 600.0
 # Beyond its window, how long a host may take to answer: its last LLDP read,
 # counters, the result's trip up the stream on a loaded aggregator.
 ANSWER_MARGIN_S = 15.0
-# Probe rates the hosts are given. Low-rate phase: loss and RTT per pair
-# without loading anything. High-rate phase: BURST_PPS x BURST_S probes per
-# pair, enough to resolve ~0.3 % random loss (see loss_resolution), so a 1 %
-# lossy link is found within one run.
-RATE_PPS = 10.0
-BURST_PPS = 500.0
-BURST_S = 2.0
+FLOWS = 8  # UDP source ports per target (the host's default too; fleet.proto ValidateHost.flows)
 MAX_PLAN_PORTS = 100_000  # 2,048 hosts x 8 rails x a few: a bound on what one request may carry
 NOT_CONNECTED = "not connected"
 # Several replicas (replicas.py): a run reaches only the hosts on the streams
@@ -162,19 +160,19 @@ def unvalidated_finding(result: pb.HostValidationResult) -> pb.Finding:
 class Validations:
     """The validation runs of one aggregator: at most one at a time, and the last report."""
 
-    def __init__(self, fleet: Fleet, *, margin_s: float = ANSWER_MARGIN_S) -> None:
+    def __init__(self, fleet: Fleet, *, margin_s: float = ANSWER_MARGIN_S,
+                 budget_pps: float = rates.HOST_BUDGET_PPS) -> None:
         self.fleet = fleet
         self.margin_s = margin_s
-        self.rate_pps = RATE_PPS
-        self.burst_pps = BURST_PPS
-        self.burst_s = BURST_S
+        self.budget_pps = budget_pps  # [validation] host_budget_pps
         self.last: pb.ValidationReport | None = None
         self.running: tuple[str, str] | None = None  # (run_id, by)
 
     def commands(self, selection: Selection, run_id: str,
-                 sessions: dict[str, HostSession]) -> tuple[dict[str, pb.ValidateHost], dict[str, list[str]]]:
-        """Each connected host's ValidateHost, and per host the rails it cannot
-        be probed on (no address in its inventory)."""
+                 sessions: dict[str, HostSession]
+                 ) -> tuple[dict[str, pb.ValidateHost], dict[str, list[str]], rates.Schedule]:
+        """Each connected host's ValidateHost, per host the rails it cannot
+        be probed on (no address in its inventory), and the run's rates."""
         members = []
         unprobed: dict[str, list[str]] = defaultdict(list)
         for port in selection.plan.ports:
@@ -189,14 +187,15 @@ class Validations:
             # where the cable must go, and the probe plan must cover its leaves.
             members.append(probeplan.Member(host=port.host, rail=port.rail, address=address, leaf=port.switch))
         probes = probeplan.ProbePlan.build(members)
+        plan = rates.schedule(probes, selection.duration_s, budget_pps=self.budget_pps)
         commands = {}
         for host in sessions:
             commands[host] = pb.ValidateHost(
                 run_id=run_id, duration_s=selection.duration_s, ports=expected_ports(selection, host),
                 targets=[t.to_proto() for t in probes.targets_for(host)],
                 probed_by=[t.to_proto() for t in probes.probers_of(host)],
-                rate_pps=self.rate_pps, burst_pps=self.burst_pps, burst_s=self.burst_s)
-        return commands, unprobed
+                rate_pps=plan.rate_pps, burst_pps=plan.burst_pps, burst_s=plan.burst_s, flows=FLOWS)
+        return commands, unprobed, plan
 
     async def run(self, request: pb.ValidateRequest, by: str,
                   context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ValidateResponse]:
@@ -229,10 +228,12 @@ class Validations:
         results: dict[str, pb.HostValidationResult] = {
             h: pb.HostValidationResult(host_id=h, status=ON_OTHER_REPLICA if h in elsewhere else NOT_CONNECTED)
             for h in selection.hosts if h not in sessions}
-        commands, unprobed = self.commands(selection, run_id, sessions)
+        commands, unprobed, plan = self.commands(selection, run_id, sessions)
         log.info("validation_started", run_id=run_id, by=by, hosts=len(selection.hosts), connected=len(sessions),
                  rails=list(selection.rails), duration_s=selection.duration_s,
-                 targets=sum(len(c.targets) for c in commands.values()))
+                 targets=sum(len(c.targets) for c in commands.values()), rate_pps=plan.rate_pps,
+                 burst_pps=plan.burst_pps, burst_s=plan.burst_s, host_load=plan.host_load,
+                 expected_resolution=plan.resolution)
         loop = asyncio.get_running_loop()
         pending: dict[asyncio.Future[pb.CommandResult], tuple[str, str]] = {}
         for host, validate in commands.items():

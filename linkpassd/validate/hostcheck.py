@@ -11,11 +11,14 @@ The run fills the request's `duration_s`, on this timeline (t0 = start):
                      lldpd's neighbours (lldpctl); at most START_READ_S
     then, in parallel until the window ends (t0 + duration - END_READ_S):
       - probes: the low-rate phase, the burst phase, a reply grace
-        (adapters.valprober, on its own thread)
+        (adapters.valprober, on its own thread), each target's probes
+        spread over `flows` source ports
       - LLDP frames on each port lldpd did not answer for (adapters.lldp)
       - link speed (ethtool netlink) and optics (the sensor, judged by
         core.signals.judge_optics: the daemon's own rule)
-    window end       read carrier and counters again: what rose is reported
+    window end       read carrier, counters and optics again: what rose is
+                     reported, and so is a module that went bad (or stopped
+                     answering) during the window
 
 So counters are compared over (almost) the whole duration, and the answer
 comes back a little after `duration_s` (the agent bounds the run by
@@ -44,7 +47,7 @@ from linkpassd.adapters import lldp
 from linkpassd.adapters.echoresponder import ECHO_PORT
 from linkpassd.adapters.links import sample_from_ifinfmsg
 from linkpassd.adapters.sensor import Sensor
-from linkpassd.adapters.valprober import Phases, Target, run_probes
+from linkpassd.adapters.valprober import FLOWS, MAX_FLOWS, Phases, Target, run_probes
 from linkpassd.core.model import CounterSample, HealthPolicy, LinkSample, Unreadable, Verdict
 from linkpassd.core.signals import judge_optics
 
@@ -112,6 +115,8 @@ def request_errors(request: fleet_pb2.ValidateHost) -> list[str]:
         errors.append(f"{len(request.ports)} ports, at most {MAX_PORTS}")
     if len(request.targets) > MAX_TARGETS:
         errors.append(f"{len(request.targets)} targets, at most {MAX_TARGETS}")
+    if request.flows > MAX_FLOWS:
+        errors.append(f"flows must be 0..{MAX_FLOWS} (0: {FLOWS}), not {request.flows}")
     seen: set[str] = set()
     for i, port in enumerate(request.ports[:MAX_PORTS]):
         if _bad_port_name(port.port):
@@ -211,6 +216,25 @@ def optics_verdict(reading, policy: HealthPolicy) -> tuple[list[str], str]:
     return [], ""
 
 
+def optics_over_window(start, end, policy: HealthPolicy) -> tuple[list[str], str]:
+    """(optics problems, why not checked) from the readings at the window's
+    start and end (`end` None: not read again). Why both: a module that
+    dies while the probes run (a laser failing, a module unseated) would
+    pass a check made only at the start. What the end adds is marked so; a
+    module that answered at the start and not at the end is a problem of
+    the optic, not a check that could not run."""
+    first, why = optics_verdict(start, policy)
+    if end is None:
+        return first, why
+    last, why_end = optics_verdict(end, policy)
+    if isinstance(start, Unreadable):
+        return [f"at the window's end: {p}" for p in last], (why if isinstance(end, Unreadable) else "")
+    found = first + [f"at the window's end: {p}" for p in last if p not in first]
+    if isinstance(end, Unreadable):
+        found.append(f"the module answered at the window's start, not at its end: {why_end}")
+    return found, ""
+
+
 async def _bounded(coro, timeout_s: float, what: str):
     """(result, "") or (None, why) — a slow or failing reading is a problem, not an end."""
     try:
@@ -286,7 +310,8 @@ async def validate_host(request: fleet_pb2.ValidateHost, context: HostContext,
                     burst_pps=request.burst_pps, burst_s=burst_s, grace_s=grace)
     try:
         prober, (speeds, why_speed), (optics, why_optics) = await asyncio.gather(
-            run_probes(targets, phases, echo_port=context.echo_port, netns=context.netns),
+            run_probes(targets, phases, echo_port=context.echo_port, netns=context.netns,
+                       flows=request.flows or FLOWS),
             _bounded(read_speeds(ports, context.netns), max(1.0, window), "reading link speeds"),
             _bounded(_optics(context.sensor, ports), max(1.0, window), "reading optics"))
         neighbours = {p: await task for p, task in sniffs.items()}
@@ -296,15 +321,16 @@ async def validate_host(request: fleet_pb2.ValidateHost, context: HostContext,
         await asyncio.gather(*sniffs.values(), return_exceptions=True)
     problems += [w for w in (why_speed, why_optics) if w] + prober.problems
     await asyncio.sleep(max(0.0, window_end - clock()))  # counters compare over the window
-    (links1, why_links1), (counters1, why_c1) = await asyncio.gather(
+    (links1, why_links1), (counters1, why_c1), (optics1, why_optics1) = await asyncio.gather(
         _bounded(read_links(ports, context.netns), START_READ_S, "reading links again"),
-        _bounded(_counters(context.sensor, ports), START_READ_S, "reading counters again"))
-    problems += [w for w in (why_links1, why_c1) if w]
+        _bounded(_counters(context.sensor, ports), START_READ_S, "reading counters again"),
+        _bounded(_optics(context.sensor, ports), START_READ_S, "reading optics again"))
+    problems += [w for w in (why_links1, why_c1, why_optics1) if w]
 
     result = fleet_pb2.HostValidation(run_id=request.run_id)
     for p in expected:
         result.ports.append(_port_check(p, context, links0, links1, counters0, counters1, speeds,
-                                        optics, lldpd, neighbours, window, problems))
+                                        (optics, optics1), lldpd, neighbours, window, problems))
     by_target = {answered[i]: tally for i, tally in enumerate(prober.tallies)}
     for i, t in enumerate(request.targets):
         tally = by_target.get(i)
@@ -313,6 +339,7 @@ async def validate_host(request: fleet_pb2.ValidateHost, context: HostContext,
             pair.sent, pair.received = tally.sent, tally.received
             pair.burst_sent, pair.burst_received = tally.burst_sent, tally.burst_received
             pair.rtt_p50_us, pair.rtt_p99_us = tally.rtt_us(0.50), tally.rtt_us(0.99)
+            pair.flows, pair.flows_silent = tally.flows, tally.flows_silent
         result.pairs.append(pair)
     result.problems.extend(problems)
     return result
@@ -334,7 +361,9 @@ def _port_check(p: fleet_pb2.ExpectedPort, context: HostContext, links0, links1,
         check.speed_mbps = speed
     elif speed is not None and p.speed_mbps and first is not None and first.present:
         problems.append(f"{port}: link speed not read: {speed}")
-    found, why = optics_verdict((optics or {}).get(port, Unreadable("not read")), context.policy)
+    start, end = ((reading or {}).get(port) for reading in optics)
+    found, why = optics_over_window(Unreadable("not read") if start is None else start, end,
+                                    context.policy)
     check.optics_problems.extend(found)
     if why and (first is None or first.present):
         problems.append(f"{port}: optics not checked: {why}")

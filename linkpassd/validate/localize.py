@@ -21,13 +21,20 @@ only what earlier steps left unexplained, so one fault gives one finding):
      pairs work: the host port, its cable or the leaf port (a leaf port
      that drops looks exactly like this; the finding names both ends).
    - Cross-leaf pairs that fail while intra-leaf pairs work point above the
-     leaves. If one leaf is in every failing leaf pair and all of its leaf
-     pairs fail (>= 2 of them): that leaf's uplinks (*leaf*, when all its
-     cross-leaf flows fail) or one of its spine links (*spine_path*, when
-     only some do: ECMP hashes each flow onto one spine, so a dead spine
-     link kills only the flows hashed onto it). Otherwise each failing leaf
-     pair is a *spine_path*; with two leaves on a rail the two leaves'
-     spine links cannot be told apart, and the confidence says so.
+     leaves. A flow is one UDP source port of a pair (the hosts spread each
+     pair's probes over several, valprober); a fabric hashing ECMP on the
+     5-tuple sends a pair's flows over different spines, so a dead spine
+     link kills some of a pair's flows and spares the rest (*silent* flows:
+     no reply at all). A cross-leaf pair fails here when its loss is at
+     `fail_loss` or when some but not all of its flows are silent. If one
+     leaf is in every failing leaf pair and all of its leaf pairs fail
+     (>= 2 of them): that leaf's uplinks (*leaf*, when every flow of its
+     cross-leaf pairs is silent, or without flow counts every pair fails)
+     or one of its spine links (*spine_path*, when only some are: each
+     flow hashed onto the dead link dies). Otherwise each failing leaf pair
+     is a *spine_path*; with two leaves on a rail the two leaves' spine
+     links cannot be told apart, and the confidence says so. Which spine
+     is not known from the hosts: the switches' own counters tell.
 3. Random loss among working pairs (*lossy_link*): per host port, the lost
    probes of its pairs in the high-rate burst phase (the low-rate phase
    when there was no burst). Greedy: the port with the highest loss rate,
@@ -63,7 +70,7 @@ from linkpassd.validate.results import (Finding, HostResult, HostValidation, Pai
                                         host_results)
 
 __all__ = ["Analysis", "Finding", "HostResult", "HostValidation", "PairResult", "PortCheck", "Thresholds",
-           "detectable_loss", "localize", "localize_proto", "loss_resolution"]
+           "detectable_loss", "localize", "localize_proto", "loss_resolution", "probes_for"]
 
 # Kinds in the order a port's issues are named (the first present is the kind).
 PORT_KINDS = ("optic", "link_down", "speed", "counters")
@@ -80,6 +87,8 @@ MAX_CONFIDENCE = 0.99
 @dataclass(frozen=True)
 class Thresholds:
     fail_loss: float = 0.5  # low-rate loss at or above this: the pair fails (blackhole class)
+    flow_probes: int = 8  # probes per flow before a silent flow counts (20 % random loss
+    # silences a flow of 8 with odds 0.2^8 = 3e-6)
     min_lost: int = 3  # lost probes before a port can be lossy: one or two strays are noise
     power: float = 0.95  # the resolution is the loss seen with this probability
     concentration: float = 4.0  # a lossy port's rate vs the rest of its rail
@@ -131,6 +140,14 @@ def detectable_loss(probes: int, min_lost: int = 3, power: float = 0.95) -> floa
     if probes <= 0:
         return 1.0
     return min(1.0, _poisson_rate_for(min_lost, power) / probes)
+
+
+def probes_for(loss: float, min_lost: int = 3, power: float = 0.95) -> int:
+    """How many probes a port needs for detectable_loss to reach `loss`
+    (its inverse; validate.schedule sizes the burst with it)."""
+    if not 0 < loss <= 1:
+        raise ValueError(f"loss must be in (0, 1], not {loss!r}")
+    return math.ceil(_poisson_rate_for(min_lost, power) / loss)
 
 
 def loss_resolution(plan: CablingPlan | Sequence[PlannedPort],
@@ -327,10 +344,33 @@ class _Pair:
     result: PairResult
     failed: bool
     explained: bool  # an end has a port finding
+    flow_probes: int = 8  # Thresholds.flow_probes
 
     @property
     def cross_leaf(self) -> bool:
         return self.leaf_a != self.leaf_b
+
+    @property
+    def flows(self) -> int:
+        """Flows (source ports) counted well enough to judge; 0 if not."""
+        r = self.result
+        if r.flows < 2 or (r.sent + r.burst_sent) < self.flow_probes * r.flows:
+            return 0
+        return r.flows
+
+    @property
+    def silent(self) -> int:
+        return min(self.result.flows_silent, self.flows)
+
+    @property
+    def partial(self) -> bool:
+        """Some flows dead, others answered: what a dead ECMP member does."""
+        return 0 < self.silent < self.flows
+
+    @property
+    def broken(self) -> bool:
+        """Fails, or loses whole flows: a forwarding fault on its path."""
+        return self.failed or self.partial
 
     @property
     def loss_n(self) -> int:
@@ -371,7 +411,8 @@ def _pair_table(plan: CablingPlan, ok: Mapping[str, HostValidation], explained: 
             sent, received = (r.sent, r.received) if r.sent > 0 else (r.burst_sent, r.burst_received)
             failed = (sent - min(received, sent)) >= thresholds.fail_loss * sent
             pairs.append(_Pair(r.rail, host, r.peer_host, own.switch, peer.switch, r, failed,
-                               (host, r.rail) in explained or (r.peer_host, r.rail) in explained))
+                               (host, r.rail) in explained or (r.peer_host, r.rail) in explained,
+                               thresholds.flow_probes))
     return pairs, incomplete
 
 
@@ -483,13 +524,13 @@ class _RailStage:
         return out
 
     def _above_leaves(self, leaves: Mapping[str, list[str]]) -> list[Finding]:
-        """Cross-leaf pairs failing while intra-leaf pairs work: the leaf
-        uplinks or a spine path."""
+        """Cross-leaf pairs failing (or losing whole flows) while intra-leaf
+        pairs work: the leaf uplinks or a spine path."""
         by_leaf_pair: dict[tuple[str, str], list[_Pair]] = defaultdict(list)
         for p in self._open():
             if p.cross_leaf:
                 by_leaf_pair[tuple(sorted((p.leaf_a, p.leaf_b)))].append(p)  # type: ignore[arg-type]
-        failing = {lp: items for lp, items in by_leaf_pair.items() if any(p.failed for p in items)}
+        failing = {lp: items for lp, items in by_leaf_pair.items() if any(p.broken for p in items)}
         if not failing:
             return []
         out = []
@@ -499,30 +540,29 @@ class _RailStage:
             if len(failing) < 2 or own != set(failing):
                 continue
             items = [p for lp in sorted(own) for p in by_leaf_pair[lp]]
-            dead = sum(p.failed for p in items)
-            full = dead == len(items)
+            dead = sum(p.broken for p in items)
             intra = [p for p in self._open() if not p.cross_leaf and leaf in (p.leaf_a, p.leaf_b)]
-            evidence = [f"{dead} of {len(items)} probed flows from {leaf} to {len(own)} other leaves fail"
-                        + ("" if full else " (ECMP: only the flows hashed onto the bad spine link)"),
+            evidence = [f"{dead} of {len(items)} probed pairs from {leaf} to {len(own)} other leaves fail",
+                        *_flow_evidence(items),
                         f"pairs between the other leaves work; under {leaf}: " + (_share(intra) if intra else "none probed")]
             confidence = _strength(dead) * ONE_LEAF_SPINE_FACTOR * _working_share(intra)
-            kind, what = (("leaf", f"{leaf} ({self.rail}) uplinks: drops all traffic to other leaves") if full else
+            kind, what = (("leaf", f"{leaf} ({self.rail}) uplinks: drops all traffic to other leaves")
+                          if _all_dead(items) else
                           ("spine_path", f"{leaf} ({self.rail}): one of its spine links"))
-            self.done.update(id(p) for p in items if p.failed)
+            self.done.update(id(p) for p in items if p.broken)
             out.append(Finding(kind, what, hosts=tuple(leaves.get(leaf, ())), ports=(leaf,), rail=self.rail,
                                evidence=tuple(evidence), confidence=round(confidence, 3)))
             return out  # one leaf explains every failing leaf pair
         for (x, y), items in sorted(failing.items()):
-            dead = sum(p.failed for p in items)
+            dead = sum(p.broken for p in items)
             intra = [p for p in self._open() if not p.cross_leaf and p.leaf_a in (x, y)]
-            evidence = [f"{dead} of {len(items)} probed flows between {x} and {y} fail"
-                        + (" (all)" if dead == len(items) else
-                           " (ECMP: only the flows hashed onto the bad spine link)"),
+            evidence = [f"{dead} of {len(items)} probed pairs between {x} and {y} fail",
+                        *_flow_evidence(items),
                         f"under {x} and {y}: " + (_share(intra) if intra else "none probed"),
                         f"the fault is on a spine link of {x} or of {y} (or a spine between them): "
                         "probes between two leaves cannot tell which side"]
             confidence = _strength(dead) * LEAF_PAIR_SPINE_FACTOR * _working_share(intra)
-            self.done.update(id(p) for p in items if p.failed)
+            self.done.update(id(p) for p in items if p.broken)
             out.append(Finding("spine_path", f"{x} <-> {y} ({self.rail}) through the spines",
                                hosts=tuple(sorted({*leaves.get(x, ()), *leaves.get(y, ())})), ports=(x, y),
                                rail=self.rail, evidence=tuple(evidence), confidence=round(confidence, 3)))
@@ -610,6 +650,28 @@ class _RailStage:
         return [Finding("unexplained", f"{self.rail}: {len(left)} failing pairs no single component explains",
                         hosts=tuple(sorted({h for p in left for h in (p.a, p.b)})), rail=self.rail,
                         evidence=tuple(shown), confidence=0.3)]
+
+
+def _all_dead(items: Sequence[_Pair]) -> bool:
+    """Everything across these pairs died: every flow silent where flows
+    were counted, else every pair failed."""
+    if all(p.flows for p in items):
+        return all(p.silent == p.flows for p in items)
+    return all(p.failed for p in items)
+
+
+def _flow_evidence(items: Sequence[_Pair]) -> list[str]:
+    counted = [p for p in items if p.flows]
+    if not counted:
+        return ["flows not counted (a single source port per pair): a dead spine link and dead "
+                "uplinks look alike when every probed flow happens to hash onto the dead link"]
+    flows, silent = sum(p.flows for p in counted), sum(p.silent for p in counted)
+    partial = sum(p.partial for p in counted)
+    line = (f"{silent} of {flows} flows (UDP source ports) of {len(counted)} pairs got no reply at all; "
+            f"{partial} pairs lost some flows and kept the others")
+    if 0 < silent < flows:
+        line += ": ECMP hashes each flow onto one spine, and the flows hashed onto a dead link die"
+    return [line]
 
 
 def _share(pairs: Sequence[_Pair]) -> str:

@@ -17,7 +17,9 @@ path, once, in minutes, so its plan differs from the steady probe mesh
   every host at least `cross_per_host` cross-leaf pairs (so a leaf port that
   drops only what goes up to the spines still shows on each host). Hosts of
   a leaf are taken round-robin across its leaf pairs, so the load is even;
-  the sender of a cross pair is whichever end has sent less so far.
+  the sender of a cross pair is whichever end has sent less so far (on a
+  tie, the one that has answered more), so sending and answering are both
+  spread.
 - Deterministic: members are sorted first, no hash seeds, no randomness; the
   same members give the same plan whatever their order.
 
@@ -194,10 +196,12 @@ def _plan_rail(rail: str, members: list[Member], per_leaf_pair: int, per_host: i
         leaves[leaf].append(m.host)
         leaf_of[m.host] = leaf
     sent: dict[str, int] = defaultdict(int)
+    answered: dict[str, int] = defaultdict(int)
     probes: list[Probe] = []
 
     def add(sender: str, receiver: str) -> None:
         sent[sender] += 1
+        answered[receiver] += 1
         probes.append(Probe(rail, sender, receiver, leaf_of[sender], leaf_of[receiver]))
 
     names = sorted(leaves)
@@ -225,7 +229,10 @@ def _plan_rail(rail: str, members: list[Member], per_leaf_pair: int, per_host: i
                 # every cell once before repeating, so the k pairs are distinct.
                 x = ha[(cursor[a] + i) % p]
                 y = hb[(cursor[b] + i + i // period) % q]
-                if sent[x] < sent[y] or (sent[x] == sent[y] and i % 2 == 0):
+                # The end that has sent less sends; on a tie, the one that has
+                # answered more (the prober and the echo responder are different
+                # threads of the daemon: neither should carry a host's whole load).
+                if (sent[x], -answered[x], i % 2) <= (sent[y], -answered[y], 0):
                     add(x, y)
                 else:
                     add(y, x)

@@ -45,7 +45,8 @@ class PortCheck:
 @dataclass(frozen=True)
 class PairResult:
     """One probed pair as its sender reports it: the low-rate phase (sent,
-    received, RTT) and the high-rate burst phase."""
+    received, RTT), the high-rate burst phase, and the source ports (flows)
+    the probes were spread over and how many of them got no reply at all."""
 
     rail: str
     peer: str
@@ -56,17 +57,20 @@ class PairResult:
     rtt_p99_us: int = 0
     burst_sent: int = 0
     burst_received: int = 0
+    flows: int = 0  # 0: not counted (an older host)
+    flows_silent: int = 0
 
     @classmethod
     def from_proto(cls, m: fleet_pb2.PairResult) -> PairResult:
         return cls(rail=m.rail, peer=m.peer, peer_host=m.peer_host, sent=m.sent, received=m.received,
                    rtt_p50_us=m.rtt_p50_us, rtt_p99_us=m.rtt_p99_us, burst_sent=m.burst_sent,
-                   burst_received=m.burst_received)
+                   burst_received=m.burst_received, flows=m.flows, flows_silent=m.flows_silent)
 
     def to_proto(self) -> fleet_pb2.PairResult:
         return fleet_pb2.PairResult(rail=self.rail, peer=self.peer, peer_host=self.peer_host, sent=self.sent,
                                     received=self.received, rtt_p50_us=self.rtt_p50_us, rtt_p99_us=self.rtt_p99_us,
-                                    burst_sent=self.burst_sent, burst_received=self.burst_received)
+                                    burst_sent=self.burst_sent, burst_received=self.burst_received,
+                                    flows=self.flows, flows_silent=self.flows_silent)
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,20 @@
 """Fleet validation in the railopt lab: each fault found and localised in one
 run, and a healthy lab gives no finding.
 
-Not here yet (issue 13 stays open): a blackholing spine link (in railopt every rail has one leaf, so no
-same-rail probe crosses a spine: that needs cross-rail probes).
-
-railopt with 4 hosts x 2 rails (a leaf per rail, 2 spines), lldpd in every
-switch (labs/lldp.py), linkpassd on every host reporting to a lab
+railopt with 6 hosts x 2 rails, 3 leaves per rail (2 hosts under each) and 2
+spines: the rail-optimised shape where same-rail traffic between leaves
+crosses a spine, the leaves and spines hashing ECMP on the 5-tuple. lldpd in
+every switch (labs/lldp.py), linkpassd on every host reporting to a lab
 aggregator, and the cabling plan the lab was built with
-(labs/topos/cabling.py). Each test injects one fault, runs `linkpassctl
-validate` as an operator would (through the aggregator, on every host at
-once), reads its JSON report and exit code, and clears the fault; the next
-test starts only once every host reports every port UP again.
+(labs/topos/cabling.py). The probe plan then has every pair under a leaf
+and two pairs per leaf pair across the spines, each pair's probes spread
+over 8 UDP source ports (flows).
+
+Each test injects one fault, runs `linkpassctl validate` as an operator
+would (through the aggregator, on every host at once), reads its JSON
+report and exit code, and clears the fault. Each starts from a verified
+healthy state: every host connected with every port UP, no fault table
+left in any switch, and every host pair answering a ping on every rail.
 """
 
 from __future__ import annotations
@@ -18,26 +22,22 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 
 import pytest
 
+from labs import validation
 from labs.faults import Miswire, RandomLoss
-from labs.faults.blackhole import LeafPortBlackhole
+from labs.faults.blackhole import LeafPortBlackhole, SpineLinkBlackhole
 from labs.faults.optics import OpticDegradation
-from labs.scenario import LAB_TIMERS
-from labs.topos.cabling import write_cabling
-from labs.topos.railopt import railopt, start_linkpassd
-from linkpassd._proto.linkpass.v1 import fleet_pb2, fleet_pb2_grpc
+from labs.topos.plan import LabError
+from labs.validation import findings, summary
 
 pytestmark = pytest.mark.lab
 
-HOSTS, RAILS = 4, 2
+HOSTS, RAILS, SPINES, LEAVES_PER_RAIL = 6, 2, 2, 3
 DURATION_S = 8.0  # each host's window (LLDP from lldpd every second, probes, counters)
 RUN_TIMEOUT_S = 120.0
-HEALTHY_S = 60.0
 
 
 def needs_lab() -> None:
@@ -48,61 +48,20 @@ def needs_lab() -> None:
 @pytest.fixture(scope="module")
 def vlab():
     needs_lab()
-    with railopt(HOSTS, RAILS, 2, "linkpassd", linkpassd_timers=LAB_TIMERS,
-                 probes={"interval_ms": 50}, aggregator=True, mesh=True, lldp=True) as lab:
-        for host in lab.hosts:
-            start_linkpassd(lab, host.name)
-        lab.cabling_path = lab.workdir / "cabling.toml"
-        write_cabling(lab.plan, lab.cabling_path)
+    with validation.validation_lab(HOSTS, RAILS, SPINES, leaves_per_rail=LEAVES_PER_RAIL) as lab:
         yield lab
 
 
-def problems(lab) -> list[str]:
-    """What keeps the lab from a clean start: every host connected to the
-    aggregator and every port UP in its last report."""
-    with lab.aggregator.channel() as channel:
-        hosts = fleet_pb2_grpc.FleetServiceStub(channel).ListHosts(
-            fleet_pb2.ListHostsRequest(), timeout=10).hosts
-    seen = {h.host_id: h for h in hosts}
-    found = []
-    for host in lab.hosts:
-        view = seen.get(host.name)
-        if view is None or not view.connected:
-            found.append(f"{host.name}: not connected")
-            continue
-        for port in view.report.ports:
-            if port.verdict != 1:  # VERDICT_UP
-                found.append(f"{host.name} {port.port}: verdict {port.verdict}")
-        if len(view.report.ports) != RAILS:
-            found.append(f"{host.name}: {len(view.report.ports)} ports reported")
-    return found
-
-
 def wait_healthy(lab) -> None:
-    deadline = time.monotonic() + HEALTHY_S
-    while found := problems(lab):
-        if time.monotonic() > deadline:
-            pytest.fail("lab not healthy before the run:\n  " + "\n  ".join(found))
-        time.sleep(0.5)
+    try:
+        validation.wait_healthy(lab)
+    except LabError as exc:
+        pytest.fail(str(exc))
 
 
 def validate(lab) -> tuple[int, dict]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "linkpassd.ctl.main", "validate", "--aggregator",
-         lab.aggregator.address, "--insecure", "--plan", str(lab.cabling_path),
-         "--duration", str(DURATION_S), "-o", "json"],
-        capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    assert proc.returncode in (0, 8), f"validate failed ({proc.returncode}): {proc.stderr}"
-    return proc.returncode, json.loads(proc.stdout)
-
-
-def findings(report: dict) -> list[dict]:
-    return report.get("findings", [])
-
-
-def summary(report: dict) -> str:
-    return "\n".join(f"{f.get('kind')}: {f.get('component')} ({f.get('confidence')})"
-                     for f in findings(report)) or "no findings"
+    run = validation.validate(lab, DURATION_S, RUN_TIMEOUT_S)
+    return run.code, run.report
 
 
 def test_a_healthy_lab_gives_no_finding(vlab):
@@ -110,6 +69,10 @@ def test_a_healthy_lab_gives_no_finding(vlab):
     code, report = validate(vlab)
     assert code == 0 and findings(report) == [], summary(report)
     assert len(report["hosts"]) == HOSTS and all(h["status"] == "ok" for h in report["hosts"])
+    # every pair under a leaf, two per leaf pair across the spines, each over 8 flows
+    pairs = [p for h in report["hosts"] for p in h["validation"].get("pairs", [])]
+    assert len(pairs) == RAILS * (3 * 1 + 3 * 2), len(pairs)
+    assert all(p["flows"] == 8 and "flows_silent" not in p for p in pairs)
 
 
 def run_with(lab, fault, ready=None) -> dict:
@@ -144,21 +107,41 @@ def test_a_dead_optic_is_named(vlab):
     # validated once the module is past its alarm (the ramp takes 0.5 s)
     fault = OpticDegradation(vlab, host.name, 1, end_dbm=-30.0, duration_s=0.5)
     report = run_with(vlab, fault, ready=lambda: fault.crossed_alarm_at is not None)
-    first = findings(report)[0]
-    assert first["kind"] == "optic" and host.rail(1).port in json.dumps(first), summary(report)
+    (found,) = findings(report)  # the sim module only: traffic is fine, nothing else to find
+    assert found["kind"] == "optic" and host.rail(1).port in json.dumps(found), summary(report)
 
 
 def test_a_blackholing_leaf_port_is_localised_to_that_host_port(vlab):
     host = vlab.hosts[0]
     report = run_with(vlab, LeafPortBlackhole(vlab, host.name, 0))
-    first = findings(report)[0]
-    assert first["kind"] == "blackhole", summary(report)
-    assert host.name in first.get("hosts", []) and host.rail(0).port in json.dumps(first)
+    assert [f["kind"] for f in findings(report)] == ["blackhole"], summary(report)
+    (found,) = findings(report)
+    assert found["hosts"] == [host.name] and found["rail"] == "rail0"
+    assert f"{host.name}:{host.rail(0).port}" in found["ports"] and \
+        f"{host.rail(0).leaf}:{host.rail(0).leaf_port}" in found["ports"], found
 
 
 def test_a_one_percent_lossy_link_is_found_by_the_burst(vlab):
     host = vlab.hosts[3]
     report = run_with(vlab, RandomLoss(vlab, host.name, 1, percent=1))
-    lossy = [f for f in findings(report) if f["kind"] == "lossy_link"]
-    assert lossy and host.name in lossy[0].get("hosts", []), summary(report)
+    assert [f["kind"] for f in findings(report)] == ["lossy_link"], summary(report)
+    (found,) = findings(report)
+    assert found["hosts"] == [host.name] and found["rail"] == "rail1", summary(report)
+    assert f"{host.name}:{host.rail(1).port}" in found["ports"]
     assert report.get("loss_resolution", 1) <= 0.01
+
+
+def test_a_blackholing_spine_link_is_localised_to_that_leaf_s_spine_links(vlab):
+    # lpl0 (rail 0, lph1 and lph2) <-> lps0: with 5-tuple ECMP only the flows
+    # hashed onto that link die, both ways; the other leaf pairs never touch it
+    leaf = vlab.plan.leaves_of_rail(0)[0]
+    report = run_with(vlab, SpineLinkBlackhole(vlab, leaf, 0))
+    assert {f["kind"] for f in findings(report)} == {"spine_path"}, summary(report)
+    (found,) = findings(report)
+    assert found["component"] == f"{leaf} (rail0): one of its spine links", summary(report)
+    assert found["ports"] == [leaf] and found["rail"] == "rail0"
+    under = [h.name for h in vlab.hosts if h.rail(0).leaf == leaf]
+    assert found["hosts"] == under
+    evidence = "\n".join(found["evidence"])
+    assert "flows (UDP source ports)" in evidence and "ECMP hashes each flow onto one spine" in evidence, evidence
+    assert "to 2 other leaves fail" in evidence

@@ -25,7 +25,7 @@ from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.adapters import lldp
 from linkpassd.adapters.echoresponder import ECHO_PORT
 from linkpassd.adapters.simsensor import SimulatedSensor
-from linkpassd.adapters.valprober import Phases, Target, run_probes
+from linkpassd.adapters.valprober import FLOWS, Phases, Target, run_probes
 from linkpassd.validate import hostcheck
 
 pytestmark = pytest.mark.netns
@@ -56,8 +56,12 @@ def test_the_prober_counts_every_probe_and_reply_and_a_dead_peer_spoils_no_other
         assert (tally.sent, tally.burst_sent) == (50, 500)
         assert (tally.received, tally.burst_received) == (50, 500), tally.target
         assert 0 < tally.rtt_us(0.5) <= tally.rtt_us(0.99) < 1_000_000
+        # spread evenly over the source ports, every one answered
+        assert (tally.flows, tally.flows_silent) == (FLOWS, 0)
+        assert max(tally.flow_sent) - min(tally.flow_sent) <= 1 and tally.flow_received == tally.flow_sent
     assert (dead.sent, dead.burst_sent, dead.received, dead.burst_received) == (50, 500, 0, 0)
     assert dead.rtt_us(0.5) == 0
+    assert (dead.flows, dead.flows_silent) == (FLOWS, FLOWS)
 
 
 def test_a_path_dropping_every_probe_receives_nothing_and_the_other_rail_everything(lab):
@@ -164,12 +168,15 @@ def test_lldp_from_the_wire_and_from_lldpd_names_the_leafs_system_and_port(lab, 
 
 class SteppingSensor(SimulatedSensor):
     """The lab's sim files, plus a hook after each port's first counter read
-    (the start of the window), so a test can raise a counter inside it."""
+    and first optics read (the start of the window), so a test can raise a
+    counter or kill a module inside it."""
 
-    def __init__(self, sim_dir, after_first_read) -> None:
+    def __init__(self, sim_dir, after_first_read, after_first_optics=lambda port: None) -> None:
         super().__init__(sim_dir)
         self.after_first_read = after_first_read
+        self.after_first_optics = after_first_optics
         self.reads: dict[str, int] = {}
+        self.optics_reads: dict[str, int] = {}
 
     async def counters(self, port):
         sample = await super().counters(port)
@@ -177,6 +184,13 @@ class SteppingSensor(SimulatedSensor):
         if self.reads[port] == 1:
             self.after_first_read(port)
         return sample
+
+    async def optics(self, port):
+        reading = await super().optics(port)
+        self.optics_reads[port] = self.optics_reads.get(port, 0) + 1
+        if self.optics_reads[port] == 1:
+            self.after_first_optics(port)
+        return reading
 
 
 def test_a_host_run_reports_ports_and_pairs_as_measured(lab, lldp_workdir, tmp_path):
@@ -192,6 +206,11 @@ def test_a_host_run_reports_ports_and_pairs_as_measured(lab, lldp_workdir, tmp_p
             sims[port].counters["rx_crc_errors"] += 17
             sims[port].write()
 
+    def rail1_module_dies(port: str) -> None:  # healthy when first read, dead by the end
+        if port == r1.port:
+            sims[port].reading["rx_power_dbm"] = [-30.0] * 4
+            sims[port].write()
+
     host_lldpd = None
     leaf = Lldpd(lab.leaf.name, lldp_workdir, "leaf", [r0.peer], system="leaf-r0-a")
     try:
@@ -201,7 +220,7 @@ def test_a_host_run_reports_ports_and_pairs_as_measured(lab, lldp_workdir, tmp_p
                      "the host's lldpd to see the leaf"), timeout=LLDPD_READY_S + 10)
         context = hostcheck.HostContext(
             rails=tuple(hostcheck.RailPort(f"rail{r.index}", r.port, r.address) for r in lab.rails),
-            sensor=SteppingSensor(tmp_path / "sim", crc_errors_on_rail1),
+            sensor=SteppingSensor(tmp_path / "sim", crc_errors_on_rail1, rail1_module_dies),
             netns=lab.host.name, lldpd_socket=host_lldpd.socket)
         request = fleet_pb2.ValidateHost(
             run_id="run-7", duration_s=5.0, rate_pps=20, burst_pps=400, burst_s=1.0,
@@ -228,13 +247,18 @@ def test_a_host_run_reports_ports_and_pairs_as_measured(lab, lldp_workdir, tmp_p
     assert any(p.startswith(f"{r1.port}: no LLDP neighbour") and "no LLDP frame within" in p
                for p in result.problems), result.problems
     assert any("rx_power_dbm" in text or "RX" in text for text in ports[r0.port].optics_problems)
-    assert list(ports[r1.port].optics_problems) == []
+    assert not any(text.startswith("at the window's end") for text in ports[r0.port].optics_problems)
+    # rail 1's module was healthy at the start and dead at the end: read twice, found
+    late = list(ports[r1.port].optics_problems)
+    assert late and all(text.startswith("at the window's end: ") and "RX" in text for text in late), late
+    assert context.sensor.optics_reads[r1.port] == 2
     assert dict(ports[r1.port].counters_rising) == {"rx_crc_errors": 17}
     assert dict(ports[r0.port].counters_rising) == {}
     for pair in result.pairs:
         assert pair.sent > 0 and pair.received == pair.sent
         assert pair.burst_sent > 0 and pair.burst_received == pair.burst_sent
         assert pair.rtt_p50_us > 0
+        assert (pair.flows, pair.flows_silent) == (FLOWS, 0)
     assert len(result.problems) == 1, result.problems
 
 

@@ -37,7 +37,7 @@ def good_toml(pki: Path, db: Path) -> str:
             f'restart_cost_min = 45\nheartbeat_s = 2.5\nmax_message_bytes = 1048576\n'
             f'[tls]\nca = "{pki}/ca.pem"\ncert = "{pki}/agg.pem"\nkey = "{pki}/agg-key.pem"\n'
             f'[mesh]\npeers_per_rail = 4\nmax_peers_per_rail = 6\n[web]\nlisten = ""\n'
-            f'[metrics]\nlisten = "127.0.0.1:9481"\n')
+            f'[metrics]\nlisten = "127.0.0.1:9481"\n[validation]\nhost_budget_pps = 2500\n')
 
 
 def test_a_full_config_becomes_settings(pki: Path, tmp_path: Path) -> None:
@@ -48,6 +48,7 @@ def test_a_full_config_becomes_settings(pki: Path, tmp_path: Path) -> None:
     assert (s.max_message_bytes, s.peers_per_rail, s.max_peers_per_rail) == (1048576, 4, 6)
     assert (s.web_listen, s.metrics_listen, s.tls.insecure) == ("", "127.0.0.1:9481", False)
     assert s.tls.cert == f"{pki}/agg.pem"
+    assert s.validation_host_budget_pps == 2500.0
 
 
 def test_defaults_need_only_tls_or_insecure() -> None:
@@ -75,6 +76,7 @@ def test_defaults_need_only_tls_or_insecure() -> None:
     ("[mesh]\npeers_per_rail = 5\nmax_peers_per_rail = 4\n[tls]\ninsecure = true", "mesh.max_peers_per_rail",
      "at least mesh.peers_per_rail (5)"),
     ('[web]\nlisten = "0.0.0.0:7443"\n[tls]\ninsecure = true', "web.listen", "same address as aggregator.listen"),
+    ("[validation]\nhost_budget_pps = 10\n[tls]\ninsecure = true", "validation.host_budget_pps", "= 10: expected"),
     ("[webs]\nlisten = 1", "webs", "unknown section"),
     ("aggregator = 3", "aggregator", "= 3: expected a [aggregator] table"),
 ])

@@ -214,7 +214,8 @@ def test_each_host_gets_its_planned_ports_and_peers_at_their_inventory_addresses
     connected hosts, each peer at the address its own inventory gives for
     that rail; who probes a host is named too (its responder must answer)."""
     async def scenario() -> None:
-        async with serving(insecure_settings(tmp_path / "fleet.db")) as server:
+        # a probe budget that binds: 100 probes/s over the busiest host's pairs
+        async with serving(insecure_settings(tmp_path / "fleet.db", validation_host_budget_pps=100.0)) as server:
             async with channel(server.port, None) as ch:
                 agents = await connect_agents(server, ch, {h: "answer" for h in HOSTS})
                 call = pb_grpc.FleetServiceStub(ch).Validate(
@@ -231,6 +232,10 @@ def test_each_host_gets_its_planned_ports_and_peers_at_their_inventory_addresses
                     assert [(p.port, p.rail, p.switch_name, p.switch_port, p.speed_mbps) for p in v.ports] == [
                         ("eth1", "rail1", leaf(host, "rail1"), f"Ethernet{host[-1]}", 400_000)]
                     assert v.duration_s == 3 and v.rate_pps > 0 and v.burst_pps > 0 and v.burst_s > 0
+                    assert v.flows == 8
+                    load = max(len(a.commands[0].validate.targets) + len(a.commands[0].validate.probed_by)
+                               for a in agents.values())
+                    assert v.burst_pps * load <= 100.0 < 500.0 * load  # schedule's cap, from the setting
                     for t in v.targets:
                         assert (t.rail, t.peer) == ("rail1", address(t.peer_host, "rail1")), t
                         sent.add(tuple(sorted((host, t.peer_host))))

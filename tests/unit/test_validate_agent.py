@@ -15,7 +15,9 @@ from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.adapters.links import LinkSnapshot
 from linkpassd.agent import link as agentlink
 from linkpassd.agent.link import DaemonHost
-from linkpassd.core.model import CounterSample, HealthPolicy, LinkSample, Unreadable
+from linkpassd.core.model import (CounterSample, HealthPolicy, LinkSample, ModuleIdentity, OpticsReading,
+                                  Unreadable)
+from linkpassd.core.model import Thresholds as ModelThresholds
 from linkpassd.validate import hostcheck
 
 from test_agent import (DEADLINE_S, FakeAggregator, agent_for, make_daemon, new_spool,
@@ -165,6 +167,41 @@ def test_counters_that_rose_over_the_window_are_reported_with_their_increase():
 def test_an_unreadable_optic_is_not_checked_rather_than_a_problem_of_the_optic():
     assert hostcheck.optics_verdict(Unreadable("eth0: no module"), HealthPolicy()) == \
         ([], "eth0: no module")
+
+
+def _reading(rx_dbm: float) -> OpticsReading:
+    return OpticsReading(identity=ModuleIdentity("CMIS", "QSFP-DD", "SIM", "P", "S"),
+                         temperature_c=40.0, voltage_v=3.3, tx_bias_ma=(7.5,) * 4,
+                         tx_power_dbm=(-0.5,) * 4, rx_power_dbm=(rx_dbm,) * 4,
+                         thresholds=(("rx_power_dbm", ModelThresholds(4.0, 3.0, -9.0, -11.0)),))
+
+
+def test_an_optic_that_dies_during_the_window_is_a_problem_read_at_its_end():
+    healthy, dead = _reading(-1.5), _reading(-30.0)
+    policy = HealthPolicy()
+    assert hostcheck.optics_over_window(healthy, healthy, policy) == ([], "")
+    found, why = hostcheck.optics_over_window(healthy, dead, policy)
+    assert why == "" and found and all(p.startswith("at the window's end: ") for p in found)
+    assert any("RX -30.00" in p for p in found), found
+    # dead from the start: told once, not again for the end
+    assert hostcheck.optics_over_window(dead, dead, policy) == hostcheck.optics_verdict(dead, policy)
+    # a module that stops answering mid-window is the optic's problem, not a check that did not run
+    found, why = hostcheck.optics_over_window(healthy, Unreadable("eth1: EEPROM read failed"), policy)
+    assert (found, why) == (["the module answered at the window's start, not at its end: "
+                             "eth1: EEPROM read failed"], "")
+    # no module at all (a veth): not checked, at either end
+    assert hostcheck.optics_over_window(Unreadable("no module"), Unreadable("no module"), policy) == \
+        ([], "no module")
+    # not read again (the end read timed out): the start's verdict alone
+    assert hostcheck.optics_over_window(healthy, None, policy) == ([], "")
+
+
+def test_flows_beyond_the_limit_are_refused():
+    request = validate("v", "r").command.validate
+    request.flows = 65
+    assert any(e.startswith("flows must be 0..64") for e in hostcheck.request_errors(request))
+    request.flows = 0
+    assert hostcheck.request_errors(request) == []
 
 
 def test_a_run_too_large_to_keep_books_on_is_refused():

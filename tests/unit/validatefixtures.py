@@ -13,9 +13,11 @@ port check and every probed pair from it, the way the hosts would see it:
 - leaf uplinks down: every cross-leaf pair with an end under it fails;
 - a blackholing spine link (leaf X <-> spine s): ECMP hashes each direction
   of each cross-leaf flow onto one of `spines` spines (a fixed hash of the
-  pair, as the echo probe's 5-tuple is fixed); a round trip fails when
-  either direction crosses X's link to s, so only some flows of a leaf pair
-  die;
+  pair and the flow's source port); a round trip fails when either
+  direction crosses X's link to s, so only some flows of a leaf pair die.
+  `flows` = 0: one flow per pair, counted as older hosts do (not at all);
+  `flows` = F: each pair's probes spread over F source ports, each hashed
+  on its own, and the pair reports how many got no reply;
 - a lossy link: each probe through the port is lost with probability p
   (seeded RNG, so runs are reproducible);
 - noise: a few stray lost probes on single pairs, as a busy lab gives.
@@ -44,6 +46,7 @@ class Fabric:
     rate_sent: int = 20  # low-rate phase probes per pair
     burst_sent: int = 500  # burst phase probes per pair
     seed: int = 1
+    flows: int = 0  # source ports per pair (0: one, not counted)
     # faults
     swapped: list[tuple[tuple[str, str], tuple[str, str]]] = field(default_factory=list)
     dead_optic: set[tuple[str, str]] = field(default_factory=set)  # (host, rail)
@@ -98,11 +101,12 @@ class Fabric:
         return ((host, rail) in self.dead_optic or (host, rail) in self.blackholed_ports
                 or any((host, rail) in pair for pair in self.swapped))
 
-    def _spine(self, rail: str, src: str, dst: str) -> int:
-        digest = hashlib.blake2b(f"{rail}|{src}|{dst}".encode(), digest_size=4).digest()
+    def _spine(self, rail: str, src: str, dst: str, flow: int = 0) -> int:
+        key = f"{rail}|{src}|{dst}" + (f"|{flow}" if flow else "")
+        digest = hashlib.blake2b(key.encode(), digest_size=4).digest()
         return int.from_bytes(digest, "big") % self.spines
 
-    def pair_fails(self, rail: str, a: str, b: str) -> bool:
+    def flow_fails(self, rail: str, a: str, b: str, flow: int = 0) -> bool:
         if self._port_dead(a, rail) or self._port_dead(b, rail):
             return True
         la, lb = self.port(a, rail).switch, self.port(b, rail).switch
@@ -112,14 +116,25 @@ class Fabric:
             return False
         if la in self.dead_uplinks or lb in self.dead_uplinks:
             return True
-        forward, back = self._spine(rail, a, b), self._spine(rail, b, a)
+        forward, back = self._spine(rail, a, b, flow), self._spine(rail, b, a, flow)
         return any((leaf, spine) in self.dead_spine_links for leaf in (la, lb) for spine in (forward, back))
+
+    def silent_flows(self, rail: str, a: str, b: str) -> int:
+        return sum(self.flow_fails(rail, a, b, f) for f in range(1, self.flows + 1))
+
+    def pair_fails(self, rail: str, a: str, b: str) -> bool:
+        """Single flow: the pair fails; several: every flow of it does."""
+        if not self.flows:
+            return self.flow_fails(rail, a, b)
+        return self.silent_flows(rail, a, b) == self.flows
 
     def cross_flows(self, rail: str, leaf_x: str, leaf_y: str) -> tuple[int, int]:
         """(failing, all) probed flows between two leaves: the tests check
         that a spine-link fault really is partial before relying on it."""
-        flows = [p for p in self.probes.probes if p.rail == rail and {p.sender_leaf, p.receiver_leaf} == {leaf_x, leaf_y}]
-        return sum(self.pair_fails(rail, p.sender, p.receiver) for p in flows), len(flows)
+        pairs = [p for p in self.probes.probes if p.rail == rail and {p.sender_leaf, p.receiver_leaf} == {leaf_x, leaf_y}]
+        if not self.flows:
+            return sum(self.pair_fails(rail, p.sender, p.receiver) for p in pairs), len(pairs)
+        return sum(self.silent_flows(rail, p.sender, p.receiver) for p in pairs), self.flows * len(pairs)
 
     # ---- what the hosts report ----
 
@@ -145,15 +160,20 @@ class Fabric:
         return out
 
     def _pair(self, rng: random.Random, rail: str, a: str, b: str, address: str) -> PairResult:
+        flows = {"flows": self.flows} if self.flows else {}
         if self.pair_fails(rail, a, b):
             return PairResult(rail, address, b, sent=self.rate_sent, received=0, burst_sent=self.burst_sent,
-                              burst_received=0)
+                              burst_received=0, **flows, **({"flows_silent": self.flows} if self.flows else {}))
+        silent = self.silent_flows(rail, a, b) if self.flows else 0
+        alive = 1.0 - silent / self.flows if self.flows else 1.0  # probes go round the flows in turn
         p = max(self.lossy.get((a, rail), 0.0), self.lossy.get((b, rail), 0.0))
         low_lost = sum(rng.random() < p for _ in range(self.rate_sent))
         burst_lost = sum(rng.random() < p for _ in range(self.burst_sent))
         for n_rail, n_a, n_b, lost in self.noise:
             if (n_rail, n_a, n_b) == (rail, a, b):
                 burst_lost += lost
-        return PairResult(rail, address, b, sent=self.rate_sent, received=self.rate_sent - low_lost,
+        low_ok = round((self.rate_sent - low_lost) * alive)
+        burst_ok = round((self.burst_sent - min(burst_lost, self.burst_sent)) * alive)
+        return PairResult(rail, address, b, sent=self.rate_sent, received=low_ok,
                           rtt_p50_us=25, rtt_p99_us=60, burst_sent=self.burst_sent,
-                          burst_received=self.burst_sent - min(burst_lost, self.burst_sent))
+                          burst_received=burst_ok, **flows, **({"flows_silent": silent} if self.flows else {}))

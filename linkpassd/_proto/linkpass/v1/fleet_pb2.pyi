@@ -192,7 +192,7 @@ class CommandResult(_message.Message):
     def __init__(self, id: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., validation: _Optional[_Union[HostValidation, _Mapping]] = ...) -> None: ...
 
 class ValidateHost(_message.Message):
-    __slots__ = ("run_id", "duration_s", "ports", "targets", "rate_pps", "burst_pps", "burst_s", "probed_by")
+    __slots__ = ("run_id", "duration_s", "ports", "targets", "rate_pps", "burst_pps", "burst_s", "probed_by", "flows")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     DURATION_S_FIELD_NUMBER: _ClassVar[int]
     PORTS_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +201,7 @@ class ValidateHost(_message.Message):
     BURST_PPS_FIELD_NUMBER: _ClassVar[int]
     BURST_S_FIELD_NUMBER: _ClassVar[int]
     PROBED_BY_FIELD_NUMBER: _ClassVar[int]
+    FLOWS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     duration_s: float
     ports: _containers.RepeatedCompositeFieldContainer[ExpectedPort]
@@ -209,7 +210,8 @@ class ValidateHost(_message.Message):
     burst_pps: float
     burst_s: float
     probed_by: _containers.RepeatedCompositeFieldContainer[ProbeTarget]
-    def __init__(self, run_id: _Optional[str] = ..., duration_s: _Optional[float] = ..., ports: _Optional[_Iterable[_Union[ExpectedPort, _Mapping]]] = ..., targets: _Optional[_Iterable[_Union[ProbeTarget, _Mapping]]] = ..., rate_pps: _Optional[float] = ..., burst_pps: _Optional[float] = ..., burst_s: _Optional[float] = ..., probed_by: _Optional[_Iterable[_Union[ProbeTarget, _Mapping]]] = ...) -> None: ...
+    flows: int
+    def __init__(self, run_id: _Optional[str] = ..., duration_s: _Optional[float] = ..., ports: _Optional[_Iterable[_Union[ExpectedPort, _Mapping]]] = ..., targets: _Optional[_Iterable[_Union[ProbeTarget, _Mapping]]] = ..., rate_pps: _Optional[float] = ..., burst_pps: _Optional[float] = ..., burst_s: _Optional[float] = ..., probed_by: _Optional[_Iterable[_Union[ProbeTarget, _Mapping]]] = ..., flows: _Optional[int] = ...) -> None: ...
 
 class ExpectedPort(_message.Message):
     __slots__ = ("port", "rail", "speed_mbps", "switch_name", "switch_port")
@@ -277,7 +279,7 @@ class PortCheck(_message.Message):
     def __init__(self, port: _Optional[str] = ..., rail: _Optional[str] = ..., carrier: _Optional[bool] = ..., speed_mbps: _Optional[int] = ..., lldp_system: _Optional[str] = ..., lldp_port: _Optional[str] = ..., lldp_source: _Optional[str] = ..., optics_problems: _Optional[_Iterable[str]] = ..., counters_rising: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class PairResult(_message.Message):
-    __slots__ = ("rail", "peer", "peer_host", "sent", "received", "rtt_p50_us", "rtt_p99_us", "burst_sent", "burst_received")
+    __slots__ = ("rail", "peer", "peer_host", "sent", "received", "rtt_p50_us", "rtt_p99_us", "burst_sent", "burst_received", "flows", "flows_silent")
     RAIL_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
     PEER_HOST_FIELD_NUMBER: _ClassVar[int]
@@ -287,6 +289,8 @@ class PairResult(_message.Message):
     RTT_P99_US_FIELD_NUMBER: _ClassVar[int]
     BURST_SENT_FIELD_NUMBER: _ClassVar[int]
     BURST_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    FLOWS_FIELD_NUMBER: _ClassVar[int]
+    FLOWS_SILENT_FIELD_NUMBER: _ClassVar[int]
     rail: str
     peer: str
     peer_host: str
@@ -296,7 +300,9 @@ class PairResult(_message.Message):
     rtt_p99_us: int
     burst_sent: int
     burst_received: int
-    def __init__(self, rail: _Optional[str] = ..., peer: _Optional[str] = ..., peer_host: _Optional[str] = ..., sent: _Optional[int] = ..., received: _Optional[int] = ..., rtt_p50_us: _Optional[int] = ..., rtt_p99_us: _Optional[int] = ..., burst_sent: _Optional[int] = ..., burst_received: _Optional[int] = ...) -> None: ...
+    flows: int
+    flows_silent: int
+    def __init__(self, rail: _Optional[str] = ..., peer: _Optional[str] = ..., peer_host: _Optional[str] = ..., sent: _Optional[int] = ..., received: _Optional[int] = ..., rtt_p50_us: _Optional[int] = ..., rtt_p99_us: _Optional[int] = ..., burst_sent: _Optional[int] = ..., burst_received: _Optional[int] = ..., flows: _Optional[int] = ..., flows_silent: _Optional[int] = ...) -> None: ...
 
 class ValidateRequest(_message.Message):
     __slots__ = ("plan", "hosts", "rails", "duration_s")
