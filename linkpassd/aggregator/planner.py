@@ -8,10 +8,12 @@ inventory (a disconnected host's daemon may be down: probing it would report
 false path failures), and sends ProbePeers only to hosts whose peers changed,
 or that (re)joined since they were last told.
 
-Above PROCESS_ABOVE_HOSTS the plan is made in a worker process (spawned at
-the first such plan, kept, killed at stop), never on the event loop or a
-thread of this process: it is pure Python and takes seconds (see
-PROCESS_ABOVE_HOSTS), and a thread would hold the GIL for all of them.
+Above worker.OFF_LOOP_ABOVE_HOSTS the plan is made in the aggregator's
+worker process (aggregator.worker), never on the event loop or a thread of
+this process: mesh.plan is pure Python (33 s of CPU for 16,384 hosts x 8
+rails on the 2-core lab machine), and a thread holding the GIL that long
+starves the event loop and the store's worker thread, so every host's acks
+wait for it.
 
 Generations come from the wall clock in milliseconds (and always increase
 within a run), so an agent that kept the generation of an aggregator that was
@@ -33,12 +35,8 @@ replica died without clearing it leaves the plan once it is stale.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
-import multiprocessing
 import time
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -46,6 +44,7 @@ import structlog
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd.aggregator import mesh
 from linkpassd.aggregator.store import CHANNEL_MESH
+from linkpassd.aggregator.worker import Worker
 
 if TYPE_CHECKING:
     from linkpassd.aggregator.metrics import AggregatorMetrics
@@ -53,11 +52,6 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("linkpassd.aggregator.mesh")
 
-# Above this many hosts the plan is made in a worker process. Not a thread:
-# mesh.plan is pure Python (33 s of CPU for 16,384 hosts x 8 rails on this
-# 2-core lab machine), and a thread holding the GIL that long starves the
-# event loop and the store's worker thread, so every host's acks wait for it.
-PROCESS_ABOVE_HOSTS = 512
 STALE_REPLAN_S = 30.0  # shared store: re-plan at least this often
 LEAD_ROLE = "mesh-planner"
 
@@ -76,7 +70,7 @@ def plan_rows(rows: list[tuple[str, str, str, str]], peers_per_rail: int,
 
 class MeshPlanner:
     def __init__(self, fleet: Any, settings: Settings, metrics: AggregatorMetrics,
-                 debounce_s: float = 1.0) -> None:
+                 debounce_s: float = 1.0, worker: Worker | None = None) -> None:
         self._fleet = fleet  # server.Fleet: .sessions (host -> HostSession with .inventory, .send)
         self._settings = settings
         self._metrics = metrics
@@ -86,7 +80,7 @@ class MeshPlanner:
         self._told: dict[str, tuple[HostPlan, HostPlan]] = {}
         self._told_shared: dict[str, bytes] = {}  # shared store: the plan entry each host was last sent
         self._generation = 0
-        self._pool: ProcessPoolExecutor | None = None  # the worker process, started at the first big plan
+        self._worker = worker or Worker("mesh")  # big plans run there
         # host -> (the inventory object, its members): parsing 16,384 hosts'
         # addresses again at every plan took over a second of the loop.
         self._members: dict[str, tuple[pb.Inventory, list[mesh.Member]]] = {}
@@ -168,37 +162,15 @@ class MeshPlanner:
         return cached[1]
 
     async def _plan(self, members: list[mesh.Member], hosts: int) -> tuple[mesh.Plan, Probers]:
-        """mesh.plan and mesh.probers: here for a small fleet, in the worker
-        process above PROCESS_ABOVE_HOSTS (on a thread if that process cannot
-        run: slower for everyone, but planned)."""
+        """mesh.plan and mesh.probers, off the loop for a big fleet (aggregator.worker)."""
         settings = self._settings
-        args = (settings.peers_per_rail, settings.max_peers_per_rail)
-        if hosts <= PROCESS_ABOVE_HOSTS:
-            new = mesh.plan(members, peers_per_rail=args[0], max_peers_per_rail=args[1])
-            return new, mesh.probers(new, members)
         rows = [(m.host_id, m.rail, m.address, m.leaf) for m in members]
-        job = functools.partial(plan_rows, rows, *args)
-        try:
-            if self._pool is None:
-                # spawn, not fork: forking a process that runs grpc's threads is unsafe
-                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
-            return await asyncio.get_running_loop().run_in_executor(self._pool, job)
-        except (BrokenProcessPool, OSError) as exc:
-            log.warning("mesh_plan_process_failed", error=str(exc) or type(exc).__name__, fallback="thread")
-            self.close()
-            return await asyncio.to_thread(job)
+        return await self._worker.run(hosts, plan_rows, rows, settings.peers_per_rail,
+                                      settings.max_peers_per_rail)
 
     def close(self) -> None:
-        """Stop the worker process, even mid-plan (a stopping aggregator
-        must not wait for a plan nobody will send)."""
-        pool, self._pool = self._pool, None
-        if pool is None:
-            return
-        # ProcessPoolExecutor has no public kill before Python 3.14; its
-        # processes are in _processes. Terminate them, then let it clean up.
-        for process in list((getattr(pool, "_processes", None) or {}).values()):
-            process.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the worker process, even mid-plan."""
+        self._worker.close()
 
     # -- several replicas on a shared store -----------------------------------
 
@@ -214,7 +186,7 @@ class MeshPlanner:
         # What the plan is made of: the connected hosts and their inventories.
         # Unchanged since this replica's last plan (the STALE_REPLAN_S round
         # with nobody gone stale): no plan. At 16,384 hosts a plan is half a
-        # minute of a core (see PROCESS_ABOVE_HOSTS), and redoing it every
+        # minute of a core (see the module docstring), and redoing it every
         # STALE_REPLAN_S kept a core busy for nothing.
         signature = hashlib.blake2b(digest_size=16)
         for row in await store.hosts():

@@ -44,6 +44,7 @@ from linkpassd.aggregator.settings import Settings
 from linkpassd.aggregator.replicas import Replicas
 from linkpassd.aggregator.store import CHANNEL_HOSTS, EventRow, HostRow, OutOfOrder, Store, StoreError, is_shared
 from linkpassd.aggregator.watch import DEFAULT_QUEUE, EventFanout
+from linkpassd.aggregator.worker import Worker
 
 log = structlog.get_logger("linkpassd.aggregator")
 
@@ -156,7 +157,10 @@ class Fleet:
         self.command_timeout_s = command_timeout_s
         self.sessions: dict[str, HostSession] = {}
         self.fanout = EventFanout(store, queue_size=watcher_queue, on_drop=metrics.watchers_dropped.inc)
-        self.planner = MeshPlanner(self, settings, metrics)
+        # One worker process for the big pure-Python jobs (mesh plans,
+        # validation plans and localisation), off the event loop.
+        self.worker = Worker("aggregator")
+        self.planner = MeshPlanner(self, settings, metrics, worker=self.worker)
         self._command_ids = itertools.count(1)
         self._instance = uuid.uuid4().hex[:8]
         self._beats: dict[str, float] = {}  # heartbeats not written yet: host -> newest
@@ -626,7 +630,7 @@ class AggregatorServer:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        self.fleet.planner.close()
+        self.fleet.worker.close()
         if self.fleet.replicas is not None:
             await self.fleet.replicas.stop()
 

@@ -168,35 +168,6 @@ class Validations:
         self.last: pb.ValidationReport | None = None
         self.running: tuple[str, str] | None = None  # (run_id, by)
 
-    def commands(self, selection: Selection, run_id: str,
-                 sessions: dict[str, HostSession]
-                 ) -> tuple[dict[str, pb.ValidateHost], dict[str, list[str]], rates.Schedule]:
-        """Each connected host's ValidateHost, per host the rails it cannot
-        be probed on (no address in its inventory), and the run's rates."""
-        members = []
-        unprobed: dict[str, list[str]] = defaultdict(list)
-        for port in selection.plan.ports:
-            session = sessions.get(port.host)
-            if session is None:
-                continue
-            address = rail_addresses(session.inventory).get(port.rail)
-            if address is None:
-                unprobed[port.host].append(port.rail)
-                continue
-            # The leaf is the plan's switch (not the inventory's leaf): the plan says
-            # where the cable must go, and the probe plan must cover its leaves.
-            members.append(probeplan.Member(host=port.host, rail=port.rail, address=address, leaf=port.switch))
-        probes = probeplan.ProbePlan.build(members)
-        plan = rates.schedule(probes, selection.duration_s, budget_pps=self.budget_pps)
-        commands = {}
-        for host in sessions:
-            commands[host] = pb.ValidateHost(
-                run_id=run_id, duration_s=selection.duration_s, ports=expected_ports(selection, host),
-                targets=[t.to_proto() for t in probes.targets_for(host)],
-                probed_by=[t.to_proto() for t in probes.probers_of(host)],
-                rate_pps=plan.rate_pps, burst_pps=plan.burst_pps, burst_s=plan.burst_s, flows=FLOWS)
-        return commands, unprobed, plan
-
     async def run(self, request: pb.ValidateRequest, by: str,
                   context: grpc.aio.ServicerContext) -> AsyncIterator[pb.ValidateResponse]:
         try:
@@ -228,7 +199,12 @@ class Validations:
         results: dict[str, pb.HostValidationResult] = {
             h: pb.HostValidationResult(host_id=h, status=ON_OTHER_REPLICA if h in elsewhere else NOT_CONNECTED)
             for h in selection.hosts if h not in sessions}
-        commands, unprobed, plan = self.commands(selection, run_id, sessions)
+        # Off the loop for a big fleet (aggregator.worker): at 2,048 hosts x 8
+        # rails the probe plan is seconds of pure Python, and every agent's
+        # stream would wait that long for its acks.
+        wire, unprobed, plan = await fleet.worker.run(
+            len(sessions), plan_commands_wire, selection, run_id, addresses_of(sessions), self.budget_pps)
+        commands = {host: pb.ValidateHost.FromString(raw) for host, raw in wire.items()}
         log.info("validation_started", run_id=run_id, by=by, hosts=len(selection.hosts), connected=len(sessions),
                  rails=list(selection.rails), duration_s=selection.duration_s,
                  targets=sum(len(c.targets) for c in commands.values()), rate_pps=plan.rate_pps,
@@ -281,7 +257,9 @@ class Validations:
         report.started.FromNanoseconds(round(started * 1e9))
         report.findings.extend(unvalidated_finding(r) for r in ordered if r.status != "ok")
         try:
-            analysis = analyse(selection.reference, [r for r in ordered if r.status == "ok"])
+            answered = [r for r in ordered if r.status == "ok"]
+            analysis = await fleet.worker.run(len(answered), analyse_wire, selection.reference,
+                                              [r.SerializeToString() for r in answered])
             report.findings.extend(f.to_proto() for f in analysis.findings)
             report.loss_resolution = analysis.loss_resolution
         except Exception as exc:  # a localiser bug must not lose the hosts' results: report them without
@@ -316,6 +294,57 @@ class Validations:
             return pb.HostValidationResult(
                 host_id=host, status=f"failed: the host answered for run {answer.validation.run_id[:40]}, not {run_id}")
         return pb.HostValidationResult(host_id=host, status="ok", validation=answer.validation)
+
+
+def addresses_of(sessions: dict[str, HostSession]) -> dict[str, dict[str, str]]:
+    """Each connected host's rail addresses, from its inventory (what the
+    probe plan needs of a session; plain dicts travel to the worker)."""
+    return {host: rail_addresses(session.inventory) for host, session in sessions.items()}
+
+
+def plan_commands(selection: Selection, run_id: str, addresses: dict[str, dict[str, str]],
+                  budget_pps: float
+                  ) -> tuple[dict[str, pb.ValidateHost], dict[str, list[str]], rates.Schedule]:
+    """Each host's ValidateHost (hosts: the keys of `addresses`), per host
+    the rails it cannot be probed on (no address in its inventory), and the
+    run's rates. Pure: runs on the aggregator's worker for a big fleet."""
+    members = []
+    unprobed: dict[str, list[str]] = defaultdict(list)
+    for port in selection.plan.ports:
+        if port.host not in addresses:
+            continue
+        address = addresses[port.host].get(port.rail)
+        if address is None:
+            unprobed[port.host].append(port.rail)
+            continue
+        # The leaf is the plan's switch (not the inventory's leaf): the plan says
+        # where the cable must go, and the probe plan must cover its leaves.
+        members.append(probeplan.Member(host=port.host, rail=port.rail, address=address, leaf=port.switch))
+    probes = probeplan.ProbePlan.build(members)
+    plan = rates.schedule(probes, selection.duration_s, budget_pps=budget_pps)
+    commands = {}
+    for host in addresses:
+        commands[host] = pb.ValidateHost(
+            run_id=run_id, duration_s=selection.duration_s, ports=expected_ports(selection, host),
+            targets=[t.to_proto() for t in probes.targets_for(host)],
+            probed_by=[t.to_proto() for t in probes.probers_of(host)],
+            rate_pps=plan.rate_pps, burst_pps=plan.burst_pps, burst_s=plan.burst_s, flows=FLOWS)
+    return dict(commands), dict(unprobed), plan
+
+
+def plan_commands_wire(selection: Selection, run_id: str, addresses: dict[str, dict[str, str]],
+                       budget_pps: float
+                       ) -> tuple[dict[str, bytes], dict[str, list[str]], rates.Schedule]:
+    """plan_commands with each ValidateHost serialized: what crosses to and
+    from the worker process (our generated message classes do not pickle:
+    their module is named after the proto package, not linkpassd._proto)."""
+    commands, unprobed, plan = plan_commands(selection, run_id, addresses, budget_pps)
+    return {host: c.SerializeToString() for host, c in commands.items()}, unprobed, plan
+
+
+def analyse_wire(plan: CablingPlan, results: Sequence[bytes]) -> locate.Analysis:
+    """analyse() from serialized HostValidationResults (see plan_commands_wire)."""
+    return analyse(plan, [pb.HostValidationResult.FromString(raw) for raw in results])
 
 
 def analyse(plan: CablingPlan, results: Sequence[pb.HostValidationResult]) -> locate.Analysis:
