@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import errno
 import os
+import struct
 from collections.abc import Callable
 
 from pyroute2.netlink import (
@@ -32,6 +33,7 @@ from pyroute2.netlink import (
     NLM_F_DUMP,
     NLM_F_DUMP_INTR,
     NLM_F_REQUEST,
+    NLMSG_ERROR,
     SOL_NETLINK,
 )
 from pyroute2.netlink.exceptions import NetlinkError
@@ -172,8 +174,25 @@ class BoundedNetlink:
         if exc.errno != errno.EINVAL or event is None or not event.is_set() or kept is not exc:
             return False
         event.clear()
+        self._drop_error_record(exc.errno)
         self.races_forgotten += 1
         return True
+
+    def _drop_error_record(self, code: int) -> None:
+        """pyroute2 also files a socket error as a made-up NLMSG_ERROR with
+        sequence number 0 in the socket's root queue, where nobody reads it:
+        left there, every forgotten race would leave one behind for good."""
+        queue = getattr(getattr(self.ipr, "msg_queue", None), "root", None)
+        if queue is None:
+            return
+        kept = []
+        while not queue.empty():
+            data = queue.get_nowait()
+            queue.task_done()
+            if not _is_error_record(data, code):
+                kept.append(data)
+        for data in kept:
+            queue.put_nowait(data)
 
     def _sender_thread(self) -> concurrent.futures.ThreadPoolExecutor:
         # One thread: while a send is stuck in the kernel the next ones wait
@@ -197,6 +216,16 @@ class BoundedNetlink:
             except OSError:  # before Linux 4.20
                 pass
         self._socket_ready = True
+
+
+def _is_error_record(data, code: int) -> bool:
+    """pyroute2's record of a socket error (CoreProtocol.enqueue_error): an
+    NLMSG_ERROR of length 28, sequence and port id 0, the errno at offset 16."""
+    if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) < 20:
+        return False
+    length, msg_type, _flags, seq, pid = struct.unpack_from("=IHHII", data)
+    (error,) = struct.unpack_from("=i", data, 16)
+    return (length, msg_type, seq, pid) == (28, NLMSG_ERROR, 0, 0) and error in (code, -code)
 
 
 def kernel_message(e: NetlinkError) -> str:

@@ -102,6 +102,12 @@ def wait_no_problems(what: str, problems, timeout: float) -> None:
         time.sleep(0.2)
 
 
+def not_up(cells: dict[tuple[str, str], dict[str, str]]) -> list[str]:
+    """The cells not UP, each with its title (port, verdict, evidence)."""
+    return [f"{key}: {cell['data-verdict']} ({cell.get('title')})"
+            for key, cell in sorted(cells.items()) if cell["data-verdict"] != "UP"]
+
+
 def absorbed_today(lab) -> int:
     with lab.aggregator.channel() as channel:
         summary = fleet_pb2_grpc.FleetServiceStub(channel).GetSummary(
@@ -158,8 +164,10 @@ def test_a_silent_blackhole_is_found_through_the_mesh_and_the_page_shows_it(flee
     peer = lab.hosts[1]
     dst = peer.rail(0).address
     assert routed_dev(lab, victim.name, dst, rail0.address) == rail0.port
-    cells = page_cells(lab.aggregator.web_url)
-    assert cells[(victim.name, "rail0")]["data-verdict"] == "UP", cells
+    # A verified healthy start: every host's every rail UP on the page, not
+    # only the victim's (a bystander still settling would be misread below).
+    wait_no_problems("every cell UP on the page before the fault",
+                     lambda: not_up(page_cells(lab.aggregator.web_url)), PAGE_S)
     absorbed_before = absorbed_today(lab)
     assert absorbed_before == 0, rail_path_events(lab)  # a healthy start absorbed nothing
     fault = SilentBlackhole(lab, victim.name, 0)
@@ -174,8 +182,25 @@ def test_a_silent_blackhole_is_found_through_the_mesh_and_the_page_shows_it(flee
 
         cell = wait_for("the page showing the faulted port DOWN", fault_on_page, PAGE_S)
         assert cell["data-port"] == rail0.port
-        others = page_cells(lab.aggregator.web_url)
-        assert others[(lab.hosts[2].name, "rail0")]["data-verdict"] == "UP"
+        # The fault is the victim's alone: a bystander's rail0 loses one of its
+        # three peers (the victim) and stays UP (core.probe.rail_assessment).
+        # Read until every bystander shows UP, bounded, and never DOWN on the
+        # way: a burst lost to a starved responder on 2 busy cores (4 daemons,
+        # the aggregator and a browser) can show a bystander DEGRADED for a
+        # moment, but a bystander judged DOWN would be a fault misplaced.
+        bystanders = [(h.name, "rail0") for h in lab.hosts if h is not victim]
+        seen_down: list[str] = []
+
+        def bystanders_up():
+            cells = page_cells(lab.aggregator.web_url)
+            seen_down.extend(f"{k}: {cells[k].get('title')}" for k in bystanders
+                             if cells[k]["data-verdict"] == "DOWN")
+            return [f"{k}: {cells[k]['data-verdict']} ({cells[k].get('title')})"
+                    for k in bystanders if cells[k]["data-verdict"] != "UP"]
+
+        wait_no_problems("the bystanders' rail0 UP while the victim's is down", bystanders_up,
+                         PAGE_S)
+        assert not seen_down, seen_down
         # the one failover this fault caused is counted as one failure absorbed
         wait_for("the failover counted as absorbed", lambda: absorbed_today(lab) >= 1, PAGE_S)
         assert absorbed_today(lab) == 1, rail_path_events(lab)

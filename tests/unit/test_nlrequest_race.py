@@ -6,6 +6,7 @@ import errno
 import threading
 
 import pytest
+from pyroute2.netlink.core import CoreProtocol
 
 from linkpassd.adapters.nlrequest import BoundedNetlink, KernelSocketError
 
@@ -17,6 +18,16 @@ class StickyIpr:
         self._error_event = threading.Event()
         self._error_event.set()
         self.status = {"error": exc}
+        self.msg_queue = type("MessageQueue", (), {"root": asyncio.Queue()})()
+        self.msg_queue.root.put_nowait(b"an unrelated message nobody has read")
+        # and the record pyroute2 files for the error, made by pyroute2 itself
+        CoreProtocol.enqueue_error(self, exc.errno)
+
+    def enqueue(self, data, addr):
+        self.msg_queue.root.put_nowait(data)
+
+    def root(self) -> list:
+        return list(self.msg_queue.root._queue)
 
 
 def bounded(exc: OSError, fail_times: int) -> tuple[BoundedNetlink, list]:
@@ -39,6 +50,8 @@ def test_the_races_einval_is_forgotten_once_and_the_dump_read_again():
     replies = asyncio.run(nl.dump(lambda: None, 26, "route dump"))
     assert replies == [{"header": {"flags": 0}, "n": 2}] and len(calls) == 2
     assert nl.races_forgotten == 1 and not nl.ipr._error_event.is_set()
+    # pyroute2's made-up error message went with it; nothing else did
+    assert nl.ipr.root() == [b"an unrelated message nobody has read"]
 
 
 @pytest.mark.parametrize("code", [errno.ENOBUFS, errno.EBADF])
@@ -48,6 +61,7 @@ def test_other_socket_errors_stay_errors(code):
     with pytest.raises(KernelSocketError, match="route dump: netlink socket failed"):
         asyncio.run(nl.dump(lambda: None, 26, "route dump"))
     assert nl.races_forgotten == 0 and len(calls) == 1
+    assert len(nl.ipr.root()) == 2  # an error that stays an error keeps its record
 
 
 def test_an_einval_that_is_not_the_kept_one_is_not_forgotten():
