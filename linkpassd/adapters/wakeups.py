@@ -12,6 +12,7 @@ that path's handle, and every path woke the loop on its own (issue 11).
 from __future__ import annotations
 
 import asyncio
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 from linkpassd.adapters.looplag import LoopLag
@@ -36,8 +37,12 @@ class SharedTimer:
     after the run). Counts its wake-ups and runs, for measurement."""
 
     def __init__(self, lag: LoopLag | None = None, grain_s: float = DEFAULT_GRAIN_S,
-                 max_runs: int = MAX_RUNS_PER_WAKEUP):
+                 max_runs: int = MAX_RUNS_PER_WAKEUP,
+                 batch: AbstractContextManager | None = None):
         self.lag = lag
+        # Entered around each wake-up's runs (the echo service's outbox: the
+        # probes queued by every run leave together when it exits).
+        self.batch = batch if batch is not None else nullcontext()
         self.grain_s = grain_s
         self.max_runs = max_runs
         self.queue: DeadlineQueue[Due] = DeadlineQueue()
@@ -91,14 +96,15 @@ class SharedTimer:
             self.lag.record(now, lag)
         self._firing = True
         try:
-            for key, _when in self.queue.pop_due(now, self.max_runs):
-                self.runs += 1
-                try:
-                    key.due(now, lag)
-                except Exception as exc:  # noqa: BLE001 - one path's bug must not stop the rest
-                    self._loop.call_exception_handler(
-                        {"message": f"echo timer: {key!r} failed", "exception": exc})
-                    self.queue.set(key, now + _RETRY_AFTER_FAILURE_S)
+            with self.batch:
+                for key, _when in self.queue.pop_due(now, self.max_runs):
+                    self.runs += 1
+                    try:
+                        key.due(now, lag)
+                    except Exception as exc:  # noqa: BLE001 - one path's bug must not stop the rest
+                        self._loop.call_exception_handler(
+                            {"message": f"echo timer: {key!r} failed", "exception": exc})
+                        self.queue.set(key, now + _RETRY_AFTER_FAILURE_S)
         finally:
             self._firing = False
             self._arm()

@@ -302,10 +302,11 @@ def test_alone_a_lost_burst_waits_the_peer_grace_and_a_late_reply_in_it_clears()
 
 def test_a_witness_probe_never_counts_as_loss_nor_raises_suspicion():
     sim = Sim(drop_req=[Window(1.0)]).up()
+    window = sim.p.window  # a snapshot: the prober changes in place
     p, send = sim.p.poke(1.0001)
     assert send.burst
     p, _ = p.poll(1.0001 + p.config.timeout_s + 1e-4)
-    assert p.state is PathState.UP and p.window == sim.p.window
+    assert p.state is PathState.UP and p.window == window
 
 
 @pytest.mark.parametrize("direction", ["drop_req", "drop_rep"])

@@ -172,9 +172,9 @@ def test_a_host_stall_over_the_whole_flight_makes_the_miss_unknown():
     p, _ = up.poll(0.0)
     log = StallLog()
     log.add(0.0005, 0.0095)  # the loop stalled over the whole timeout
-    shared, _ = p.poll(0.0095, 0.0, log)
-    told, _ = p.note_lag(0.0095, 0.009).poll(0.0095)
-    alone, _ = p.poll(0.0095)
+    shared, _ = p.copy().poll(0.0095, 0.0, log)  # a prober changes in place: one copy each
+    told, _ = p.copy().note_lag(0.0095, 0.009).poll(0.0095)
+    alone, _ = p.copy().poll(0.0095)
     assert shared.counters.unknown_lag == told.counters.unknown_lag == 1
     assert shared.state is told.state is PathState.UP
     assert alone.counters.lost == 1 and alone.state is PathState.SUSPECT  # the control
@@ -255,9 +255,10 @@ def test_a_suspect_pokes_a_few_witnesses_on_other_rails_first():
     was O(paths^2) probes."""
     svc = _service(20)
     poked = []
+    for rail in svc.sockets.values():  # one socket per rail, shared by its paths
+        rail.sock = _FakeSock()
     for pr in svc.probers.values():
         pr.state = replace(pr.state, state=PathState.UP)
-        pr.sock = _FakeSock()
         pr.poke = lambda pr=pr: poked.append(pr)
         svc._changed(pr, pr.assessment())
     suspect = next(iter(svc.probers.values()))
