@@ -385,13 +385,14 @@ class EchoProber:
     after_change = _after
 
     def _schedule(self) -> None:
-        if self.rail is None:  # closed
+        rail = self.rail
+        if rail is None:  # closed
             return
         now = self._loop.time()
         when = self.state.next_wakeup(self.send_slot_s)
         if when < now:
             when = now
-        if self.rail.sock is None and self.rail.error:
+        if rail.sock is None and rail.error:
             when = max(when, now + _RETRY_S)
         self.timer.set(self, when)
 
@@ -593,6 +594,14 @@ class EchoService:
             await asyncio.Event().wait()
         finally:
             self.close()
+
+    def batching(self) -> dict[str, int]:
+        """Timer wake-ups, and the rails' system calls and datagrams (how well
+        probes share wake-ups and calls; logged when the daemon stops)."""
+        out = {"timer_wakeups": self.timer.wakeups, "timer_runs": self.timer.runs}
+        for name in ("send_calls", "sent", "recv_calls", "received", "foreign"):
+            out[name] = sum(getattr(rail, name) for rail in self.sockets.values())
+        return out
 
     def responder_counters(self) -> ResponderCounters | None:
         """The responder's counters as the daemon reports them (None: no responder)."""

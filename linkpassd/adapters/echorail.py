@@ -111,6 +111,9 @@ class RailSocket:
         self.opened_at: float | None = None  # loop time of the last attempt
         self.by_peer: dict[bytes, EchoProber] = {}
         self.foreign = 0  # datagrams from no peer of ours (or not from its echo port)
+        # How well batching works (logged when the daemon stops): system calls
+        # that sent or received, and the datagrams they carried.
+        self.send_calls = self.sent = self.recv_calls = self.received = 0
         self._sends = SendBatch(_SEND_BATCH, PACKET.size)
         self._queued: list[tuple[EchoProber, int, float]] = []  # per slot: prober, seq, now
         self._recv = RecvBatch(_RECV_BATCH, _RECV_SLOT, _CONTROL_SLOT)
@@ -200,6 +203,8 @@ class RailSocket:
             failures = [(i, errno.EBADF) for i in range(len(queued))]
         else:
             failures = self._sends.send(self._fd)
+            self.send_calls += 1
+            self.sent += len(queued) - len(failures)
         if not failures:
             return
         gone = ""
@@ -241,6 +246,8 @@ class RailSocket:
                 if call == 0 and readable:
                     touched += self.read_errors(now)
                 break
+            self.recv_calls += 1
+            self.received += n
             for i in range(n):
                 controllen, flags, length = unpack_result(headers, i * HEADER_SIZE + RESULT_OFFSET)
                 sport, addr4 = unpack_source(names, i * NAME_SIZE + 2)

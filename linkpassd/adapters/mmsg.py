@@ -56,7 +56,12 @@ assert _OFF_CONTROLLEN < _OFF_FLAGS < _OFF_LEN
 RESULT = struct.Struct("@N" + "x" * (_OFF_FLAGS - _OFF_CONTROLLEN - ctypes.sizeof(ctypes.c_size_t))
                        + "i" + "x" * (_OFF_LEN - _OFF_FLAGS - 4) + "I")
 RESULT_OFFSET = _OFF_CONTROLLEN
-_SOCKADDR_IN = struct.Struct("@H")  # sin_family, native order; port and address follow in network order
+_SOCKADDR_IN = struct.Struct("@H")
+_IP_PKTINFO = 8
+_CMSGHDR = struct.Struct("@Nii")  # cmsg_len, cmsg_level, cmsg_type (then the data, aligned)
+_PKTINFO_BODY = struct.Struct("@i4s")  # ipi_ifindex, ipi_spec_dst (ipi_addr is ignored on send)
+_PKTINFO_LEN = socket.CMSG_LEN(12)  # struct in_pktinfo
+_PKTINFO_SPACE = socket.CMSG_SPACE(12)  # sin_family, native order; port and address follow in network order
 _PORT_ADDR = struct.Struct("!H4s")
 
 try:
@@ -131,11 +136,19 @@ class SendBatch(_Batch):
         i = batch.add(addr4, port)           # then write its payload in place:
         PACKET.pack_into(batch.payload, i * batch.slot, ...)
         failures = batch.send(fd)             # [(index, errno)]; the batch is empty again
+
+    `pktinfo`: each datagram carries an IP_PKTINFO message (`add`'s ifindex
+    and local address: which interface and source address it leaves by).
     """
 
-    def __init__(self, capacity: int = 64, size: int = 40):
-        super().__init__(capacity, size)
+    def __init__(self, capacity: int = 64, size: int = 40, pktinfo: bool = False):
+        super().__init__(capacity, size, _PKTINFO_SPACE if pktinfo else 0)
         self.count = 0
+        self.pktinfo = pktinfo
+        if pktinfo:
+            for i in range(capacity):
+                _CMSGHDR.pack_into(self.control, i * _PKTINFO_SPACE, _PKTINFO_LEN,
+                                   socket.IPPROTO_IP, _IP_PKTINFO)
 
     def __len__(self) -> int:
         return self.count
@@ -144,13 +157,17 @@ class SendBatch(_Batch):
     def full(self) -> bool:
         return self.count >= self.capacity
 
-    def add(self, addr4: bytes, port: int) -> int:
+    def add(self, addr4: bytes, port: int, ifindex: int = 0, local4: bytes = bytes(4)) -> int:
         """Queue a datagram to (`addr4`, a packed IPv4 address, `port`) and
-        return its slot index. Raises IndexError when the batch is full."""
+        return its slot index (with `pktinfo`: out of interface `ifindex`,
+        from `local4`; 0 and 0.0.0.0: as routed). Raises IndexError when full."""
         i = self.count
         if i >= self.capacity:
             raise IndexError("send batch is full")
         _PORT_ADDR.pack_into(self.names, i * _NAME + 2, port, addr4)
+        if self.pktinfo:
+            _PKTINFO_BODY.pack_into(self.control, i * _PKTINFO_SPACE + _CMSGHDR.size, ifindex,
+                                    local4)
         self.count = i + 1
         return i
 

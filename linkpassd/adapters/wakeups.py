@@ -108,3 +108,4 @@ class SharedTimer:
         finally:
             self._firing = False
             self._arm()
+

@@ -116,3 +116,4 @@ class DeadlineQueue(Generic[K]):
     def _rebuild(self) -> None:
         self._heap = [(w, next(self._order), k) for k, w in self._when.items()]
         heapq.heapify(self._heap)
+

@@ -845,3 +845,61 @@ def test_set_paths_keeps_what_the_staying_paths_know_and_only_adds_and_removes()
     assert service._by_addresses == {(a.source, a.peer): kept,
                                      (c.source, c.peer): service.probers[c]}
     assert [x.signal for x in service.assessments("lprail0")] == ["probe:198.19.0.1"]
+
+
+# ---- the responder's batched path (adapters.mmsg buffers, filled by hand) ----
+
+def _fill(batch, i: int, data: bytes, src: tuple[str, int], pktinfo=None, rx=None, flags=0):
+    """Message `i` of a receive batch as recvmmsg would leave it."""
+    from linkpassd.adapters import mmsg
+    off = i * batch.slot
+    batch.payload[off:off + min(len(data), batch.slot)] = data[:batch.slot]
+    mmsg.PORT_ADDR.pack_into(batch.names, i * mmsg.NAME_SIZE + 2, src[1], socket.inet_aton(src[0]))
+    control, c = bytearray(), i * batch.control_slot
+    if rx is not None:
+        sec = int(rx)
+        control += struct.pack("@Nii", 32, socket.SOL_SOCKET, echo.SCM_TIMESTAMPNS)
+        control += struct.pack("@qq", sec, int((rx - sec) * 1e9))
+    if pktinfo is not None:
+        ifindex, local = pktinfo
+        control += struct.pack("@Nii", socket.CMSG_LEN(12), socket.IPPROTO_IP, echo.IP_PKTINFO)
+        control += struct.pack("@i4s4s", ifindex, socket.inet_aton(local), socket.inet_aton(local))
+        control += bytes(4)  # CMSG_SPACE padding
+    batch.control[c:c + len(control)] = control
+    mmsg.RESULT.pack_into(batch.headers, i * mmsg.HEADER_SIZE + mmsg.RESULT_OFFSET,
+                          len(control), flags, len(data))
+
+
+def test_the_batched_responder_answers_like_the_single_one():
+    """_answer_slot reads a recvmmsg slot (source, timestamp, pktinfo) and queues
+    the reply in a sendmmsg batch: same policy, same reply, out of the
+    interface and from the address the request came to."""
+    from linkpassd.adapters import mmsg
+    if not mmsg.available():
+        pytest.skip("no sendmmsg/recvmmsg in this libc")
+    r, heard = responder()
+    got = mmsg.RecvBatch(8, 48, 64)
+    replies = mmsg.SendBatch(8, echo.PACKET.size, pktinfo=True)
+    wall = time.time()
+    _fill(got, 0, request(7), ("198.18.0.2", 40000), (5, "198.18.0.1"), rx=wall - 0.003)
+    _fill(got, 1, request(8), ("198.18.0.2", 40000), (1, "127.0.0.1"))  # not a rail address
+    _fill(got, 2, request(9), ("198.19.0.2", 40000), (5, "198.18.0.1"))  # not an allowed source
+    _fill(got, 3, request(10) + b"\0", ("198.18.0.2", 40000), (5, "198.18.0.1"))  # too long
+    _fill(got, 4, echo.EchoPacket(echo.KIND_REPLY, 7, 1, 42).encode(), ("198.18.0.2", 4793),
+          (5, "198.18.0.1"))  # a reply: never answered
+    _fill(got, 5, bytes(48), ("198.18.0.2", 40000), (5, "198.18.0.1"), flags=socket.MSG_TRUNC)
+    for i in range(6):
+        r._answer_slot(got, i, replies, time.monotonic())
+    c = r.counters
+    assert (c.requests, c.refused_address, c.refused_source, c.malformed, c.ignored) == (1, 1, 1, 2, 1)
+    assert replies.count == 1
+    port, addr4 = mmsg.PORT_ADDR.unpack_from(replies.names, 2)
+    assert (socket.inet_ntoa(addr4), port) == ("198.18.0.2", 40000)
+    ifindex, local = struct.unpack_from("@i4s", replies.control, 16)
+    assert (ifindex, socket.inet_ntoa(local)) == (5, "198.18.0.1")
+    reply, why = echo.parse(bytes(replies.payload[:echo.PACKET.size]))
+    assert why == "" and (reply.kind, reply.seq, reply.sent_ns, reply.prober_id) == (
+        echo.KIND_REPLY, 7, 123456789, 42)
+    assert reply.responder_id == r.responder_id and 2_500 <= reply.held_us <= 1_000_000
+    r._hand_off(time.monotonic(), force=True)
+    assert [list(h) for h in heard] == [[("198.18.0.1", "198.18.0.2")]]
