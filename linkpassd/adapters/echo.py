@@ -98,6 +98,7 @@ from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.wakeups import SharedTimer
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.model import Assessment, ResponderCounters
+from linkpassd.core.peerwatch import PeerWatch
 from linkpassd.core.probe import PathState, ProbeConfig, Prober, Send
 from linkpassd.core.railwatch import RailWatch
 from linkpassd.core.schedule import send_slot
@@ -155,7 +156,7 @@ class EchoProber:
                  echo_port: int = ECHO_PORT, tos: int = 0, netns: str | None = None,
                  lag: LoopLag | None = None, on_change: ChangeCallback | None = None,
                  prober_id: int | None = None,
-                 on_reply_heard: Callable[["EchoProber", float], None] | None = None,
+                 on_reply_heard: Callable[["EchoProber", float, float, int], None] | None = None,
                  timer: SharedTimer | None = None,
                  others_heard: Callable[["EchoProber"], float | None] | None = None,
                  on_lost: Callable[["EchoProber", float], None] | None = None,
@@ -170,7 +171,9 @@ class EchoProber:
         self.lag = lag
         self._stall_log = lag.stall_log if lag is not None else None
         self.on_change = on_change
-        self.on_reply_heard = on_reply_heard  # (prober, kernel receive time): any reply of ours
+        # (prober, kernel receive time, our send time, responder id): any reply of ours
+        self.on_reply_heard = on_reply_heard
+        self.on_burst_sent: Callable[["EchoProber"], None] | None = None  # the last probe of one
         self.prober_id = prober_id or _random_id()
         self.icmp_errors = 0  # ICMP errors other than port unreachable (e.g. no ARP answer)
         self.rtt_counts = [0] * (len(RTT_BUCKETS_S) + 1)  # replies per RTT bucket, last: +Inf
@@ -281,6 +284,9 @@ class EchoProber:
         _, sends = state.poll(now, own, host, self.send_slot_s)
         for send in sends:
             self._send(send, now)
+        if (self.on_burst_sent is not None and sends and sends[-1].burst and not state.burst_due
+                and state.state is PathState.SUSPECT):
+            self.on_burst_sent(self)  # its confirmation's last probe is out
         self._after()
 
     def _read_rail(self, now: float) -> None:
@@ -303,7 +309,7 @@ class EchoProber:
         """A datagram from our peer's echo port, unpacked (PACKET), with the
         kernel's receive time `rx` (unix time) if known: the hot path of
         every reply (the rail checked its size and source)."""
-        magic, version, kind, _r, seq, sent_ns, prober_id, _rid, held_us = fields
+        magic, version, kind, _r, seq, sent_ns, prober_id, responder_id, held_us = fields
         if magic != MAGIC or version != VERSION or kind != KIND_REPLY:
             self.state.count_malformed()
             return
@@ -324,7 +330,7 @@ class EchoProber:
         self.state.on_reply(seq, received, now, lag if lag > waited else waited, sent_at, held,
                             self._stall_log)
         if self.on_reply_heard is not None:
-            self.on_reply_heard(self, received)
+            self.on_reply_heard(self, received, sent_at, responder_id)
 
     def _received(self, data: bytes, ancdata, flags: int, now: float, wall: float,
                   lag: float) -> None:
@@ -362,9 +368,15 @@ class EchoProber:
         rail.queue(self, send.seq, now)
 
     def start_burst(self) -> None:
-        """Confirm the held suspicion now (its rail's turn: core.railwatch);
-        the timer sends the first probe within a millisecond."""
-        self.state.start_burst(self._loop.time())
+        """Confirm the held suspicion now (its rail's turn: core.railwatch):
+        its first probe goes at once (a timer wake-up later would cost up to
+        two milliseconds: the timer's grain and epoll's), the others on time."""
+        now = self._loop.time()
+        state = self.state.start_burst(now)
+        if self.rail is not None and self.rail.sock is not None:
+            _, sends = state.poll(now, 0.0, self._stall_log, self.send_slot_s)
+            for send in sends:
+                self._send(send, now)
         self._schedule()
 
     def _after(self) -> None:
@@ -455,6 +467,7 @@ class EchoService:
         # path can be told the latest reply of another).
         self._live: dict[str, set[EchoProber]] = {}
         self.rails = RailWatch()  # one confirmation per rail at a time, and rail verdicts
+        self.peers = PeerWatch()  # which paths each peer daemon answers (ordering evidence)
         self._assessed: dict[ProbePath, Assessment] = {}  # as of each path's last change
         self._latest: tuple[float, EchoProber | None] = (float("-inf"), None)
         self._second: float = float("-inf")
@@ -473,6 +486,7 @@ class EchoService:
                             timer=self.timer, others_heard=self._others_heard,
                             on_lost=self._lost, rail=rail, read_first=self._read_all)
         prober.state.coordinated = True  # bursts by the rail's turn
+        prober.on_burst_sent = self._burst_sent
         return prober
 
     def _set_send_slot(self) -> None:
@@ -551,6 +565,7 @@ class EchoService:
                 del self.sockets[(path.port, path.source)]
             self._assessed.pop(path, None)
             self._live.get(path.port, set()).discard(prober)
+            self.peers.forget(prober)
             for other in self.rails.forget(path.port, prober):
                 self._begin_burst(other)
             if self.on_change is not None:
@@ -659,6 +674,7 @@ class EchoService:
             if prober.state.burst_held and self.rails.suspect(port, prober):
                 self._begin_burst(prober)
             return
+        self.peers.confirming(prober, False)
         for other in self.rails.settled(port, prober):
             self._begin_burst(other)
         if state is PathState.DOWN and was_bursting:  # DOWN by its own confirmation
@@ -670,8 +686,22 @@ class EchoService:
         if prober.state.state is not PathState.SUSPECT or not prober.state.burst_held:
             return
         prober.start_burst()
+        self.peers.confirming(prober, True)
         for other in self._witnesses(prober):
             other.poke()
+
+    def _burst_sent(self, prober: EchoProber) -> None:
+        """`prober`'s last confirmation probe is out: a probe now, on another
+        path to the same peer daemon (another rail first), is answered after
+        them unless they were lost (core.peerwatch), so the confirmation
+        ends a round trip and a margin from now, not a timeout."""
+        other = self.peers.witness(prober, lambda p: p.path.port, self._can_witness)
+        if other is not None:
+            other.poke()
+
+    @staticmethod
+    def _can_witness(prober: EchoProber) -> bool:
+        return prober.state.state is PathState.UP and prober.sock is not None
 
     def _lost(self, prober: EchoProber, sent_at: float) -> None:
         port = prober.path.port
@@ -714,8 +744,13 @@ class EchoService:
                         return chosen
         return chosen
 
-    def _reply_heard(self, prober: EchoProber, received_at: float) -> None:
+    def _reply_heard(self, prober: EchoProber, received_at: float, sent_at: float,
+                     responder_id: int) -> None:
         self.rails.heard(prober.path.port, received_at)
+        for other in self.peers.answered(prober, responder_id):
+            # The same peer daemon answered a probe of ours sent at `sent_at`.
+            other.state.peer_answered(sent_at, received_at)
+            other._schedule()
         latest, latest_by = self._latest
         if prober is latest_by:
             self._latest = (max(latest, received_at), prober)

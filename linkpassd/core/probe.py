@@ -120,7 +120,7 @@ class ProbeConfig:
     interval_s: float = 0.050  # steady probes, one per interval
     timeout_s: float = 0.008  # a reply later than this is a miss
     burst_count: int = 8  # confirmation probes on a clean path; more when it already loses some
-    burst_interval_s: float = 0.001  # spacing of the confirmation probes
+    burst_interval_s: float = 0.0005  # spacing of the confirmation probes
     burst_max: int = 32  # cap on a burst, replacements for unjudged probes included
     false_down_odds: float = 1e-9  # wanted chance, per steady probe, that random loss fakes DOWN
     rise: int = 3  # on-time replies in a row before a path is UP (first time, or after DOWN)
@@ -131,6 +131,14 @@ class ProbeConfig:
     lag_tolerance_s: float = 0.001  # loop lag below this is ordinary jitter, not a stall
     refused_grace_s: float = 2.0  # misses are unknown this long after an ICMP port unreachable
     peer_grace_s: float = 0.025  # a lost burst with no live witness waits this long for a late reply
+    # An unanswered steady probe raises suspicion this soon (its outcome, for
+    # the loss window, still waits for timeout_s): a suspicion only costs a
+    # burst, and every later step waits for it.
+    suspect_after_s: float = 0.003
+    # A confirmation probe is lost once the peer's daemon answered a probe
+    # sent after it on another path and this long has passed since that
+    # reply (or 4 round trips of this path, if longer); None: timeouts only.
+    order_margin_s: float | None = 0.002
 
     def __post_init__(self) -> None:
         problems = []
@@ -154,6 +162,10 @@ class ProbeConfig:
             problems.append("max_stall_ratio must be in (0, 1]")
         if self.lag_tolerance_s < 0 or self.refused_grace_s < 0 or self.peer_grace_s < 0:
             problems.append("lag_tolerance_s, refused_grace_s and peer_grace_s must be >= 0")
+        if not 0 < self.suspect_after_s <= self.timeout_s:
+            problems.append("suspect_after_s must be > 0 and at most timeout_s")
+        if self.order_margin_s is not None and not self.order_margin_s >= 0:
+            problems.append("order_margin_s must be >= 0 (or None)")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -164,15 +176,21 @@ class ProbeConfig:
 
 
 def detection_bound_s(config: ProbeConfig, burst: int | None = None,
-                      witnessed: bool = False) -> float:
+                      witnessed: bool = False, ordered_rtt_s: float | None = None) -> float:
     """Worst-case time from the last good reply to DOWN on a blackhole, with a
     burst of `burst` probes (default: `burst_count`, what a clean path uses).
     `witnessed`: another live path of the host answered during the burst;
-    without one, DOWN waits `peer_grace_s` more for a stalled peer's reply."""
+    without one, DOWN waits `peer_grace_s` more for a stalled peer's reply.
+    `ordered_rtt_s`: the peer's daemon, on another path, answered a probe
+    sent after the burst's last (its round trip): the burst is judged
+    `order_margin_s` after that reply, not a timeout after the last probe."""
     k = config.burst_count if burst is None else burst
-    grace = 0.0 if witnessed else config.peer_grace_s
-    return (config.interval_s + config.timeout_s + (k - 1) * config.burst_interval_s
-            + config.timeout_s + grace)
+    if ordered_rtt_s is not None and config.order_margin_s is not None:
+        last, grace = ordered_rtt_s + config.order_margin_s, 0.0
+    else:
+        last, grace = config.timeout_s, 0.0 if witnessed else config.peer_grace_s
+    return (config.interval_s + config.suspect_after_s + (k - 1) * config.burst_interval_s
+            + last + grace)
 
 
 def burst_size(config: ProbeConfig, loss_ratio: float) -> int:
@@ -279,6 +297,10 @@ class Prober:
     burst_held: bool = False
     suspect_since: float = 0.0  # when the probe whose loss raised the suspicion was sent
     lost_sent_at: float | None = None  # send time of the latest probe judged lost
+    # Ordering evidence (see `peer_answered`): the latest-sent probe of another
+    # path that the same peer daemon answered, and when its reply came.
+    peer_answered_sent: float = float("-inf")
+    peer_answered_at: float = float("-inf")
     counters: ProbeCounters = field(default_factory=ProbeCounters)
     # Probes in flight by sequence number, the recently judged ones (seq,
     # sent_at) newest last, and the steady outcomes (True = lost) with their
@@ -287,6 +309,7 @@ class Prober:
     _judged: deque = field(init=False, repr=False)
     _window: deque = field(init=False, repr=False)
     _window_lost: int = field(default=0, init=False, repr=False)
+    _early_seq: int = field(default=0, init=False, repr=False)  # steady probe already suspected
 
     def __post_init__(self) -> None:
         # Its own counters, even when built by dataclasses.replace() from another.
@@ -301,6 +324,7 @@ class Prober:
         new._judged = deque(self._judged, maxlen=_JUDGED_MEMORY)
         new._window = deque(self._window, maxlen=self.config.loss_window)
         new._window_lost = self._window_lost
+        new._early_seq = self._early_seq
         return new
 
     # ---------------------------------------------------------------- views
@@ -341,9 +365,18 @@ class Prober:
         if self.next_send is None:
             return _NO_SEND
         t = slot_start(self.next_send, send_slot_s) if send_slot_s else self.next_send
+        early = self._early_suspicion_at()
+        ordered = self._ordered_at()
         for f in self._flights.values():
             if f.deadline < t:
                 t = f.deadline
+            if early is not None and not f.burst and f.seq != self._early_seq:
+                at = f.sent_at + early
+                if at < t:
+                    t = at
+            if ordered is not None and f.burst and f.sent_at <= self.peer_answered_sent \
+                    and ordered < t:
+                t = ordered
         if self.burst_due and self.burst_due[0] < t:
             t = self.burst_due[0]
         if self.grace_until is not None and self.grace_until < t:
@@ -353,8 +386,15 @@ class Prober:
     def deadline_passed(self, now: float) -> bool:
         """Whether a probe in flight or the grace is due to be judged by `now`
         (the adapter reads its sockets first, then)."""
+        early, ordered = self._early_suspicion_at(), self._ordered_at()
         for f in self._flights.values():
             if f.deadline <= now:
+                return True
+            if early is not None and not f.burst and f.seq != self._early_seq \
+                    and f.sent_at + early <= now:
+                return True
+            if ordered is not None and f.burst and f.sent_at <= self.peer_answered_sent \
+                    and ordered <= now:
                 return True
         return self.grace_until is not None and self.grace_until <= now
 
@@ -449,6 +489,8 @@ class Prober:
             self.note_lag(now, lag)
         if self._flights:
             self._expire(now, host_stalls)
+            if self.state is PathState.UP and self._flights:
+                self._suspect_early(now, host_stalls)
         if (self.grace_until is not None and now >= self.grace_until
                 and self.state is PathState.SUSPECT):
             self._go_down(now)
@@ -563,6 +605,19 @@ class Prober:
         silent. Never counted in the loss window; its loss raises no suspicion."""
         return self, self._send(now, True)
 
+    def peer_answered(self, sent_at: float, received_at: float) -> "Prober":
+        """The peer's daemon (the same responder, known by its id) answered, on
+        another path, a probe we sent at `sent_at`; the reply came at
+        `received_at`. A responder answers its requests in the order they
+        reach it, so a confirmation probe of ours sent before that one, and
+        still unanswered a margin after that reply, was lost on this path:
+        the peer was answering (a stalled peer answers nothing later), and
+        waiting out the whole timeout tells nothing more. See _expire. That
+        reply is also a witness's (see `witnessed`): our host is not silent."""
+        if sent_at > self.peer_answered_sent:
+            self.peer_answered_sent, self.peer_answered_at = sent_at, received_at
+        return self.witnessed(True, received_at)  # another path is live, and just heard
+
     def peer_heard(self, now: float) -> "Prober":
         """The peer's own probes reached our responder over this path: the
         peer-to-us direction delivers. Used to say which way a one-way fault runs."""
@@ -593,8 +648,49 @@ class Prober:
         self.counters.sent += 1
         return Send(seq, burst)
 
+    def _ordered_at(self) -> float | None:
+        """When confirmation probes sent before `peer_answered_sent` count as
+        lost (None: no such evidence, or none wanted, or not confirming)."""
+        margin = self.config.order_margin_s
+        if margin is None or self.state is not PathState.SUSPECT or self.burst_held \
+                or self.peer_answered_sent < self.burst_from:
+            return None
+        if self.rtt_s is not None and 4 * self.rtt_s > margin:
+            margin = 4 * self.rtt_s  # a path slower than its peers gets more time
+        return self.peer_answered_at + margin
+
+    def _early_suspicion_at(self) -> float | None:
+        """How long after its send an unanswered steady probe raises suspicion
+        (None: not before its deadline)."""
+        if self.state is not PathState.UP or self.config.suspect_after_s >= self.config.timeout_s:
+            return None
+        return self.config.suspect_after_s
+
+    def _suspect_early(self, now: float, host_stalls: StallLog | None) -> None:
+        """A steady probe unanswered `suspect_after_s` after it left: suspect
+        the path now (confirmation starts), judge the probe at its deadline.
+        Not when a stall of ours or a refusal could explain the silence."""
+        cfg = self.config
+        for f in self._flights.values():
+            if f.burst or f.seq == self._early_seq or f.sent_at + cfg.suspect_after_s > now:
+                continue
+            self._early_seq = f.seq
+            if self.refused_at is not None and now - self.refused_at <= cfg.refused_grace_s:
+                continue
+            if _stalled(self.stalls, f.sent_at, now, host_stalls) >= \
+                    cfg.suspect_after_s * cfg.max_stall_ratio:
+                continue
+            self._suspect(now, f.sent_at)
+            return
+
     def _expire(self, now: float, host_stalls: StallLog | None = None) -> None:
-        due = [f for f in self._flights.values() if f.deadline <= now]
+        ordered = self._ordered_at()
+        if ordered is not None and ordered <= now:
+            sent_by = self.peer_answered_sent
+            due = [f for f in self._flights.values()
+                   if f.deadline <= now or (f.burst and f.sent_at <= sent_by)]
+        else:
+            due = [f for f in self._flights.values() if f.deadline <= now]
         for flight in due:
             if self._flights.pop(flight.seq, None) is None:
                 continue  # judged meanwhile (a conclusion clears nothing, but be safe)

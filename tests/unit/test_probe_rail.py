@@ -82,6 +82,9 @@ class MeshSim:
         self.dead_ports: set[str] = set()
         self.dead_peers: set[str] = set()
         self.loss = 0.0  # per direction
+        # The id each path's replies carry: one responder (one peer daemon)
+        # for everything by default, as in a lab whose peers share a namespace.
+        self.responder_of = lambda pr: 7
         self.sends: list[tuple[float, echo.EchoProber]] = []
         self.events: list = []
         self._order = itertools.count()
@@ -118,7 +121,7 @@ class MeshSim:
         if self._dropped(pr) or self._dropped(pr):  # request, then reply
             return
         reply = (echo.MAGIC, echo.VERSION, echo.KIND_REPLY, 0, seq, round(now * 1e9),
-                 pr.prober_id, 7, 0)
+                 pr.prober_id, self.responder_of(pr), 0)
         heapq.heappush(self.events, (self.loop.t + self.rtt, next(self._order), pr, reply))
 
     def run(self, seconds: float) -> "MeshSim":
@@ -324,3 +327,62 @@ def test_rail_down_takes_up_and_suspect_paths_down_and_leaves_the_others():
         assert p.state is becomes
     p = replace(base, state=PathState.UP).rail_down(2.0, "the rail")
     assert p.reason == "the rail" and p.counters.downs == 1 and p.since == 2.0
+
+
+# ---------------------------------------------------------------- ordering evidence
+
+
+@pytest.mark.parametrize("same_daemon", [True, False])
+def test_a_path_whose_peer_answers_on_the_other_rail_is_judged_by_ordering(same_daemon):
+    """One peer reached over both rails (core.peerwatch): when rail 0 goes
+    silent, its confirmation's last probe is followed by a probe over rail 1
+    to the same peer daemon, whose answer settles it a margin later. If the
+    two paths' peers are different daemons, the timeouts decide, as before."""
+    cfg = ProbeConfig(interval_s=0.010)
+    sim = MeshSim(1, config=cfg)
+    if not same_daemon:
+        sim.responder_of = lambda pr: 7 if pr.path.port == PORTS[0] else 8
+    _up(sim)
+    times = []
+    for trial in range(8):
+        start = sim.loop.t
+        sim.dead_ports.add(PORTS[0])
+        sim.run(0.2)
+        down = min(t for t, path, status in sim.changes
+                   if t >= start and path.port == PORTS[0] and status == "down")
+        times.append(down - start)
+        sim.dead_ports.clear()
+        sim.run(0.5 + 0.00137 * trial)  # back up, and at another phase
+        assert all(s is PathState.UP for s in sim.states(PORTS[0]) + sim.states(PORTS[1]))
+    ordered = detection_bound_s(cfg, ordered_rtt_s=sim.rtt) + 0.003  # + the timer's 1 ms grain
+    timed = detection_bound_s(cfg, witnessed=True)
+    if same_daemon:
+        assert max(times) <= ordered, times
+    else:
+        assert max(times) > ordered and max(times) <= timed + 0.003, times
+    assert sim.probers[1].counters.downs == 0
+
+
+def test_peerwatch_tells_a_reply_to_the_paths_confirming_towards_the_same_daemon():
+    from linkpassd.core.peerwatch import PeerWatch
+    w = PeerWatch()
+    rail = {"a0": 0, "a1": 1, "a1b": 1, "b0": 0}.get
+    for path, rid in (("a0", 10), ("a1", 10), ("a1b", 10), ("b0", 20)):
+        assert list(w.answered(path, rid)) == []
+    w.confirming("a0", True)
+    w.confirming("zz", True)  # no responder known yet: nothing to order by
+    assert sorted(w.answered("a1", 10)) == ["a0"] and list(w.answered("a0", 10)) == []
+    assert list(w.answered("b0", 20)) == []  # another peer daemon
+    # The witness: same daemon, another rail first, then the same rail; usable only.
+    assert w.witness("a0", rail, lambda p: True) in ("a1", "a1b")
+    assert w.witness("a1", rail, lambda p: True) == "a0"
+    assert w.witness("a1", rail, lambda p: p != "a0") == "a1b"
+    assert w.witness("b0", rail, lambda p: True) is None
+    # The peer's daemon restarted (a new id): the path moves, still confirming.
+    assert list(w.answered("a0", 11)) == [] and w.responder("a0") == 11
+    assert list(w.answered("a1", 10)) == []
+    assert list(w.answered("x", 11)) == ["a0"]
+    w.confirming("a0", False)
+    assert list(w.answered("x", 11)) == []
+    w.forget("a1")
+    assert w.responder("a1") is None and w.witness("a1b", rail, lambda p: True) is None

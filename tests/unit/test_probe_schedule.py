@@ -284,19 +284,19 @@ def test_a_suspect_reads_the_latest_reply_of_any_other_path():
     svc = _service(3)
     a, b, c = list(svc.probers.values())[:3]
     assert svc._others_heard(a) is None
-    svc._reply_heard(a, 1.0)
+    svc._reply_heard(a, 1.0, 1.0 - 0.001, 7)
     assert svc._others_heard(a) is None and svc._others_heard(b) == 1.0
-    svc._reply_heard(b, 2.0)
+    svc._reply_heard(b, 2.0, 2.0 - 0.001, 7)
     assert svc._others_heard(a) == 2.0 and svc._others_heard(b) == 1.0
-    svc._reply_heard(b, 3.0)
-    svc._reply_heard(c, 2.5)  # older than b's latest
+    svc._reply_heard(b, 3.0, 3.0 - 0.001, 7)
+    svc._reply_heard(c, 2.5, 2.5 - 0.001, 7)  # older than b's latest
     assert svc._others_heard(b) == 2.5 and svc._others_heard(a) == 3.0
     rnd = random.Random(5)
     probers = list(svc.probers.values())
     latest: dict[object, float] = {}
     for _ in range(500):
         pr, t = rnd.choice(probers), rnd.uniform(0, 100)
-        svc._reply_heard(pr, t)
+        svc._reply_heard(pr, t, t - 0.001, 7)
         latest[pr] = max(latest.get(pr, t), t, latest.get(pr, t))
     for pr in probers:
         others = [t for q, t in latest.items() if q is not pr]
