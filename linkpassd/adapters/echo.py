@@ -27,41 +27,57 @@ requests sent to a rail address, from a source in the fabric prefixes or a
 configured peer, within a per-source rate. Refused datagrams are dropped
 before they are parsed.
 
-Each prober socket is bound to the rail's interface (SO_BINDTODEVICE) and
-address and connected to the peer's responder, so the probe takes that rail
-whatever the routing tables say, and an ICMP port unreachable (the peer host is
-up, its daemon is not) comes back as ECONNREFUSED. The responder answers from
-the address the request was sent to, out of the interface it came in on
-(IP_PKTINFO), so the reply tests the same physical path back.
+Every path of a rail (one per peer) shares the rail's one socket
+(adapters.echorail), bound to the rail's interface (SO_BINDTODEVICE) and
+address, so a probe takes that rail whatever the routing tables say; a reply
+is matched to its path by its source address. The probes of a rail due in
+one wake-up leave in one sendmmsg, its replies are read in one recvmmsg
+(adapters.mmsg), and an ICMP port unreachable (the peer host is up, its
+daemon is not) still reaches its own path, through the socket's error queue
+(IP_RECVERR). The responder answers from the address the request was sent
+to, out of the interface it came in on (IP_PKTINFO), so the reply tests the
+same physical path back; it too reads and answers in batches.
 
-Time: probers use the event loop's monotonic clock. Replies carry the kernel's
-receive time (SO_TIMESTAMPNS), so a busy loop does not make them late, and the
-daemon's loop-lag meter (adapters.looplag, shared with BFD) says how late the
-loop runs; both feed the core, which refuses to count a miss that a stall of
-ours could explain.
+Time: probers use the event loop's monotonic clock; the service's one timer
+is a timerfd (adapters.timerfd) with a quarter-millisecond grain, since
+asyncio's timers fire up to a millisecond late and a confirmation is a
+chain of wake-ups. Replies carry the kernel's receive time (SO_TIMESTAMPNS),
+so a busy loop does not make them late, and the daemon's loop-lag meter
+(adapters.looplag, shared with BFD) says how late the loop runs; both feed
+the core, which refuses to count a miss that a stall of ours could explain.
 
-Cost per probe is constant, whatever the number of paths (issue 11; in a
-2-rail netns lab on a busy 2-core VM, 2x32 paths at 50 ms went from 71 % of a
-core to 17 %, 2x8 at 10 ms from 51 % to 17 %, and 2x128 at 50 ms, saturated
-before, sends all its probes at 43 %; labs/bench/probe_scale has the official
-numbers). What made it grow faster than the paths, and what replaced it:
+Confirmation (core.probe): a steady probe unanswered for 3 ms raises a
+suspicion, whose burst's first probe leaves at once; after the burst's last
+probe, another path to the same peer daemon (by the responder id its replies
+carry, core.peerwatch; another rail first) is probed, and once the peer has
+answered that one, the burst's probes still unanswered 2 ms later are lost:
+the peer was answering, so the path lost them. Without such a path, the
+timeouts decide.
+
+Cost per probe is constant, whatever the number of paths (issue 11). What
+made it grow faster than the paths, and what replaced it:
 - a stall was told to every path, each re-sorting its own list: now one
   stall log (core.stalls) that a path consults when it judges a probe;
 - an asyncio timer per path, re-created at every send and reply: now one
-  timer for the service (adapters.wakeups), paths due in the same
-  millisecond run in one wake-up, at most 32 per wake-up, so a backlog is
-  worked off in slices with carrier and BFD events in between;
+  timer for the service (adapters.wakeups), paths due in the same grain run
+  in one wake-up, at most 32 per wake-up, so a backlog is worked off in
+  slices with carrier and BFD events in between;
 - all paths probing in the same instant (and re-aligned by any stall): the
-  service spreads them over one interval and each keeps its phase;
+  service spreads them over one interval and each keeps its phase; with 16
+  paths or more, those due within one send slot (a tenth of the interval, at
+  most 5 ms) leave together at its start, each keeping its own cadence
+  (core.schedule.send_slot);
 - a suspicion poking every live path, every reply pushed to every suspect:
   now a few witnesses (other rails first) and two numbers per reply;
-- a rail blackhole making each of the rail's paths confirm on its own (with
-  128 peers, ~1,000 probes in ~10 ms, a 130 ms stall, detection in 230-280
-  ms): now at most two paths of a rail confirm at once, the others wait, and
-  once one has confirmed, a rail silent on every path takes all its live
-  paths DOWN (core.railwatch): a few dozen probes, whatever the peers.
-What remains is 50-100 us of CPU per probe on that VM (send, reply and
-judgement in Python, and the kernel's veth path both ways).
+- a rail blackhole making each of the rail's paths confirm on its own: now
+  at most two paths of a rail confirm at once, and a rail silent on every
+  path takes all its live paths DOWN (core.railwatch);
+- a connected socket per path (an epoll event, a callback and two receives
+  per reply, a send per probe): one socket per rail, batched both ways;
+- a frozen prober record copied several times per probe (with its
+  200-outcome window): the core's prober now changes in place.
+What is left, and why the 10 %-of-a-core target at 256 paths is not met,
+is in the README ("Measured", probe_scale).
 
 Why UDP to a responder and not ICMP echo answered by the peer's kernel: the
 kernel would answer at no userspace cost on the far side (the responder costs

@@ -7,12 +7,23 @@ one-way optic, blackholing upstream); these probes can. But a probe verdict that
 fails paths on noise is as harmful as none (Alibaba HPN dropped rerouting over
 false reroutes), so:
 
-* **A miss only raises suspicion.** A steady probe with no reply by `timeout_s`
-  moves the path to SUSPECT and starts a burst of `burst_count` probes,
-  `burst_interval_s` apart. Any reply (even a late one) is proof of life and
+* **A miss only raises suspicion.** A steady probe with no reply
+  `suspect_after_s` after it left moves the path to SUSPECT and starts a
+  burst of `burst_count` probes, `burst_interval_s` apart; the probe itself is
+  judged (for the loss window) only at `timeout_s`, so a slow reply costs a
+  burst and nothing else. Any reply (even a late one) is proof of life and
   ends the suspicion. Only when the burst is lost too is the path DOWN. One-way
   loss (requests *or* replies dropped) and a silent blackhole look the same
   from here, and both are DOWN: the path cannot carry a conversation.
+* **A burst probe is lost when it times out, or when the peer says so by
+  answering something later.** A responder answers requests in the order they
+  reach it, so when the same peer daemon (replies carry its id) answers, on
+  another path, a probe sent after our burst's last, and `order_margin_s`
+  later ours are still unanswered, they were lost on this path: the peer was
+  answering, and a stalled peer answers nothing later either, so waiting out
+  `timeout_s` would tell nothing more (`peer_answered`; the adapter pokes such
+  a path after a burst's last probe, core.peerwatch). Without that evidence
+  the timeouts decide, as before.
 * **Random loss is a quality problem, not an outage.** The steady probes (not
   the burst, which would over-sample bad moments) feed a window of
   `loss_window` outcomes; above `max_loss_ratio` the path is DEGRADED, and it
@@ -42,25 +53,34 @@ false reroutes), so:
   the daemon. A rail judged dead takes its live paths DOWN (`rail_down`).
 
 Detection arithmetic (the worst case, the fault landing just after a reply):
-the next steady probe leaves within `interval_s`; its miss is judged `timeout_s`
-later; the burst spans `(burst_count - 1) * burst_interval_s`; the last burst
-probe's miss is judged `timeout_s` after it. So
+the next steady probe leaves within `interval_s`; it raises suspicion
+`suspect_after_s` later; the burst spans `(burst_count - 1) * burst_interval_s`;
+the last burst probe's miss is judged `timeout_s` after it. So
 
-    detection = interval + timeout + (burst_count - 1) * burst_interval + timeout
+    detection = interval + suspect_after + (burst_count - 1) * burst_interval + timeout
 
 when another live path of the host answered during the burst (its witness
 probe: see `witnessed`). A path with no live witness waits `peer_grace_s`
 (25 ms) more for a late reply before DOWN: its only peer may just be slow to
-answer, and nothing else can say the host and the peer are fine.
+answer, and nothing else can say the host and the peer are fine. With
+ordering evidence (the same peer daemon reachable over another path, as in
+a rail-optimized mesh), the last `timeout` becomes that path's round trip
+plus `order_margin_s`.
 
-With the defaults, 50 + 8 + 7 * 1 + 8 = 73 ms, against BFD's detect-mult x
-interval = 3 x 50 = 150 ms at the same steady interval (0.49 of it); at a 300 ms
-interval, 323 ms against 900 ms (0.36). On average (fault at a random phase)
-it is half an interval less: 48 ms against BFD's 125 ms. The timeout is short
-because a probe's round trip in one fabric is well under a millisecond and
-stalls of ours are accounted for separately; the burst is fast because its job
-is only to tell "everything is lost" from "some is lost". (A 25 ms timeout
-with a 3 x 5 ms burst would cost 50 + 25 + 10 + 25 = 110 ms: 0.73 of BFD's.)
+With the defaults, 50 + 3 + 7 * 0.5 + 8 = 64.5 ms, or 50 + 3 + 3.5 + ~0.2 + 2
+= 58.7 ms with ordering, against BFD's detect-mult x interval = 3 x 50 = 150 ms
+at the same steady interval; at a 10 ms interval, 24.5 / 18.7 ms against 30 ms
+(on average, fault at a random phase, half an interval less). The suspicion
+and the burst are fast because a probe's round trip in one fabric is well
+under a millisecond, stalls of ours are accounted for separately, and the
+burst's job is only to tell "everything is lost" from "some is lost".
+
+The price of the ordering evidence, stated: a path is DOWN once it has been
+silent for about `suspect_after_s` + the burst span + `order_margin_s`
+(~8.5 ms) while the same peer answers on another path, where the timeouts
+alone gave it ~20 ms; so a path whose round trip jumps above ~8 ms (or that
+drops everything for that long) while its sibling paths answer at once is
+failed over, as a silent one would be.
 
 Noise arithmetic: a false DOWN needs 1 + `burst_count` probe exchanges lost in a
 row. With 5 % random loss in each direction an exchange is lost with
@@ -89,6 +109,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from linkpassd.core.model import Assessment, Verdict
+from linkpassd.core.probeconfig import ProbeConfig, burst_size, detection_bound_s  # noqa: F401
 from linkpassd.core.schedule import slot_start
 from linkpassd.core.stalls import STALL_MEMORY_S, StallLog
 
@@ -111,98 +132,6 @@ class Outcome(enum.StrEnum):
     LOST = "lost"  # no reply by the deadline, and nothing stopped us from seeing one
     LATE = "late"  # reply after the deadline: a loss for the window, but proof of life
     UNKNOWN = "unknown"  # cannot be judged (stall, send failure, peer port closed)
-
-
-@dataclass(frozen=True)
-class ProbeConfig:
-    """Timers and thresholds of one path's prober (defaults: see the module docstring)."""
-
-    interval_s: float = 0.050  # steady probes, one per interval
-    timeout_s: float = 0.008  # a reply later than this is a miss
-    burst_count: int = 8  # confirmation probes on a clean path; more when it already loses some
-    burst_interval_s: float = 0.0005  # spacing of the confirmation probes
-    burst_max: int = 32  # cap on a burst, replacements for unjudged probes included
-    false_down_odds: float = 1e-9  # wanted chance, per steady probe, that random loss fakes DOWN
-    rise: int = 3  # on-time replies in a row before a path is UP (first time, or after DOWN)
-    loss_window: int = 200  # steady outcomes the loss ratio is taken over
-    max_loss_ratio: float = 0.20  # DEGRADED above this share of lost steady probes...
-    clear_loss_ratio: float = 0.10  # ...and no longer at or below this one
-    max_stall_ratio: float = 1.0  # a miss is unknown if our stalls covered this share of the timeout
-    lag_tolerance_s: float = 0.001  # loop lag below this is ordinary jitter, not a stall
-    refused_grace_s: float = 2.0  # misses are unknown this long after an ICMP port unreachable
-    peer_grace_s: float = 0.025  # a lost burst with no live witness waits this long for a late reply
-    # An unanswered steady probe raises suspicion this soon (its outcome, for
-    # the loss window, still waits for timeout_s): a suspicion only costs a
-    # burst, and every later step waits for it.
-    suspect_after_s: float = 0.003
-    # A confirmation probe is lost once the peer's daemon answered a probe
-    # sent after it on another path and this long has passed since that
-    # reply (or 4 round trips of this path, if longer); None: timeouts only.
-    order_margin_s: float | None = 0.002
-
-    def __post_init__(self) -> None:
-        problems = []
-        if not self.interval_s > 0:
-            problems.append("interval_s must be > 0")
-        if not 0 < self.timeout_s < self.interval_s:
-            problems.append("timeout_s must be > 0 and below interval_s")
-        if not 1 <= self.burst_count <= self.burst_max:
-            problems.append("need 1 <= burst_count <= burst_max")
-        if not 0 < self.false_down_odds < 1:
-            problems.append("false_down_odds must be in (0, 1)")
-        if self.burst_interval_s < 0:
-            problems.append("burst_interval_s must be >= 0")
-        if self.rise < 1:
-            problems.append("rise must be >= 1")
-        if self.loss_window < 1:
-            problems.append("loss_window must be >= 1")
-        if not 0 <= self.clear_loss_ratio < self.max_loss_ratio <= 1:
-            problems.append("need 0 <= clear_loss_ratio < max_loss_ratio <= 1")
-        if not 0 < self.max_stall_ratio <= 1:
-            problems.append("max_stall_ratio must be in (0, 1]")
-        if self.lag_tolerance_s < 0 or self.refused_grace_s < 0 or self.peer_grace_s < 0:
-            problems.append("lag_tolerance_s, refused_grace_s and peer_grace_s must be >= 0")
-        if not 0 < self.suspect_after_s <= self.timeout_s:
-            problems.append("suspect_after_s must be > 0 and at most timeout_s")
-        if self.order_margin_s is not None and not self.order_margin_s >= 0:
-            problems.append("order_margin_s must be >= 0 (or None)")
-        if problems:
-            raise ValueError("; ".join(problems))
-
-    @property
-    def stall_budget_s(self) -> float:
-        """Stalled time within a probe's flight that makes its miss unknown."""
-        return self.timeout_s * self.max_stall_ratio
-
-
-def detection_bound_s(config: ProbeConfig, burst: int | None = None,
-                      witnessed: bool = False, ordered_rtt_s: float | None = None) -> float:
-    """Worst-case time from the last good reply to DOWN on a blackhole, with a
-    burst of `burst` probes (default: `burst_count`, what a clean path uses).
-    `witnessed`: another live path of the host answered during the burst;
-    without one, DOWN waits `peer_grace_s` more for a stalled peer's reply.
-    `ordered_rtt_s`: the peer's daemon, on another path, answered a probe
-    sent after the burst's last (its round trip): the burst is judged
-    `order_margin_s` after that reply, not a timeout after the last probe."""
-    k = config.burst_count if burst is None else burst
-    if ordered_rtt_s is not None and config.order_margin_s is not None:
-        last, grace = ordered_rtt_s + config.order_margin_s, 0.0
-    else:
-        last, grace = config.timeout_s, 0.0 if witnessed else config.peer_grace_s
-    return (config.interval_s + config.suspect_after_s + (k - 1) * config.burst_interval_s
-            + last + grace)
-
-
-def burst_size(config: ProbeConfig, loss_ratio: float) -> int:
-    """Confirmation probes needed so that random loss at `loss_ratio` (per probe
-    exchange) fakes a DOWN with at most `false_down_odds` per steady probe: the
-    trigger and all k burst probes must be lost, so loss**(k+1) <= odds."""
-    if loss_ratio <= 0:
-        return config.burst_count
-    if loss_ratio >= 1:
-        return config.burst_max
-    need = math.ceil(math.log(config.false_down_odds) / math.log(loss_ratio) - 1e-9) - 1
-    return min(config.burst_max, max(config.burst_count, need))
 
 
 @dataclass(slots=True)
