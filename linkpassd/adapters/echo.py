@@ -513,7 +513,9 @@ class EchoService:
     def _readable(self, rail: RailSocket) -> None:
         """A rail's socket has replies (or an ICMP error): read them all."""
         now = self._loop.time()
-        with self.outbox:  # what the replies make us send (witness probes) leaves together
+        # What the replies make us send (witness probes) leaves together, and
+        # the timer is re-armed once for all the paths they moved.
+        with self.outbox, self.timer.held():
             for prober in rail.drain(now, time.time(), self.lag.current(now), readable=True):
                 prober.after_change()
 

@@ -17,7 +17,8 @@ and a loss's confirmation is a chain of four or five of them.
 from __future__ import annotations
 
 import asyncio
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Protocol
 
 from linkpassd.adapters import timerfd
@@ -66,18 +67,30 @@ class SharedTimer:
         self._handle: asyncio.TimerHandle | timerfd.TimerFd | None = None  # while armed
         self._fd: timerfd.TimerFd | None = None
         self._armed_at: float | None = None
-        self._firing = False
+        self._holds = 0  # while > 0 (a wake-up's runs, or `held()`), set() does not re-arm
 
     def set(self, key: Due, when: float) -> None:
         """Run `key` at `when` (loop time), replacing its previous deadline."""
         self.queue.set(key, when)
-        if not self._firing:
+        if not self._holds:
             self._arm()
 
     def discard(self, key: Due) -> None:
         self.queue.discard(key)
-        if not len(self.queue) and not self._firing:
+        if not len(self.queue) and not self._holds:
             self._cancel()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """Re-arm once, at the end, however many keys are set meanwhile (the
+        echo service reads a batch of replies this way: each moves its path)."""
+        self._holds += 1
+        try:
+            yield
+        finally:
+            self._holds -= 1
+            if not self._holds:
+                self._arm()
 
     def close(self) -> None:
         self._cancel()
@@ -130,7 +143,7 @@ class SharedTimer:
         self.wakeups += 1
         if self.lag is not None:
             self.lag.record(now, lag)
-        self._firing = True
+        self._holds += 1
         try:
             with self.batch:
                 for key, _when in self.queue.pop_due(now, self.max_runs):
@@ -142,6 +155,6 @@ class SharedTimer:
                             {"message": f"echo timer: {key!r} failed", "exception": exc})
                         self.queue.set(key, now + _RETRY_AFTER_FAILURE_S)
         finally:
-            self._firing = False
+            self._holds -= 1
             self._arm()
 
