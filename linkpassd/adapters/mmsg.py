@@ -46,7 +46,6 @@ class _MMsgHdr(ctypes.Structure):
 _HDR = ctypes.sizeof(_MMsgHdr)
 _IOV = ctypes.sizeof(_IoVec)
 _NAME = 16  # sizeof(struct sockaddr_in)
-_OFF_NAMELEN = _MsgHdr.msg_namelen.offset
 _OFF_CONTROLLEN = _MsgHdr.msg_controllen.offset
 _OFF_FLAGS = _MsgHdr.msg_flags.offset
 _OFF_LEN = _MMsgHdr.msg_len.offset
@@ -56,12 +55,12 @@ assert _OFF_CONTROLLEN < _OFF_FLAGS < _OFF_LEN
 RESULT = struct.Struct("@N" + "x" * (_OFF_FLAGS - _OFF_CONTROLLEN - ctypes.sizeof(ctypes.c_size_t))
                        + "i" + "x" * (_OFF_LEN - _OFF_FLAGS - 4) + "I")
 RESULT_OFFSET = _OFF_CONTROLLEN
-_SOCKADDR_IN = struct.Struct("@H")
+_SOCKADDR_IN = struct.Struct("@H")  # sin_family, native order; port and address follow in network order
 _IP_PKTINFO = 8
 _CMSGHDR = struct.Struct("@Nii")  # cmsg_len, cmsg_level, cmsg_type (then the data, aligned)
 _PKTINFO_BODY = struct.Struct("@i4s")  # ipi_ifindex, ipi_spec_dst (ipi_addr is ignored on send)
 _PKTINFO_LEN = socket.CMSG_LEN(12)  # struct in_pktinfo
-_PKTINFO_SPACE = socket.CMSG_SPACE(12)  # sin_family, native order; port and address follow in network order
+_PKTINFO_SPACE = socket.CMSG_SPACE(12)
 _PORT_ADDR = struct.Struct("!H4s")
 
 try:
@@ -122,7 +121,7 @@ class _Batch:
                 h.msg_control = ctypes.addressof(c_control) + i * control
                 h.msg_controllen = control
             _SOCKADDR_IN.pack_into(self.names, i * _NAME, _AF_INET)
-        del iovs, hdrs  # the buffers stay; no exported views must outlive a call
+        del iovs, hdrs  # only needed to fill the headers in; the buffers stay pinned by _keep
         self._pristine = bytes(self.headers)  # what each receive restores
 
     def _at(self, index: int) -> int:
