@@ -294,8 +294,14 @@ class Prober:
         if self.next_send is None:
             return _NO_SEND
         t = slot_start(self.next_send, send_slot_s) if send_slot_s else self.next_send
+        if not self._flights:  # the common case: answered, and the next send is all
+            if self.burst_due and self.burst_due[0] < t:
+                t = self.burst_due[0]
+            if self.grace_until is not None and self.grace_until < t:
+                t = self.grace_until
+            return t
         early = self._early_suspicion_at()
-        ordered = self._ordered_at()
+        ordered = self._ordered_at() if self.state is PathState.SUSPECT else None
         for f in self._flights.values():
             if f.deadline < t:
                 t = f.deadline
@@ -315,7 +321,10 @@ class Prober:
     def deadline_passed(self, now: float) -> bool:
         """Whether a probe in flight or the grace is due to be judged by `now`
         (the adapter reads its sockets first, then)."""
-        early, ordered = self._early_suspicion_at(), self._ordered_at()
+        if not self._flights:
+            return self.grace_until is not None and self.grace_until <= now
+        early = self._early_suspicion_at()
+        ordered = self._ordered_at() if self.state is PathState.SUSPECT else None
         for f in self._flights.values():
             if f.deadline <= now:
                 return True
