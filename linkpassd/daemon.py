@@ -483,7 +483,7 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         for path, prober in self.echo.probers.items():
             log.info("echo_counters", why=why, path=str(path), **vars(prober.counters))
         log.info("echo_loop_lag", stalls=self.echo.lag.stalls,
-                 max_lag_ms=round(self.echo.lag.max_lag_s * 1e3, 1),
+                 max_lag_ms=round(self.echo.lag.max_lag_s * 1e3, 1), **self.echo.batching(),
                  **({"responder_" + k: v for k, v in vars(self.echo.responder.counters).items()}
                     if self.echo.responder is not None else {}))
 

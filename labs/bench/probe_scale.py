@@ -26,6 +26,10 @@ leaf namespace that holds every peer: `paths` = 2 rails x `paths/2` peers.
   blackout-frr  the same flow and fault on the dualrail Mininet lab, linkpassd
             echo at 10 ms against FRR eBGP + BFD 10 ms x 3
             (labs/bench/dualrail_blackout.py).
+  floor     the largest path count at each interval, probed by a bare prober
+            with the engine's batching and no judgement (labs/bench/probe_floor.py):
+            the kernel's share and CPython's least per probe, under which
+            linkpassd cannot go on this machine.
 
 Runs only one thing at a time: the machine has 2 cores, and two CPU
 measurements side by side would measure each other.
@@ -51,7 +55,7 @@ from pathlib import Path
 from labs.bench.scale_lab import FLOW_SINK, ScaleLab, cpu_seconds
 
 RESULTS = Path(__file__).parent / "results"
-PARTS = ("cost", "detect", "blackout", "blackout-frr")
+PARTS = ("cost", "detect", "blackout", "blackout-frr", "floor")
 PATHS = (2, 8, 32, 64, 128, 256)
 INTERVALS_MS = (50, 10)
 TARGET_CPU_256_AT_50MS = 10.0  # % of one core, 8 rails x 32 peers
@@ -146,6 +150,30 @@ def cost_cell(paths: int, interval_ms: int, args) -> list[dict]:
             f"{row['cpu_median_pct']:6.2f} % ({', '.join(f'{c:.1f}' for c in row['cpu_pct'])})"
             f"  peer {row['peer_cpu_median_pct']:.1f} %  up {row['paths_up_after']}/{paths}{extra}")
     return rows
+
+
+def floor_cell(paths: int, interval_ms: int, args) -> dict:
+    import subprocess
+    with ScaleLab(paths // 2) as lab:
+        responder = lab.start_responder()
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", lab.host, sys.executable, "-m", "labs.bench.probe_floor",
+             str(paths // 2), str(interval_ms), f"{args.window_s:g}", str(args.repeats)],
+            stdout=subprocess.PIPE, text=True)
+        time.sleep(2.5)  # the prober's warm-up
+        peer = measure_cpu({"responder": responder}, args.window_s, args.repeats)
+        out, _ = proc.communicate(timeout=60 + args.window_s * args.repeats)
+    windows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    row = {"paths": paths, "interval_ms": interval_ms, "windows": windows,
+           "peer_cpu_pct": statistics.median(peer["responder"])}
+    for key in ("us_per_probe", "user_us_per_probe", "sys_us_per_probe", "probes_per_s"):
+        row[key] = statistics.median(w[key] for w in windows) if windows else None
+    row["cpu_pct"] = statistics.median(w["user_pct"] + w["sys_pct"] for w in windows) \
+        if windows else None
+    log(f"floor {paths:>3} paths {interval_ms:>3} ms  {row['cpu_pct']:.1f} % of a core, "
+        f"{row['us_per_probe']:.1f} us per probe ({row['user_us_per_probe']:.1f} user, "
+        f"{row['sys_us_per_probe']:.1f} system), {row['probes_per_s']:.0f} probes/s")
+    return row
 
 
 def bfd_packets_out(frr) -> int | None:
@@ -443,6 +471,14 @@ def main(argv: list[str] | None = None) -> int:
             result["detect"] = {"interval_ms": args.interval_ms, "rows": rows, "summary": {
                 f"{n} paths": median_cell([r["detect_to_reroute_ms"] for r in rows
                                            if r["paths"] == n]) for n in sorted({2, max(paths)})}}
+        elif part == "floor":
+            rows = [floor_cell(max(paths), interval, args) for interval in intervals]
+            result["floor"] = {"window_s": args.window_s, "repeats": args.repeats, "rows": rows,
+                               "summary": {f"{r['paths']} paths, {r['interval_ms']} ms":
+                                           {k: r[k] for k in ("cpu_pct", "us_per_probe",
+                                                              "user_us_per_probe",
+                                                              "sys_us_per_probe")}
+                                           for r in rows}}
         elif part == "blackout-frr":
             from labs.bench import dualrail_blackout
 

@@ -27,41 +27,57 @@ requests sent to a rail address, from a source in the fabric prefixes or a
 configured peer, within a per-source rate. Refused datagrams are dropped
 before they are parsed.
 
-Each prober socket is bound to the rail's interface (SO_BINDTODEVICE) and
-address and connected to the peer's responder, so the probe takes that rail
-whatever the routing tables say, and an ICMP port unreachable (the peer host is
-up, its daemon is not) comes back as ECONNREFUSED. The responder answers from
-the address the request was sent to, out of the interface it came in on
-(IP_PKTINFO), so the reply tests the same physical path back.
+Every path of a rail (one per peer) shares the rail's one socket
+(adapters.echorail), bound to the rail's interface (SO_BINDTODEVICE) and
+address, so a probe takes that rail whatever the routing tables say; a reply
+is matched to its path by its source address. The probes of a rail due in
+one wake-up leave in one sendmmsg, its replies are read in one recvmmsg
+(adapters.mmsg), and an ICMP port unreachable (the peer host is up, its
+daemon is not) still reaches its own path, through the socket's error queue
+(IP_RECVERR). The responder answers from the address the request was sent
+to, out of the interface it came in on (IP_PKTINFO), so the reply tests the
+same physical path back; it too reads and answers in batches.
 
-Time: probers use the event loop's monotonic clock. Replies carry the kernel's
-receive time (SO_TIMESTAMPNS), so a busy loop does not make them late, and the
-daemon's loop-lag meter (adapters.looplag, shared with BFD) says how late the
-loop runs; both feed the core, which refuses to count a miss that a stall of
-ours could explain.
+Time: probers use the event loop's monotonic clock; the service's one timer
+is a timerfd (adapters.timerfd) with a quarter-millisecond grain, since
+asyncio's timers fire up to a millisecond late and a confirmation is a
+chain of wake-ups. Replies carry the kernel's receive time (SO_TIMESTAMPNS),
+so a busy loop does not make them late, and the daemon's loop-lag meter
+(adapters.looplag, shared with BFD) says how late the loop runs; both feed
+the core, which refuses to count a miss that a stall of ours could explain.
 
-Cost per probe is constant, whatever the number of paths (issue 11; in a
-2-rail netns lab on a busy 2-core VM, 2x32 paths at 50 ms went from 71 % of a
-core to 17 %, 2x8 at 10 ms from 51 % to 17 %, and 2x128 at 50 ms, saturated
-before, sends all its probes at 43 %; labs/bench/probe_scale has the official
-numbers). What made it grow faster than the paths, and what replaced it:
+Confirmation (core.probe): a steady probe unanswered for 3 ms raises a
+suspicion, whose burst's first probe leaves at once; after the burst's last
+probe, another path to the same peer daemon (by the responder id its replies
+carry, core.peerwatch; another rail first) is probed, and once the peer has
+answered that one, the burst's probes still unanswered 2 ms later are lost:
+the peer was answering, so the path lost them. Without such a path, the
+timeouts decide.
+
+Cost per probe is constant, whatever the number of paths (issue 11). What
+made it grow faster than the paths, and what replaced it:
 - a stall was told to every path, each re-sorting its own list: now one
   stall log (core.stalls) that a path consults when it judges a probe;
 - an asyncio timer per path, re-created at every send and reply: now one
-  timer for the service (adapters.wakeups), paths due in the same
-  millisecond run in one wake-up, at most 32 per wake-up, so a backlog is
-  worked off in slices with carrier and BFD events in between;
+  timer for the service (adapters.wakeups), paths due in the same grain run
+  in one wake-up, at most 32 per wake-up, so a backlog is worked off in
+  slices with carrier and BFD events in between;
 - all paths probing in the same instant (and re-aligned by any stall): the
-  service spreads them over one interval and each keeps its phase;
+  service spreads them over one interval and each keeps its phase; with 16
+  paths or more, those due within one send slot (a tenth of the interval, at
+  most 5 ms) leave together at its start, each keeping its own cadence
+  (core.schedule.send_slot);
 - a suspicion poking every live path, every reply pushed to every suspect:
   now a few witnesses (other rails first) and two numbers per reply;
-- a rail blackhole making each of the rail's paths confirm on its own (with
-  128 peers, ~1,000 probes in ~10 ms, a 130 ms stall, detection in 230-280
-  ms): now at most two paths of a rail confirm at once, the others wait, and
-  once one has confirmed, a rail silent on every path takes all its live
-  paths DOWN (core.railwatch): a few dozen probes, whatever the peers.
-What remains is 50-100 us of CPU per probe on that VM (send, reply and
-judgement in Python, and the kernel's veth path both ways).
+- a rail blackhole making each of the rail's paths confirm on its own: now
+  at most two paths of a rail confirm at once, and a rail silent on every
+  path takes all its live paths DOWN (core.railwatch);
+- a connected socket per path (an epoll event, a callback and two receives
+  per reply, a send per probe): one socket per rail, batched both ways;
+- a frozen prober record copied several times per probe (with its
+  200-outcome window): the core's prober now changes in place.
+What is left, and why the 10 %-of-a-core target at 256 paths is not met,
+is in the README ("Measured", probe_scale).
 
 Why UDP to a responder and not ICMP echo answered by the peer's kernel: the
 kernel would answer at no userspace cost on the far side (the responder costs
@@ -87,8 +103,9 @@ import socket
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
+from linkpassd.adapters.echorail import Outbox, RailSocket
 from linkpassd.adapters.echoresponder import (  # noqa: F401 - re-exported: callers use echo
     _ANCILLARY, _HANDOFF_S, _RECV_BYTES, ECHO_PORT, IP_PKTINFO, KIND_REPLY, KIND_REQUEST, MAGIC,
     PACKET, SCM_TIMESTAMPNS, SO_TIMESTAMPNS, VERSION, EchoPacket, EchoResponder, HeardCallback,
@@ -97,13 +114,13 @@ from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.wakeups import SharedTimer
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.model import Assessment, ResponderCounters
-from linkpassd.core.probe import PathState, Prober, ProbeConfig, Send
+from linkpassd.core.peerwatch import PeerWatch
+from linkpassd.core.probe import PathState, ProbeConfig, Prober, Send
 from linkpassd.core.railwatch import RailWatch
+from linkpassd.core.schedule import send_slot
 
-_BATCH = 64  # datagrams handled per wake-up, so a flood cannot starve the loop
 _MAX_KERNEL_DELAY_S = 1.0  # beyond this a receive timestamp is a clock step, not a delay
-_RETRY_S = 1.0  # reopen a prober socket this long after it failed (port or address missing)
-_SOCKET_GONE = (errno.ENODEV, errno.EADDRNOTAVAIL)
+_RETRY_S = 1.0  # reopen a rail's socket this long after it failed (port or address missing)
 _WITNESS_POKES = 4  # live paths that probe at once when another starts confirming a loss
 _MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: the enum's & costs more than the rest of a check
 # Upper bounds of the probe RTT histogram (seconds; +Inf is implied), for metrics:
@@ -141,92 +158,93 @@ class EchoProber:
     """One path: sends what the core asks, feeds back what comes in and how late
     the loop ran. `on_change` hears every change of the path's verdict.
 
-    `timer`: the service's one timer for all its paths (adapters.wakeups);
-    a prober without one makes its own. `lag`: the loop-lag meter, whose one
-    stall log every path consults when it judges a probe. `others_heard`: the
-    last time another path of the service received a reply (for a suspect's
-    confirmation, core.probe: Prober.witnessed), read when it is needed rather
-    than pushed at every reply."""
+    `rail`: the socket of the path's rail, shared with the rail's other paths
+    (adapters.echorail); a prober without one has its own. `timer`: the
+    service's one timer for all its paths (adapters.wakeups); a prober
+    without one makes its own. `read_first(now)`: reads every socket the
+    judgement depends on, before a deadline is judged (default: its rail's).
+    `lag`: the loop-lag meter, whose one stall log every path consults when
+    it judges a probe. `others_heard`: the last time another path of the
+    service received a reply (for a suspect's confirmation, core.probe:
+    Prober.witnessed), read when it is needed rather than pushed at every reply."""
 
     def __init__(self, path: ProbePath, config: ProbeConfig | None = None, *,
                  echo_port: int = ECHO_PORT, tos: int = 0, netns: str | None = None,
                  lag: LoopLag | None = None, on_change: ChangeCallback | None = None,
                  prober_id: int | None = None,
-                 on_reply_heard: Callable[["EchoProber", float], None] | None = None,
+                 on_reply_heard: Callable[["EchoProber", float, float, int], None] | None = None,
                  timer: SharedTimer | None = None,
                  others_heard: Callable[["EchoProber"], float | None] | None = None,
-                 on_lost: Callable[["EchoProber", float], None] | None = None):
+                 on_lost: Callable[["EchoProber", float], None] | None = None,
+                 rail: RailSocket | None = None,
+                 read_first: Callable[[float], None] | None = None):
         self.path = path
+        self.peer4 = socket.inet_aton(path.peer)
         self.state = Prober(path.peer, config or ProbeConfig())
         self.echo_port = echo_port
         self.tos = tos
         self.netns = netns
         self.lag = lag
+        self._stall_log = lag.stall_log if lag is not None else None
         self.on_change = on_change
-        self.on_reply_heard = on_reply_heard  # (prober, kernel receive time): any reply of ours
+        # (prober, kernel receive time, our send time, responder id): any reply of ours
+        self.on_reply_heard = on_reply_heard
+        self.on_burst_sent: Callable[["EchoProber"], None] | None = None  # the last probe of one
         self.prober_id = prober_id or _random_id()
-        self.socket_error = ""  # why the socket could not be opened, while it cannot
         self.icmp_errors = 0  # ICMP errors other than port unreachable (e.g. no ARP answer)
         self.rtt_counts = [0] * (len(RTT_BUCKETS_S) + 1)  # replies per RTT bucket, last: +Inf
         self.rtt_sum_s = 0.0
         self.others_heard = others_heard
         self.on_lost = on_lost  # (prober, send time): a probe of ours was judged lost
+        self.send_slot_s = 0.0  # the steady probe goes at the start of its slot (core.probe: poll)
         self._lost_seen: float | None = None
-        self.sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._owns_rail = rail is None
+        if rail is None:
+            rail = RailSocket(path.port, path.source, echo_port, tos, netns,
+                              on_readable=self._readable)
+        self.rail: RailSocket | None = rail
+        rail.attach(self)
+        self.read_first = read_first if read_first is not None else self._read_rail
         self._owns_timer = timer is None
-        self.timer = timer if timer is not None else SharedTimer(lag)
+        self.timer = timer if timer is not None else SharedTimer(lag, batch=rail.outbox)
         self._reported: tuple | None = None
 
     # ---- lifecycle ----------------------------------------------------------
 
     def start(self, first_at: float | None = None) -> None:
-        """Open the socket and probe, the first time at `first_at` (loop
-        time; default now). That sets the path's phase, which it keeps
-        (core.probe: poll), even when the loop runs late for the first one:
-        the service spreads its paths' probes over one interval this way."""
+        """Probe, the first time at `first_at` (loop time; default now). That
+        sets the path's phase, which it keeps (core.probe: poll), even when
+        the loop runs late for the first one: the service spreads its paths'
+        probes over one interval this way."""
         self._loop = asyncio.get_running_loop()
-        if self.sock is None:
-            self._open()
+        if self.rail is not None and self.rail.sock is None and self._owns_rail:
+            self.rail.open(self._loop)
         if first_at is not None and self.state.next_send is None:
-            self.state = replace(self.state, next_send=first_at)
+            self.state.next_send = first_at
         self._schedule()
 
     def close(self) -> None:
         self.timer.discard(self)
         if self._owns_timer:
             self.timer.close()
-        self._close_socket()
-
-    def _open(self) -> None:
-        try:
-            sock = _udp_socket(self.netns)
-        except OSError as exc:
-            self.socket_error = f"socket: {exc}"
-            return
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, self.path.port.encode())
-            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-            if self.tos:
-                sock.setsockopt(socket.IPPROTO_IP, socket.IP_TOS, self.tos)
-            sock.bind((self.path.source, 0))
-            sock.connect((self.path.peer, self.echo_port))
-            sock.setblocking(False)
-        except OSError as exc:
-            sock.close()
-            self.socket_error = f"{self.path}: {exc.strerror or exc}"
-            return
-        self.socket_error = ""
-        self.sock = sock
-        self._loop.add_reader(sock.fileno(), self._readable)
-
-    def _close_socket(self) -> None:
-        if self.sock is not None:
-            self._loop.remove_reader(self.sock.fileno())
-            self.sock.close()
-            self.sock = None
+        if self.rail is not None:
+            self.rail.detach(self)
+            if self._owns_rail:
+                self.rail.close()
+            self.rail = None
 
     # ---- what the daemon reads -------------------------------------------------
+
+    @property
+    def sock(self) -> socket.socket | None:
+        """The rail's socket, while it is open."""
+        return self.rail.sock if self.rail is not None else None
+
+    @property
+    def socket_error(self) -> str:
+        """Why the rail's socket cannot be opened, while it cannot."""
+        return self.rail.error if self.rail is not None else ""
 
     @property
     def counters(self):
@@ -242,15 +260,12 @@ class EchoProber:
     def peer_heard(self, at: float | None = None) -> None:
         """The peer's own probes reached our responder on this path (at `at`,
         monotonic time, which is the loop's clock; default now)."""
-        self.state = self.state.peer_heard(self._loop.time() if at is None else at)
+        self.state.peer_heard(self._loop.time() if at is None else at)
 
     # ---- the loop's callbacks ------------------------------------------------
 
     def _current_lag(self, now: float) -> float:
         return self.lag.current(now) if self.lag is not None else 0.0
-
-    def _host_stalls(self):
-        return self.lag.stall_log if self.lag is not None else None
 
     def _own_lag(self, now: float, lag: float) -> float:
         """A stall of `lag` up to `now`, seen by this path: with a meter it
@@ -267,122 +282,145 @@ class EchoProber:
         """The timer's call: a send is due or a deadline passed (`lag`: how late
         the loop woke, already recorded in the meter by the timer)."""
         now = self._loop.time()  # not the wake-up's: a probe is stamped when it leaves
-        if self.sock is None:
-            self._open()
+        rail = self.rail
+        if rail is not None and rail.sock is None and (
+                rail.opened_at is None or now - rail.opened_at >= _RETRY_S):
+            rail.open(self._loop)
+        overdue = self._current_lag(now)  # a stall still going on: not in the meter yet
         # Replies already here are read before any deadline is judged (only
         # then: a wake-up that only sends has nothing to read first).
-        overdue = self._current_lag(now)  # a stall still going on: not in the meter yet
-        st = self.state
-        if (any(f.deadline <= now for f in st.inflight)
-                or (st.grace_until is not None and st.grace_until <= now)):
-            self._drain(now, max(lag, overdue))
-        if self.others_heard is not None and self.state.state is PathState.SUSPECT:
-            self.state = self.state.witnessed(self.state.others_live, self.others_heard(self))
+        if self.state.deadline_passed(now):
+            self.read_first(now)
+        state = self.state
+        if self.others_heard is not None and state.state is PathState.SUSPECT:
+            state.witnessed(state.others_live, self.others_heard(self))
         # With a meter, the timer's lag is in its stall log (consulted by poll); without, ours.
-        host = self._host_stalls()
+        host = self._stall_log
         own = self._own_lag(now, overdue) if host is not None else max(lag, overdue)
-        self.state, sends = self.state.poll(now, own, host)
+        _, sends = state.poll(now, own, host, self.send_slot_s)
         for send in sends:
             self._send(send, now)
+        if (self.on_burst_sent is not None and sends and sends[-1].burst and not state.burst_due
+                and state.state is PathState.SUSPECT):
+            self.on_burst_sent(self)  # its confirmation's last probe is out
         self._after()
 
-    def _readable(self) -> None:
+    def _read_rail(self, now: float) -> None:
+        if self.rail is not None:
+            self._handle(self.rail.drain(now, time.time(), self._current_lag(now)))
+
+    def _readable(self, rail: RailSocket) -> None:
+        """The loop's reader callback, for a prober with its own rail socket."""
         now = self._loop.time()
-        self._drain(now, self._current_lag(now))
-        self._after()
+        with rail.outbox:
+            self._handle(rail.drain(now, time.time(), self._current_lag(now), readable=True))
 
-    def _drain(self, now: float, lag: float) -> None:
-        if self.sock is None:
-            return
-        wall = time.time()
-        for _ in range(_BATCH):
-            try:
-                data, ancdata, flags, _src = self.sock.recvmsg(_RECV_BYTES, _ANCILLARY)
-            except (BlockingIOError, InterruptedError):
-                return
-            except ConnectionRefusedError:
-                self.state = self.state.on_refused(now)
-                continue
-            except OSError:
-                self.icmp_errors += 1
-                continue
-            self._received(data, ancdata, flags, now, wall, lag)
+    @staticmethod
+    def _handle(touched: list["EchoProber"]) -> None:
+        for prober in touched:
+            prober._after()
 
-    def _received(self, data: bytes, ancdata, flags: int, now: float, wall: float,
-                  lag: float) -> None:
-        # The hot path: parse()'s checks, without building an EchoPacket.
-        if flags & _MSG_TRUNC or len(data) != PACKET.size:
-            self.state = self.state.count_malformed()
-            return
-        magic, version, kind, _r, seq, sent_ns, prober_id, _rid, held_us = PACKET.unpack(data)
+    def reply(self, fields: tuple, rx: float | None, now: float, wall: float,
+              lag: float) -> None:
+        """A datagram from our peer's echo port, unpacked (PACKET), with the
+        kernel's receive time `rx` (unix time) if known: the hot path of
+        every reply (the rail checked its size and source)."""
+        magic, version, kind, _r, seq, sent_ns, prober_id, responder_id, held_us = fields
         if magic != MAGIC or version != VERSION or kind != KIND_REPLY:
-            self.state = self.state.count_malformed()
+            self.state.count_malformed()
             return
         if prober_id != self.prober_id:  # e.g. answers to a previous daemon
-            self.state = self.state.count_stray()
+            self.state.count_stray()
             return
-        rx, _ = _cmsgs(ancdata)
         waited = 0.0 if rx is None else min(max(0.0, wall - rx), _MAX_KERNEL_DELAY_S)
+        sent_at, held = sent_ns * 1e-9, held_us * 1e-6
+        received = now - waited
         # The path's round trip: kernel receive time - our send time - what the peer held it.
-        rtt = max(0.0, now - waited - sent_ns * 1e-9 - held_us * 1e-6)
+        rtt = received - sent_at - held
+        if rtt < 0.0:
+            rtt = 0.0
         self.rtt_counts[bisect_left(RTT_BUCKETS_S, rtt)] += 1
         self.rtt_sum_s += rtt
         # The reply sat in our socket for `waited`: this path's own stall (the
         # timer's lateness, by contrast, is the host's and is in the meter's log).
-        self.state = self.state.on_reply(seq, now - waited, now, max(lag, waited),
-                                         echoed_sent_at=sent_ns * 1e-9,
-                                         peer_delay_s=held_us * 1e-6,
-                                         host_stalls=self._host_stalls())
+        self.state.on_reply(seq, received, now, lag if lag > waited else waited, sent_at, held,
+                            self._stall_log)
         if self.on_reply_heard is not None:
-            self.on_reply_heard(self, now - waited)
+            self.on_reply_heard(self, received, sent_at, responder_id)
+
+    def _received(self, data: bytes, ancdata, flags: int, now: float, wall: float,
+                  lag: float) -> None:
+        """One datagram as recvmsg gives it (data, ancillary data, flags)."""
+        if flags & _MSG_TRUNC or len(data) != PACKET.size:
+            self.state.count_malformed()
+            return
+        rx, _ = _cmsgs(ancdata)
+        self.reply(PACKET.unpack(data), rx, now, wall, lag)
+
+    def icmp_error(self, err: int | None, now: float) -> None:
+        """An ICMP error for a probe of ours (the rail's error queue): port
+        unreachable means the peer host is up and its daemon is not."""
+        if err == errno.ECONNREFUSED:
+            self.state.on_refused(now)
+        else:
+            self.icmp_errors += 1
+
+    def send_failed(self, seq: int, at: float, err: int) -> None:
+        """The kernel refused to send probe `seq` (stamped `at`): no evidence either way."""
+        self.state.on_send_error(seq, at)
 
     def poke(self) -> None:
         """Send a witness probe now (see Prober.poke)."""
         now = self._loop.time()
-        self.state, send = self.state.poke(now)
+        _, send = self.state.poke(now)
         self._send(send, now)
         self._schedule()
 
     def _send(self, send: Send, now: float) -> None:
-        if self.sock is None:
-            self.state = self.state.on_send_error(send.seq, now)
+        rail = self.rail
+        if rail is None or rail.sock is None:
+            self.state.on_send_error(send.seq, now)
             return
-        data = PACKET.pack(MAGIC, VERSION, KIND_REQUEST, 0, send.seq, round(now * 1e9),
-                           self.prober_id, 0, 0)  # EchoPacket.encode, without the object
-        try:
-            self.sock.send(data)
-        except ConnectionRefusedError:  # a pending ICMP error, reported on this send
-            self.state = self.state.on_refused(now).on_send_error(send.seq, now)
-        except OSError as exc:
-            self.state = self.state.on_send_error(send.seq, now)
-            if exc.errno in _SOCKET_GONE:  # the interface or address went away: reopen later
-                self._close_socket()
-                self.socket_error = f"{self.path}: {exc.strerror or exc}"
+        rail.queue(self, send.seq, now)
 
     def start_burst(self) -> None:
-        """Confirm the held suspicion now (its rail's turn: core.railwatch);
-        the timer sends the first probe within a millisecond."""
-        self.state = self.state.start_burst(self._loop.time())
+        """Confirm the held suspicion now (its rail's turn: core.railwatch):
+        its first probe goes at once (a timer wake-up later would cost up to
+        two milliseconds: the timer's grain and epoll's), the others on time."""
+        now = self._loop.time()
+        state = self.state.start_burst(now)
+        if self.rail is not None and self.rail.sock is not None:
+            _, sends = state.poll(now, 0.0, self._stall_log, self.send_slot_s)
+            for send in sends:
+                self._send(send, now)
         self._schedule()
 
     def _after(self) -> None:
-        lost_at = self.state.lost_sent_at
+        state = self.state
+        lost_at = state.lost_sent_at
         if lost_at is not None and lost_at != self._lost_seen:
             self._lost_seen = lost_at
             if self.on_lost is not None:
                 self.on_lost(self, lost_at)
         # What the verdict depends on; the assessment (text) is built only on a change.
-        key = (self.state.state, self.state.degraded, bool(self.socket_error))
+        key = (state.state, state.degraded, bool(self.socket_error))
         if key != self._reported:
             self._reported = key
             if self.on_change is not None:
                 self.on_change(self, self.assessment())
         self._schedule()
 
+    after_change = _after
+
     def _schedule(self) -> None:
+        rail = self.rail
+        if rail is None:  # closed
+            return
         now = self._loop.time()
-        when = max(self.state.next_wakeup(), now)
-        if self.sock is None and self.socket_error:
+        when = self.state.next_wakeup(self.send_slot_s)
+        if when < now:
+            when = now
+        if rail.sock is None and rail.error:
             when = max(when, now + _RETRY_S)
         self.timer.set(self, when)
 
@@ -424,7 +462,13 @@ class EchoService:
         self._owns_lag = self.lag is None
         if self.lag is None:
             self.lag = LoopLag(period_s=self.lag_period_s, tolerance_s=self.config.lag_tolerance_s)
-        self.timer = SharedTimer(self.lag)  # one loop timer for every path
+        # One loop timer for every path; the probes its runs queue leave
+        # together, one sendmmsg per rail, when the wake-up ends.
+        self.outbox = Outbox()
+        self.timer = SharedTimer(self.lag, batch=self.outbox)
+        self.sockets: dict[tuple[str, str], RailSocket] = {}  # (port, source): the rail's socket
+        self._read_at = -1  # the timer wake-up at which every rail was last read
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._prober_id = _random_id()
         self.probers: dict[ProbePath, EchoProber] = {p: self._prober(p) for p in self.paths}
         self._by_addresses = {(p.source, p.peer): pr for p, pr in self.probers.items()}
@@ -439,19 +483,52 @@ class EchoService:
         # path can be told the latest reply of another).
         self._live: dict[str, set[EchoProber]] = {}
         self.rails = RailWatch()  # one confirmation per rail at a time, and rail verdicts
+        self.peers = PeerWatch()  # which paths each peer daemon answers (ordering evidence)
         self._assessed: dict[ProbePath, Assessment] = {}  # as of each path's last change
         self._latest: tuple[float, EchoProber | None] = (float("-inf"), None)
         self._second: float = float("-inf")
         self._started = False
 
     def _prober(self, path: ProbePath) -> EchoProber:
+        key = (path.port, path.source)
+        rail = self.sockets.get(key)
+        if rail is None:
+            rail = self.sockets[key] = RailSocket(path.port, path.source, self.echo_port,
+                                                  self.tos, self.netns, self.outbox,
+                                                  on_readable=self._readable)
         prober = EchoProber(path, self.config, echo_port=self.echo_port, tos=self.tos,
                             netns=self.netns, lag=self.lag, prober_id=self._prober_id,
                             on_change=self._changed, on_reply_heard=self._reply_heard,
                             timer=self.timer, others_heard=self._others_heard,
-                            on_lost=self._lost)
-        prober.state = replace(prober.state, coordinated=True)  # bursts by the rail's turn
+                            on_lost=self._lost, rail=rail, read_first=self._read_all)
+        prober.state.coordinated = True  # bursts by the rail's turn
+        prober.on_burst_sent = self._burst_sent
         return prober
+
+    def _set_send_slot(self) -> None:
+        slot = send_slot(self.config.interval_s, len(self.probers))
+        for prober in self.probers.values():
+            prober.send_slot_s = slot
+
+    def _readable(self, rail: RailSocket) -> None:
+        """A rail's socket has replies (or an ICMP error): read them all."""
+        now = self._loop.time()
+        # What the replies make us send (witness probes) leaves together, and
+        # the timer is re-armed once for all the paths they moved.
+        with self.outbox, self.timer.held():
+            for prober in rail.drain(now, time.time(), self.lag.current(now), readable=True):
+                prober.after_change()
+
+    def _read_all(self, now: float) -> None:
+        """Before a wake-up judges a deadline: every rail's replies so far
+        (a suspect's witnesses are on other rails), once per wake-up."""
+        if self._read_at == self.timer.wakeups:
+            return
+        self._read_at = self.timer.wakeups
+        wall, lag = time.time(), self.lag.current(now)
+        for rail in list(self.sockets.values()):
+            for prober in rail.drain(now, wall, lag):
+                prober.after_change()
 
     def start(self) -> None:
         if self._owns_lag or not self.lag.started:
@@ -465,10 +542,10 @@ class EchoService:
         # wake-ups' worth of work, never N probes (and N replies, and N
         # answers at the peer) in one lump that stalls the loop.
         probers = list(self.probers.values())
-        loop = asyncio.get_running_loop()
-        for prober in probers:  # sockets first: opening them takes time
-            prober._loop = loop
-            prober._open()
+        loop = self._loop = asyncio.get_running_loop()
+        for rail in self.sockets.values():  # sockets first: opening them takes time
+            rail.open(loop)
+        self._set_send_slot()
         start, spacing = loop.time(), self.config.interval_s / max(1, len(probers))
         for i, prober in enumerate(probers):
             prober.start(start + i * spacing)
@@ -476,6 +553,9 @@ class EchoService:
     def close(self) -> None:
         for prober in self.probers.values():
             prober.close()
+        self.outbox.close()
+        for rail in self.sockets.values():
+            rail.close()
         self.timer.close()
         if self._retry is not None:
             self._retry.cancel()
@@ -496,19 +576,28 @@ class EchoService:
         wanted = tuple(dict.fromkeys(paths))
         for path in [p for p in self.probers if p not in wanted]:
             prober = self.probers.pop(path)
+            rail = prober.rail
             prober.close()
+            if rail is not None and not rail.by_peer:  # the rail's last path
+                rail.close()
+                del self.sockets[(path.port, path.source)]
             self._assessed.pop(path, None)
             self._live.get(path.port, set()).discard(prober)
+            self.peers.forget(prober)
             for other in self.rails.forget(path.port, prober):
                 self._begin_burst(other)
             if self.on_change is not None:
                 self.on_change(path, prober.assessment())  # the owner re-reads that port
-        for path in wanted:
-            if path not in self.probers:
-                prober = self.probers[path] = self._prober(path)
-                if self._started:  # at a random phase: the others keep theirs
-                    prober.start(asyncio.get_running_loop().time()
-                                 + random.random() * self.config.interval_s)
+        added = [p for p in wanted if p not in self.probers]
+        for path in added:
+            self.probers[path] = self._prober(path)
+        self._set_send_slot()
+        if self._started:
+            for rail in self.sockets.values():
+                rail.open(self._loop)
+            for path in added:  # at a random phase: the others keep theirs
+                self.probers[path].start(self._loop.time()
+                                         + random.random() * self.config.interval_s)
         self.paths = wanted
         self._by_addresses = {(p.source, p.peer): pr for p, pr in self.probers.items()}
 
@@ -538,6 +627,14 @@ class EchoService:
             await asyncio.Event().wait()
         finally:
             self.close()
+
+    def batching(self) -> dict[str, int]:
+        """Timer wake-ups, and the rails' system calls and datagrams (how well
+        probes share wake-ups and calls; logged when the daemon stops)."""
+        out = {"timer_wakeups": self.timer.wakeups, "timer_runs": self.timer.runs}
+        for name in ("send_calls", "sent", "recv_calls", "received", "foreign"):
+            out[name] = sum(getattr(rail, name) for rail in self.sockets.values())
+        return out
 
     def responder_counters(self) -> ResponderCounters | None:
         """The responder's counters as the daemon reports them (None: no responder)."""
@@ -585,7 +682,7 @@ class EchoService:
         if state is PathState.SUSPECT:
             others_live = any(ps for p, ps in self._live.items()
                               if ps and (p != port or len(ps) > 1))
-            prober.state = prober.state.witnessed(others_live, self._others_heard(prober))
+            prober.state.witnessed(others_live, self._others_heard(prober))
         self._assessed[prober.path] = assessment
         if self.on_change is not None:
             self.on_change(prober.path, assessment)
@@ -595,6 +692,7 @@ class EchoService:
             if prober.state.burst_held and self.rails.suspect(port, prober):
                 self._begin_burst(prober)
             return
+        self.peers.confirming(prober, False)
         for other in self.rails.settled(port, prober):
             self._begin_burst(other)
         if state is PathState.DOWN and was_bursting:  # DOWN by its own confirmation
@@ -606,8 +704,22 @@ class EchoService:
         if prober.state.state is not PathState.SUSPECT or not prober.state.burst_held:
             return
         prober.start_burst()
+        self.peers.confirming(prober, True)
         for other in self._witnesses(prober):
             other.poke()
+
+    def _burst_sent(self, prober: EchoProber) -> None:
+        """`prober`'s last confirmation probe is out: a probe now, on another
+        path to the same peer daemon (another rail first), is answered after
+        them unless they were lost (core.peerwatch), so the confirmation
+        ends a round trip and a margin from now, not a timeout."""
+        other = self.peers.witness(prober, lambda p: p.path.port, self._can_witness)
+        if other is not None:
+            other.poke()
+
+    @staticmethod
+    def _can_witness(prober: EchoProber) -> bool:
+        return prober.state.state is PathState.UP and prober.sock is not None
 
     def _lost(self, prober: EchoProber, sent_at: float) -> None:
         port = prober.path.port
@@ -628,12 +740,12 @@ class EchoService:
             return
         victims = list(live)
         self.rails.concluded(port)
-        now = victims[0]._loop.time()
+        now = self._loop.time() if self._loop is not None else victims[0]._loop.time()
         why = (f"no reply on any path of {port} since a path of it lost a probe and its "
                f"confirmation, and {min(self.rails.evidence, len(victims))} or more of its "
                f"{len(victims)} live paths lost probes too: the rail, not the peers")
         for other in victims:
-            other.state = other.state.rail_down(now, why)
+            other.state.rail_down(now, why)
         for other in victims:
             other._after()
 
@@ -650,8 +762,13 @@ class EchoService:
                         return chosen
         return chosen
 
-    def _reply_heard(self, prober: EchoProber, received_at: float) -> None:
+    def _reply_heard(self, prober: EchoProber, received_at: float, sent_at: float,
+                     responder_id: int) -> None:
         self.rails.heard(prober.path.port, received_at)
+        for other in self.peers.answered(prober, responder_id):
+            # The same peer daemon answered a probe of ours sent at `sent_at`.
+            other.state.peer_answered(sent_at, received_at)
+            other._schedule()
         latest, latest_by = self._latest
         if prober is latest_by:
             self._latest = (max(latest, received_at), prober)

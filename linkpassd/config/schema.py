@@ -337,14 +337,23 @@ PROBES = Section(
         Option("interval_ms", FLOAT, 50.0, "Milliseconds between steady probes on each path.",
                (_between(1, 60000),)),
         Option("timeout_ms", FLOAT, 8.0,
-               "A reply later than this is a miss and starts the confirmation burst. Round trips "
-               "in one fabric are well under a millisecond; our own stalls are accounted for "
-               "separately.", (_greater_than(0),)),
+               "A reply later than this is a miss (for the loss ratio, and for a confirmation "
+               "probe when nothing else settles it). Round trips in one fabric are well under a "
+               "millisecond; our own stalls are accounted for separately.", (_greater_than(0),)),
+        Option("suspect_ms", FLOAT, 3.0,
+               "A steady probe still unanswered this long after it left starts the confirmation "
+               "burst (a suspicion costs only the burst; the probe itself is judged at "
+               "`timeout_ms`, so a slow reply is no loss).", (_greater_than(0),)),
+        Option("order_margin_ms", FLOAT, 2.0,
+               "A confirmation probe is lost once the same peer daemon has answered, on another "
+               "path, a probe sent after it, and this long has passed since that reply (or four "
+               "of the path's round trips, if longer): the peer was answering, so the path lost "
+               "it. 0: confirmation probes wait for `timeout_ms`.", (_between(0, 1000),)),
         Option("burst_count", INT, 8,
                "Confirmation probes after a miss on a clean path (a path that already loses "
                "probes gets more, up to 32, so its loss cannot fake a DOWN).",
                (_int_range(1, 32),)),
-        Option("burst_interval_ms", FLOAT, 1.0, "Milliseconds between confirmation probes.",
+        Option("burst_interval_ms", FLOAT, 0.5, "Milliseconds between confirmation probes.",
                (_between(0, 1000),)),
         Option("rise", INT, 3,
                "On-time replies in a row before a path that was down (or never up) counts as up.",
@@ -380,7 +389,7 @@ PROBES = Section(
                (_int_range(1, 1_000_000),)),
     ),
     rules=(
-        "`timeout_ms` < `interval_ms`; `clear_loss_ratio` < `max_loss_ratio`",
+        "`suspect_ms` <= `timeout_ms` < `interval_ms`; `clear_loss_ratio` < `max_loss_ratio`",
         "`fabric_prefixes` may not contain a /0 (it would answer the whole internet)",
         "`rail.probe_peers` requires `enabled = true`",
     ),

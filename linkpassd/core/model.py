@@ -112,8 +112,10 @@ class ProbeSettings:
     port: int = 4793
     interval_ms: float = 50.0
     timeout_ms: float = 8.0
+    suspect_ms: float = 3.0
+    order_margin_ms: float = 2.0  # 0: confirmation probes wait for timeout_ms
     burst_count: int = 8
-    burst_interval_ms: float = 1.0
+    burst_interval_ms: float = 0.5
     rise: int = 3
     loss_window: int = 200
     max_loss_ratio: float = 0.20

@@ -24,6 +24,9 @@ from typing import Generic, TypeVar
 K = TypeVar("K", bound=Hashable)
 
 DEFAULT_GRAIN_S = 0.001
+SEND_SLOTS_PER_INTERVAL = 10  # a service's paths send in this many batches per interval...
+MAX_SEND_SLOT_S = 0.005  # ...at most this far apart...
+MIN_BATCHED_PATHS = 16  # ...when it has this many paths or more (fewer: each on its own time)
 
 
 def batched_wake(when: float, grain_s: float = DEFAULT_GRAIN_S) -> float:
@@ -34,6 +37,30 @@ def batched_wake(when: float, grain_s: float = DEFAULT_GRAIN_S) -> float:
     # Never before `when` (a wake-up with nothing due would be re-armed for
     # the same instant); float noise at a grid point does not cost a grain.
     return max(when, math.ceil(when / grain_s - 1e-9) * grain_s)
+
+
+def send_slot(interval_s: float, paths: int) -> float:
+    """The width of the send slots for `paths` probed every `interval_s` (0:
+    none, each probe at its own time). Probes due within one slot leave
+    together at its start, one system call per rail (adapters.echorail),
+    so N paths cost about SEND_SLOTS_PER_INTERVAL wake-ups and batches per
+    interval rather than N. A whole number of milliseconds, so slot starts
+    fall on the timer's grid; sending up to a slot early changes no path's
+    cadence and delays no detection (a probe only goes sooner)."""
+    if paths < MIN_BATCHED_PATHS:
+        return 0.0
+    slot = min(MAX_SEND_SLOT_S, interval_s / SEND_SLOTS_PER_INTERVAL)
+    return max(DEFAULT_GRAIN_S, math.floor(slot / DEFAULT_GRAIN_S + 1e-9) * DEFAULT_GRAIN_S)
+
+
+def slot_start(when: float, slot_s: float) -> float:
+    """The start of the `slot_s`-wide slot (of the grid from 0) that `when`
+    falls in (`when` itself for a slot of 0): sends due anywhere in one slot
+    go together at its start, each path keeping its own cadence (core.probe:
+    poll). A point on the grid, give or take float noise, is its own slot's start."""
+    if slot_s <= 0:
+        return when
+    return math.floor(when / slot_s + 1e-9) * slot_s
 
 
 class DeadlineQueue(Generic[K]):
@@ -89,3 +116,4 @@ class DeadlineQueue(Generic[K]):
     def _rebuild(self) -> None:
         self._heap = [(w, next(self._order), k) for k, w in self._when.items()]
         heapq.heapify(self._heap)
+

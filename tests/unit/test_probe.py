@@ -62,6 +62,12 @@ class Sim:
     heartbeat_s: float | None = 0.025  # the adapter's lag heartbeat period (adapters.looplag)
     peer_probes: bool = False  # the peer probes us too (feeds peer_heard)
     witness: bool = False  # another live path of the host, hearing replies all along
+    # Another path of ours to the same peer daemon (say, over another rail),
+    # not hit by the faults: each burst probe of ours is followed by one of
+    # its probes, which the same responder answers in turn (so a peer stall
+    # delays it too), and that answer feeds Prober.peer_answered.
+    sibling: bool = False
+    sibling_rtt: float | None = None  # its round trip (default: ours)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -70,6 +76,8 @@ class Sim:
         self.events: list[tuple[float, int, str, tuple]] = []  # (kernel arrival, order, kind, data)
         self._order = 0
         self._icmp_at = -INF
+        if self.sibling:
+            self.p.witnessed(True)  # the sibling is another live path of the host
         self.phases: list[tuple[float, str]] = [(0.0, self.p.phase)]
         self.effective: list[tuple[float, Verdict | None]] = [(0.0, None)]
 
@@ -111,6 +119,10 @@ class Sim:
                     received = t_arr if self.kernel_timestamps else h_arr
                     self.p = self.p.on_reply(seq, received, h_arr, lag, echoed_sent_at=sent_at,
                                              peer_delay_s=peer_delay)
+                elif kind == "sibling":  # a reply on another live path of ours, too
+                    (sent_at,) = data
+                    self.p = self.p.note_lag(h_arr, lag).peer_answered(
+                        sent_at, t_arr if self.kernel_timestamps else h_arr)
                 else:
                     self.p = self.p.note_lag(h_arr, lag).on_refused(h_arr)
             else:
@@ -120,6 +132,9 @@ class Sim:
                 self.p, sends = self.p.poll(h_wake, self._lag(h_wake, wake))
                 for send in sends:
                     self._transmit(send.seq, h_wake)
+                if (self.sibling and any(send.burst for send in sends) and not self.p.burst_due
+                        and self.p.state is PathState.SUSPECT):
+                    self._sibling(h_wake + 1e-6)  # as the service pokes, after the last one
                 if sends and self.stall_after_send and self.stall_after_send[0][0] <= h_wake:
                     _, length = self.stall_after_send.pop(0)
                     self.stalls.append(Window(h_wake + 0.0002, h_wake + 0.0002 + length))
@@ -159,6 +174,20 @@ class Sim:
             return
         self._push(answered + self.rtt / 2, "reply", (seq, sent_at, answered - at_peer))
 
+    def _sibling(self, sent_at: float) -> None:
+        """The sibling path's probe, right after ours: answered by the same
+        responder (its stalls too), lost only to random loss."""
+        if self.rng.random() < self.req_loss:
+            return
+        rtt = self.rtt if self.sibling_rtt is None else self.sibling_rtt
+        at_peer = sent_at + rtt / 2
+        if self._in(self.absent, at_peer) or self._in(self.refusing, at_peer):
+            return
+        answered = self._handled_at(at_peer, self.peer_stalls)
+        if self.rng.random() < self.rep_loss:
+            return
+        self._push(answered + rtt / 2, "sibling", (sent_at,))
+
     # ---- what happened ---------------------------------------------------------
 
     def first(self, phase: str, after: float = 0.0) -> float | None:
@@ -190,7 +219,10 @@ def test_bad_config_is_rejected_with_the_reason(bad):
 
 def test_the_documented_detection_arithmetic():
     c = ProbeConfig()
-    assert detection_bound_s(c, witnessed=True) == pytest.approx(0.050 + 0.008 + 7 * 0.001 + 0.008)
+    assert detection_bound_s(c, witnessed=True) == pytest.approx(0.050 + 0.003 + 7 * 0.0005 + 0.008)
+    # With the peer's daemon answering another path meanwhile: no timeout at the end.
+    assert detection_bound_s(c, ordered_rtt_s=0.0002) == pytest.approx(
+        0.050 + 0.003 + 7 * 0.0005 + 0.0002 + 0.002)
     assert detection_bound_s(c, witnessed=True) <= 0.5 * BFD_DETECT_MULT * c.interval_s
     # A path with no live witness also waits out the peer grace.
     assert detection_bound_s(c) == pytest.approx(detection_bound_s(c, witnessed=True) + 0.025)
@@ -225,14 +257,14 @@ def test_a_healthy_path_comes_up_after_rise_replies_and_stays_up():
 
 
 def detection_times(config: ProbeConfig, phases: int = 20, witness: bool = False,
-                    **faults) -> list[tuple[float, float]]:
+                    sibling: bool = False, **faults) -> list[tuple[float, float]]:
     """Blackhole the path at `phases` points of one probe interval; for each,
     (time from the fault to DOWN, time from the last reply to DOWN)."""
     out = []
     for i in range(phases):
         fault = 1.0 + config.interval_s * i / phases
         windows = {k: [Window(fault)] for k in faults.get("directions", ("drop_req", "drop_rep"))}
-        sim = Sim(config, witness=witness, **windows).up(fault)
+        sim = Sim(config, witness=witness, sibling=sibling, **windows).up(fault)
         last_reply = sim.t
         sim.run(fault + 2.0)
         down = sim.first("DOWN")
@@ -302,10 +334,11 @@ def test_alone_a_lost_burst_waits_the_peer_grace_and_a_late_reply_in_it_clears()
 
 def test_a_witness_probe_never_counts_as_loss_nor_raises_suspicion():
     sim = Sim(drop_req=[Window(1.0)]).up()
+    window = sim.p.window  # a snapshot: the prober changes in place
     p, send = sim.p.poke(1.0001)
     assert send.burst
     p, _ = p.poll(1.0001 + p.config.timeout_s + 1e-4)
-    assert p.state is PathState.UP and p.window == sim.p.window
+    assert p.state is PathState.UP and p.window == window
 
 
 @pytest.mark.parametrize("direction", ["drop_req", "drop_rep"])
@@ -335,6 +368,76 @@ def test_a_stall_during_the_burst_delays_the_verdict_but_does_not_spoil_it():
     n = sim.p.counters
     assert sim.p.state is PathState.DOWN and n.bursts == 1 and n.unknown_lag > 0
     assert sim.first("DOWN") - 1.0 <= detection_bound_s(c) + stall + c.timeout_s
+
+
+def test_with_the_peer_answering_another_path_the_burst_is_judged_by_that_reply():
+    """Ordering evidence: the peer's daemon answered a probe sent (on another
+    path) after our last confirmation probe, so ours, still unanswered a
+    margin later, were lost on this path; no need to wait out their timeout."""
+    c = ProbeConfig()
+    rtt = 0.0002
+    times = detection_times(c, sibling=True)
+    bound = detection_bound_s(c, ordered_rtt_s=rtt)
+    worst = max(t for t, _ in times)
+    assert worst <= bound + 0.001  # the timer's 1 ms grain is not modelled: the margin
+    assert worst < detection_bound_s(c, witnessed=True) - c.timeout_s + c.order_margin_s + 0.002
+    # Off, or without the sibling, the timeouts decide as before.
+    off = ProbeConfig(order_margin_s=None)
+    assert max(t for t, _ in detection_times(off, sibling=True)) == pytest.approx(
+        detection_bound_s(off, witnessed=True), abs=off.interval_s / 20 + 0.001)
+
+
+@pytest.mark.parametrize("stall_ms,every_s", [(5, 0.5), (15, 0.5), (40, 0.5), (200, 3.0)])
+def test_a_stalled_peer_delays_its_answers_on_every_path_so_ordering_fails_nothing(stall_ms,
+                                                                                    every_s):
+    """A peer daemon that stalls answers none of our paths meanwhile, then
+    all in order: the sibling's answer comes after ours, never before."""
+    c = ProbeConfig()
+    peer_stalls = stall_pattern(1.0, every_s + 0.0071, stall_ms / 1e3, 400 * c.interval_s)
+    sim = Sim(c, peer_stalls=peer_stalls, rtt=0.0003, sibling=True).up(1.0)
+    sim.run(400 * c.interval_s)
+    n = sim.p.counters
+    assert n.downs == 0 and n.degradations == 0 and sim.count("DOWN") == 0
+    assert n.bursts > 0  # the stalls did raise suspicions
+
+
+def test_replies_slower_than_the_suspicion_but_on_time_raise_suspicion_and_lose_nothing():
+    """suspect_after_s starts the confirmation early; the probe's outcome
+    still waits for timeout_s, so a 5 ms round trip is never a loss."""
+    c = ProbeConfig()
+    assert c.suspect_after_s < 0.005 < c.timeout_s
+    sim = Sim(c, rtt=0.005, sibling=True).up(1.0)
+    sim.run(30.0)
+    n = sim.p.counters
+    assert n.bursts > 100 and n.lost == n.late == n.downs == n.degradations == 0
+    assert sim.p.loss_ratio == 0.0 and sim.p.state in (PathState.UP, PathState.SUSPECT)
+
+
+def test_five_percent_random_loss_at_ten_milliseconds_with_ordering_fails_nothing():
+    c = ProbeConfig(interval_s=0.010)
+    for seed in (1, 2, 3):
+        sim = Sim(c, seed=seed, req_loss=0.05, rep_loss=0.05, sibling=True).run(
+            INTERVALS * c.interval_s)
+        n = sim.p.counters
+        assert n.downs == 0 and n.degradations == 0 and n.bursts > 500, n
+
+
+def test_ordering_tolerates_a_slower_path_up_to_the_confirmations_span_and_no_more():
+    """The trade-off, stated: with the peer answering another path at once,
+    a path stays UP while its replies lag by less than about the burst span
+    plus the margin (the earliest unanswered probe had that long), and is
+    DOWN when they lag by more (20 ms here): it no longer waits out the
+    timeouts and the peer grace that a silent peer would get."""
+    c = ProbeConfig()
+    span = c.suspect_after_s + (c.burst_count - 1) * c.burst_interval_s + c.order_margin_s
+    slow = Sim(c, sibling=True, sibling_rtt=0.0002).up(1.0)
+    slow.rtt = 0.8 * span
+    slow.run(10.0)
+    assert slow.p.counters.downs == 0
+    slower = Sim(c, sibling=True, sibling_rtt=0.0002).up(1.0)
+    slower.rtt = 0.020
+    slower.run(3.0)
+    assert slower.p.counters.downs >= 1
 
 
 @pytest.mark.parametrize("interval_s", [0.300, 0.050])
@@ -844,3 +947,61 @@ def test_set_paths_keeps_what_the_staying_paths_know_and_only_adds_and_removes()
     assert service._by_addresses == {(a.source, a.peer): kept,
                                      (c.source, c.peer): service.probers[c]}
     assert [x.signal for x in service.assessments("lprail0")] == ["probe:198.19.0.1"]
+
+
+# ---- the responder's batched path (adapters.mmsg buffers, filled by hand) ----
+
+def _fill(batch, i: int, data: bytes, src: tuple[str, int], pktinfo=None, rx=None, flags=0):
+    """Message `i` of a receive batch as recvmmsg would leave it."""
+    from linkpassd.adapters import mmsg
+    off = i * batch.slot
+    batch.payload[off:off + min(len(data), batch.slot)] = data[:batch.slot]
+    mmsg.PORT_ADDR.pack_into(batch.names, i * mmsg.NAME_SIZE + 2, src[1], socket.inet_aton(src[0]))
+    control, c = bytearray(), i * batch.control_slot
+    if rx is not None:
+        sec = int(rx)
+        control += struct.pack("@Nii", 32, socket.SOL_SOCKET, echo.SCM_TIMESTAMPNS)
+        control += struct.pack("@qq", sec, int((rx - sec) * 1e9))
+    if pktinfo is not None:
+        ifindex, local = pktinfo
+        control += struct.pack("@Nii", socket.CMSG_LEN(12), socket.IPPROTO_IP, echo.IP_PKTINFO)
+        control += struct.pack("@i4s4s", ifindex, socket.inet_aton(local), socket.inet_aton(local))
+        control += bytes(4)  # CMSG_SPACE padding
+    batch.control[c:c + len(control)] = control
+    mmsg.RESULT.pack_into(batch.headers, i * mmsg.HEADER_SIZE + mmsg.RESULT_OFFSET,
+                          len(control), flags, len(data))
+
+
+def test_the_batched_responder_answers_like_the_single_one():
+    """_answer_slot reads a recvmmsg slot (source, timestamp, pktinfo) and queues
+    the reply in a sendmmsg batch: same policy, same reply, out of the
+    interface and from the address the request came to."""
+    from linkpassd.adapters import mmsg
+    if not mmsg.available():
+        pytest.skip("no sendmmsg/recvmmsg in this libc")
+    r, heard = responder()
+    got = mmsg.RecvBatch(8, 48, 64)
+    replies = mmsg.SendBatch(8, echo.PACKET.size, pktinfo=True)
+    wall = time.time()
+    _fill(got, 0, request(7), ("198.18.0.2", 40000), (5, "198.18.0.1"), rx=wall - 0.003)
+    _fill(got, 1, request(8), ("198.18.0.2", 40000), (1, "127.0.0.1"))  # not a rail address
+    _fill(got, 2, request(9), ("198.19.0.2", 40000), (5, "198.18.0.1"))  # not an allowed source
+    _fill(got, 3, request(10) + b"\0", ("198.18.0.2", 40000), (5, "198.18.0.1"))  # too long
+    _fill(got, 4, echo.EchoPacket(echo.KIND_REPLY, 7, 1, 42).encode(), ("198.18.0.2", 4793),
+          (5, "198.18.0.1"))  # a reply: never answered
+    _fill(got, 5, bytes(48), ("198.18.0.2", 40000), (5, "198.18.0.1"), flags=socket.MSG_TRUNC)
+    for i in range(6):
+        r._answer_slot(got, i, replies, time.monotonic())
+    c = r.counters
+    assert (c.requests, c.refused_address, c.refused_source, c.malformed, c.ignored) == (1, 1, 1, 2, 1)
+    assert replies.count == 1
+    port, addr4 = mmsg.PORT_ADDR.unpack_from(replies.names, 2)
+    assert (socket.inet_ntoa(addr4), port) == ("198.18.0.2", 40000)
+    ifindex, local = struct.unpack_from("@i4s", replies.control, 16)
+    assert (ifindex, socket.inet_ntoa(local)) == (5, "198.18.0.1")
+    reply, why = echo.parse(bytes(replies.payload[:echo.PACKET.size]))
+    assert why == "" and (reply.kind, reply.seq, reply.sent_ns, reply.prober_id) == (
+        echo.KIND_REPLY, 7, 123456789, 42)
+    assert reply.responder_id == r.responder_id and 2_500 <= reply.held_us <= 1_000_000
+    r._hand_off(time.monotonic(), force=True)
+    assert [list(h) for h in heard] == [[("198.18.0.1", "198.18.0.2")]]

@@ -16,7 +16,6 @@ import heapq
 import itertools
 import math
 import random
-from collections import deque
 from dataclasses import replace
 
 import pytest
@@ -24,7 +23,7 @@ import pytest
 from linkpassd.adapters import echo
 from linkpassd.core.probe import PathState, ProbeConfig, Prober, detection_bound_s
 from linkpassd.core.railwatch import MAX_BURSTING, RAIL_EVIDENCE, RailWatch
-from linkpassd.core.schedule import DeadlineQueue, batched_wake
+from linkpassd.core.schedule import DeadlineQueue, batched_wake, send_slot
 
 PORTS = ("lpnone0", "lpnone1")
 
@@ -48,6 +47,7 @@ class _Timer:
 
     def __init__(self) -> None:
         self.queue: DeadlineQueue = DeadlineQueue()
+        self.wakeups = 0
 
     def set(self, key, when: float) -> None:
         self.queue.set(key, when)
@@ -60,20 +60,10 @@ class _Timer:
 
 
 class _Sock:
-    def __init__(self, net: "MeshSim", prober: echo.EchoProber) -> None:
-        self.net, self.prober, self.inbox = net, prober, deque()
+    """Marks a rail's socket open; the simulation sends and delivers in its place."""
 
     def fileno(self) -> int:
         return -1
-
-    def send(self, data: bytes) -> int:
-        self.net.transmit(self.prober, data)
-        return len(data)
-
-    def recvmsg(self, _n, _anc):
-        if not self.inbox:
-            raise BlockingIOError
-        return self.inbox.popleft(), [], 0, None
 
 
 class MeshSim:
@@ -92,14 +82,26 @@ class MeshSim:
         self.dead_ports: set[str] = set()
         self.dead_peers: set[str] = set()
         self.loss = 0.0  # per direction
+        # The id each path's replies carry: one responder (one peer daemon)
+        # for everything by default, as in a lab whose peers share a namespace.
+        self.responder_of = lambda pr: 7
         self.sends: list[tuple[float, echo.EchoProber]] = []
         self.events: list = []
         self._order = itertools.count()
         self.changes: list[tuple[float, echo.ProbePath, str]] = []
         self.svc.on_change = lambda path, a: self.changes.append((self.loop.t, path, a.status))
+        self.svc._loop = self.loop
+        self.svc._set_send_slot()  # as start() does: batched sends beyond a few paths
+        for rail in self.svc.sockets.values():
+            # The rail's socket, simulated: a probe queued is on the network at
+            # once, and replies are handed to their path when they arrive (in
+            # time order, so nothing is waiting when a deadline is judged).
+            rail.sock = _Sock()
+            rail.queue = lambda prober, seq, now: self.transmit(prober, seq, now)
+            rail.drain = lambda *_a, **_k: []
         spacing = self.config.interval_s / len(paths)
         for i, pr in enumerate(self.svc.probers.values()):
-            pr._loop, pr.timer, pr.sock = self.loop, self.timer, _Sock(self, pr)
+            pr._loop, pr.timer = self.loop, self.timer
             pr.state = replace(pr.state, next_send=self.loop.t + i * spacing)
             pr._schedule()
 
@@ -114,12 +116,12 @@ class MeshSim:
         return (pr.path.port in self.dead_ports or pr.path.peer in self.dead_peers
                 or self.rng.random() < self.loss)
 
-    def transmit(self, pr: echo.EchoProber, data: bytes) -> None:
+    def transmit(self, pr: echo.EchoProber, seq: int, now: float) -> None:
         self.sends.append((self.loop.t, pr))
         if self._dropped(pr) or self._dropped(pr):  # request, then reply
             return
-        magic, version, _kind, _r, seq, sent_ns, prober_id, _rid, _held = echo.PACKET.unpack(data)
-        reply = echo.PACKET.pack(magic, version, echo.KIND_REPLY, 0, seq, sent_ns, prober_id, 7, 0)
+        reply = (echo.MAGIC, echo.VERSION, echo.KIND_REPLY, 0, seq, round(now * 1e9),
+                 pr.prober_id, self.responder_of(pr), 0)
         heapq.heappush(self.events, (self.loop.t + self.rtt, next(self._order), pr, reply))
 
     def run(self, seconds: float) -> "MeshSim":
@@ -134,10 +136,11 @@ class MeshSim:
                 t, _, pr, reply = heapq.heappop(self.events)
                 self.loop.t = max(self.loop.t, t)
                 if pr.sock is not None:
-                    pr.sock.inbox.append(reply)
-                    pr._readable()
+                    pr.reply(reply, None, self.loop.t, 0.0, 0.0)
+                    pr.after_change()
             else:
                 self.loop.t = max(self.loop.t, wake)
+                self.timer.wakeups += 1
                 for key, _when in self.timer.queue.pop_due(self.loop.t):
                     key.due(self.loop.t, 0.0)
         self.loop.t = until
@@ -173,8 +176,10 @@ def test_a_rail_blackhole_with_128_peers_costs_a_bounded_number_of_probes_and_is
                     if t >= start and path.port == PORTS[0] and status == "down"), default=None)
     assert all(s is PathState.DOWN for s in sim.states(PORTS[0]))
     assert all(s is PathState.UP for s in sim.states(PORTS[1]))
-    # The first trigger misses within one path's spacing; then one burst, its timeouts.
-    bound = (cfg.interval_s / 256 + cfg.timeout_s + (cfg.burst_count - 1) * cfg.burst_interval_s
+    # The first trigger leaves within one send slot (the rail's probes of one
+    # slot go together, core.schedule) and misses; then one burst, its timeouts.
+    slot = max(cfg.interval_s / 256, send_slot(cfg.interval_s, 256))
+    bound = (slot + cfg.timeout_s + (cfg.burst_count - 1) * cfg.burst_interval_s
              + cfg.timeout_s + 0.004)
     assert all_down - start <= bound, f"rail down after {(all_down - start) * 1e3:.1f} ms"
     sent = len(sim.sends) - mark
@@ -185,7 +190,8 @@ def test_a_rail_blackhole_with_128_peers_costs_a_bounded_number_of_probes_and_is
     per_ms: dict[int, int] = {}
     for t, _pr in sim.sends[mark:]:
         per_ms[int((t - start) * 1000)] = per_ms.get(int((t - start) * 1000), 0) + 1
-    assert max(per_ms.values()) <= 16, max(per_ms.values())
+    steady_per_ms = math.ceil(256 * max(slot, 0.001) / cfg.interval_s)  # a slot's batch
+    assert max(per_ms.values()) <= steady_per_ms + 16, max(per_ms.values())
     assert sim.svc.rails.verdicts == 1
 
 
@@ -321,3 +327,62 @@ def test_rail_down_takes_up_and_suspect_paths_down_and_leaves_the_others():
         assert p.state is becomes
     p = replace(base, state=PathState.UP).rail_down(2.0, "the rail")
     assert p.reason == "the rail" and p.counters.downs == 1 and p.since == 2.0
+
+
+# ---------------------------------------------------------------- ordering evidence
+
+
+@pytest.mark.parametrize("same_daemon", [True, False])
+def test_a_path_whose_peer_answers_on_the_other_rail_is_judged_by_ordering(same_daemon):
+    """One peer reached over both rails (core.peerwatch): when rail 0 goes
+    silent, its confirmation's last probe is followed by a probe over rail 1
+    to the same peer daemon, whose answer settles it a margin later. If the
+    two paths' peers are different daemons, the timeouts decide, as before."""
+    cfg = ProbeConfig(interval_s=0.010)
+    sim = MeshSim(1, config=cfg)
+    if not same_daemon:
+        sim.responder_of = lambda pr: 7 if pr.path.port == PORTS[0] else 8
+    _up(sim)
+    times = []
+    for trial in range(8):
+        start = sim.loop.t
+        sim.dead_ports.add(PORTS[0])
+        sim.run(0.2)
+        down = min(t for t, path, status in sim.changes
+                   if t >= start and path.port == PORTS[0] and status == "down")
+        times.append(down - start)
+        sim.dead_ports.clear()
+        sim.run(0.5 + 0.00137 * trial)  # back up, and at another phase
+        assert all(s is PathState.UP for s in sim.states(PORTS[0]) + sim.states(PORTS[1]))
+    ordered = detection_bound_s(cfg, ordered_rtt_s=sim.rtt) + 0.003  # + the timer's 1 ms grain
+    timed = detection_bound_s(cfg, witnessed=True)
+    if same_daemon:
+        assert max(times) <= ordered, times
+    else:
+        assert max(times) > ordered and max(times) <= timed + 0.003, times
+    assert sim.probers[1].counters.downs == 0
+
+
+def test_peerwatch_tells_a_reply_to_the_paths_confirming_towards_the_same_daemon():
+    from linkpassd.core.peerwatch import PeerWatch
+    w = PeerWatch()
+    rail = {"a0": 0, "a1": 1, "a1b": 1, "b0": 0}.get
+    for path, rid in (("a0", 10), ("a1", 10), ("a1b", 10), ("b0", 20)):
+        assert list(w.answered(path, rid)) == []
+    w.confirming("a0", True)
+    w.confirming("zz", True)  # no responder known yet: nothing to order by
+    assert sorted(w.answered("a1", 10)) == ["a0"] and list(w.answered("a0", 10)) == []
+    assert list(w.answered("b0", 20)) == []  # another peer daemon
+    # The witness: same daemon, another rail first, then the same rail; usable only.
+    assert w.witness("a0", rail, lambda p: True) in ("a1", "a1b")
+    assert w.witness("a1", rail, lambda p: True) == "a0"
+    assert w.witness("a1", rail, lambda p: p != "a0") == "a1b"
+    assert w.witness("b0", rail, lambda p: True) is None
+    # The peer's daemon restarted (a new id): the path moves, still confirming.
+    assert list(w.answered("a0", 11)) == [] and w.responder("a0") == 11
+    assert list(w.answered("a1", 10)) == []
+    assert list(w.answered("x", 11)) == ["a0"]
+    w.confirming("a0", False)
+    assert list(w.answered("x", 11)) == []
+    w.forget("a1")
+    assert w.responder("a1") is None and w.witness("a1b", rail, lambda p: True) is None

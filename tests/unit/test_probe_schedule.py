@@ -172,9 +172,9 @@ def test_a_host_stall_over_the_whole_flight_makes_the_miss_unknown():
     p, _ = up.poll(0.0)
     log = StallLog()
     log.add(0.0005, 0.0095)  # the loop stalled over the whole timeout
-    shared, _ = p.poll(0.0095, 0.0, log)
-    told, _ = p.note_lag(0.0095, 0.009).poll(0.0095)
-    alone, _ = p.poll(0.0095)
+    shared, _ = p.copy().poll(0.0095, 0.0, log)  # a prober changes in place: one copy each
+    told, _ = p.copy().note_lag(0.0095, 0.009).poll(0.0095)
+    alone, _ = p.copy().poll(0.0095)
     assert shared.counters.unknown_lag == told.counters.unknown_lag == 1
     assert shared.state is told.state is PathState.UP
     assert alone.counters.lost == 1 and alone.state is PathState.SUSPECT  # the control
@@ -255,9 +255,10 @@ def test_a_suspect_pokes_a_few_witnesses_on_other_rails_first():
     was O(paths^2) probes."""
     svc = _service(20)
     poked = []
+    for rail in svc.sockets.values():  # one socket per rail, shared by its paths
+        rail.sock = _FakeSock()
     for pr in svc.probers.values():
         pr.state = replace(pr.state, state=PathState.UP)
-        pr.sock = _FakeSock()
         pr.poke = lambda pr=pr: poked.append(pr)
         svc._changed(pr, pr.assessment())
     suspect = next(iter(svc.probers.values()))
@@ -283,19 +284,19 @@ def test_a_suspect_reads_the_latest_reply_of_any_other_path():
     svc = _service(3)
     a, b, c = list(svc.probers.values())[:3]
     assert svc._others_heard(a) is None
-    svc._reply_heard(a, 1.0)
+    svc._reply_heard(a, 1.0, 1.0 - 0.001, 7)
     assert svc._others_heard(a) is None and svc._others_heard(b) == 1.0
-    svc._reply_heard(b, 2.0)
+    svc._reply_heard(b, 2.0, 2.0 - 0.001, 7)
     assert svc._others_heard(a) == 2.0 and svc._others_heard(b) == 1.0
-    svc._reply_heard(b, 3.0)
-    svc._reply_heard(c, 2.5)  # older than b's latest
+    svc._reply_heard(b, 3.0, 3.0 - 0.001, 7)
+    svc._reply_heard(c, 2.5, 2.5 - 0.001, 7)  # older than b's latest
     assert svc._others_heard(b) == 2.5 and svc._others_heard(a) == 3.0
     rnd = random.Random(5)
     probers = list(svc.probers.values())
     latest: dict[object, float] = {}
     for _ in range(500):
         pr, t = rnd.choice(probers), rnd.uniform(0, 100)
-        svc._reply_heard(pr, t)
+        svc._reply_heard(pr, t, t - 0.001, 7)
         latest[pr] = max(latest.get(pr, t), t, latest.get(pr, t))
     for pr in probers:
         others = [t for q, t in latest.items() if q is not pr]
