@@ -242,7 +242,7 @@ async def drive(args) -> dict:
     targets = args.targets.split(",")
     hosts = [Host(args.first + i, stats, len(targets)) for i in range(args.hosts)]
     options = [("grpc.max_send_message_length", 4 << 20), ("grpc.http2.max_pings_without_data", 0),
-               ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
+               ("grpc.keepalive_time_ms", int(args.keepalive_s * 1000)), ("grpc.keepalive_timeout_ms", 5_000),
                # Each channel its own connection, as each real host has its own:
                # by default channels with the same target share one (the global
                # subchannel pool).
@@ -363,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--connect-timeout-s", type=float, default=120.0)
     parser.add_argument("--drain-s", type=float, default=15.0)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--keepalive-s", type=float, default=10.0)
     parser.add_argument("--hosts-per-channel", type=int, default=1,
                         help="hosts sharing one connection (1: each its own, as real hosts)")
     parser.add_argument("--sync", action="store_true",
