@@ -1,9 +1,11 @@
 """How many hosts linkpass-aggregator sustains on this machine, per store.
 
     python -m labs.bench.aggregator [--hosts 1024,4096,16384] [--seconds 30]
-        [--modes sqlite,pg1,pg3] [--trials 1] [--label run]
+        [--modes floor,sqlite,pg1,pg3] [--trials 1] [--label run]
 
-Modes: `sqlite` (one aggregator, its SQLite file), `pg1` and `pg3` (one or
+Modes: `floor` (labs/bench/agg_floor: a servicer that only reads and acks,
+with the aggregator's gRPC options: what grpc.aio alone costs under the same
+load), `sqlite` (one aggregator, its SQLite file), `pg1` and `pg3` (one or
 three aggregator replicas on one private PostgreSQL, labs/pgcluster.py, on
 this machine; a fresh database per size). For each mode and fleet size: fresh
 aggregators (labs/aggproc.AggregatorProc: insecure, loopback TCP, no page,
@@ -18,10 +20,14 @@ fleet-wide second): a heartbeat every 5 s per host, background events, and
 halfway an incident in which a quarter of the hosts each send 20 events (4
 batches of 5) and a changed PortReport, spread over one second.
 
+The fleet's first connections are spread at CONNECTS_PER_S (start_load);
+each simulated host has the agent's channel options and reconnect backoff.
+
 Measured per size: hosts connected, p50/p99 event-to-stored latency (batch
 handed to the stream -> EventAck, which the aggregator sends only once the
 event is durable), during the measured phase: each aggregator's CPU (with its
-mesh-planner process), PostgreSQL's CPU (all its processes), the load
+mesh-planner process) and that CPU per message the load sent (every kind),
+PostgreSQL's CPU (all its processes), the load
 processes' CPU and their event-loop lag (their own cost, which on a 2-core
 machine is taken from the aggregator), and where the time goes inside the
 aggregator (its linkpass_aggregator_stage_seconds histograms, metrics.STAGES:
