@@ -9,7 +9,10 @@ script:
 - its own TCP connection (its own channel: as each real host has; by default
   grpc channels to one target share one connection, and an aggregator that
   serves 64 hosts per HTTP/2 connection has less work per message than one
-  that serves each host on its own);
+  that serves each host on its own), with the agent's channel options
+  (agent.client.channel_options: a keepalive ping every 10 s, no retries);
+- its first connect at a moment uniform in [0, `--connect-spread-s`], and
+  after a failed stream the agent's backoff (agent.client.backoff_s);
 - with several targets (aggregator replicas) host i starts at target
   i mod n, as a load balancer or spread address lists would place it, and
   when a stream fails it moves to the next target, as the agent does;
@@ -33,7 +36,7 @@ and not one second per process.
 Event-to-stored latency is measured per event: from the moment its batch is
 handed to the stream to the EventAck that covers its seq (the aggregator acks
 only once the event is durable). A failed stream is opened again after a
-jittered backoff, and what was sent and not acked is sent again; its latency
+backoff, and what was sent and not acked is sent again; its latency
 still counts from the first send. One JSON line goes to stdout at the end.
 
 The process's own cost is reported (CPU seconds during the connect phase and
