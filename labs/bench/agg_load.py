@@ -9,7 +9,10 @@ script:
 - its own TCP connection (its own channel: as each real host has; by default
   grpc channels to one target share one connection, and an aggregator that
   serves 64 hosts per HTTP/2 connection has less work per message than one
-  that serves each host on its own);
+  that serves each host on its own), with the agent's channel options
+  (agent.client.channel_options: a keepalive ping every 10 s, no retries);
+- its first connect at a moment uniform in [0, `--connect-spread-s`], and
+  after a failed stream the agent's backoff (agent.client.backoff_s);
 - with several targets (aggregator replicas) host i starts at target
   i mod n, as a load balancer or spread address lists would place it, and
   when a stream fails it moves to the next target, as the agent does;
@@ -33,7 +36,7 @@ and not one second per process.
 Event-to-stored latency is measured per event: from the moment its batch is
 handed to the stream to the EventAck that covers its seq (the aggregator acks
 only once the event is durable). A failed stream is opened again after a
-jittered backoff, and what was sent and not acked is sent again; its latency
+backoff, and what was sent and not acked is sent again; its latency
 still counts from the first send. One JSON line goes to stdout at the end.
 
 The process's own cost is reported (CPU seconds during the connect phase and
@@ -57,6 +60,7 @@ import uuid
 import grpc
 
 from linkpassd._proto.linkpass.v1 import control_pb2, fleet_pb2, fleet_pb2_grpc
+from linkpassd.agent.client import backoff_s, channel_options
 
 RAILS = 8
 PEERS_PER_RAIL = 3
@@ -160,14 +164,20 @@ class Host:
                 for event in item.events.events:
                     self.sent_at[event.seq] = self.resent_at.pop(event.seq, stamp)
                 self.stats.events_sent += len(item.events.events)
+            self.stats.messages += 1
             yield item
 
-    async def run(self, stubs: list, welcomed: asyncio.Event, rng: random.Random) -> None:
-        """Stream until cancelled; like a real agent, a failed stream is
-        opened again (on the next target) after a jittered backoff, and what
-        was sent and not acked is sent again (the aggregator stores it once).
-        Each failure is counted."""
+    async def run(self, stubs: list, welcomed: asyncio.Event, rng: random.Random, spread_s: float) -> None:
+        """Stream until cancelled: first connect at a moment uniform in
+        [0, spread_s] (a fleet's daemons start at different moments; a whole
+        fleet's connections in one instant overflow the listen backlog, see
+        docs/aggregator.md), and like a real agent, a failed stream is opened
+        again (on the next target) after the agent's own backoff
+        (linkpassd.agent.client.backoff_s: full jitter, 0.5 s doubling to
+        30 s), and what was sent and not acked is sent again (the aggregator
+        stores it once). Each failure is counted."""
         attempt = 0
+        await asyncio.sleep(rng.uniform(0, spread_s))  # hosts come up at different moments
         while True:
             call = stubs[self.target].Connect(self.requests())
             try:
@@ -193,10 +203,10 @@ class Host:
                 if len(self.stats.error_samples) < 20:
                     self.stats.error_samples.append(
                         f"{self.host_id}: {exc.code().name} {exc.details()}")
-            attempt += 1
             self.stats.reconnects += 1
             self.target = (self.target + 1) % len(stubs)
-            await asyncio.sleep(rng.uniform(0, min(5.0, 0.25 * 2 ** attempt)))
+            await asyncio.sleep(backoff_s(attempt // len(stubs), rng))
+            attempt += 1
 
     def resend(self) -> None:
         """The events sent on a stream that failed, again (their latency still
@@ -215,6 +225,7 @@ class Host:
 class Stats:
     def __init__(self) -> None:
         self.welcomed = 0
+        self.messages = 0  # ConnectRequests handed to the streams (every kind)
         self.events_sent = 0
         self.heartbeats = 0
         self.reports = 0
@@ -241,12 +252,10 @@ async def drive(args) -> dict:
     rng = random.Random(args.seed)
     targets = args.targets.split(",")
     hosts = [Host(args.first + i, stats, len(targets)) for i in range(args.hosts)]
-    options = [("grpc.max_send_message_length", 4 << 20), ("grpc.http2.max_pings_without_data", 0),
-               ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
-               # Each channel its own connection, as each real host has its own:
-               # by default channels with the same target share one (the global
-               # subchannel pool).
-               ("grpc.use_local_subchannel_pool", 1), ("grpc.enable_retries", 0)]
+    # The agent's own channel options (keepalive every 10 s, no retries), and
+    # each channel its own connection, as each real host has its own: by
+    # default channels with the same target share one (the global subchannel pool).
+    options = channel_options() + [("grpc.use_local_subchannel_pool", 1)]
     channels: list[grpc.aio.Channel] = []
     host_stubs = []
     per_channel = args.hosts_per_channel
@@ -258,7 +267,7 @@ async def drive(args) -> dict:
         host_stubs.append(stubs)
     welcomed = [asyncio.Event() for _ in hosts]
     tasks = [asyncio.create_task(h.run(host_stubs[i], welcomed[i],
-                                       random.Random(args.seed * 100_003 + i)))
+                                       random.Random(args.seed * 100_003 + i), args.connect_spread_s))
              for i, h in enumerate(hosts)]
     started = time.monotonic()
 
@@ -279,7 +288,7 @@ async def drive(args) -> dict:
     t0 = await wait_go(args)
     await asyncio.sleep(max(0.0, t0 - time.monotonic()))
     stats.latencies.clear()
-    events_before, cpu_before = stats.events_sent, cpu_s()
+    events_before, messages_before, cpu_before = stats.events_sent, stats.messages, cpu_s()
 
     # Steady state with heartbeats, background events, and one incident: one
     # heap of due times, so the load process's own cost is per message, not per host.
@@ -315,6 +324,7 @@ async def drive(args) -> dict:
         lags.append(max(0.0, time.monotonic() - tick - 0.01))
     measured_cpu = cpu_s() - cpu_before
     measured_s = time.monotonic() - t0
+    messages = stats.messages - messages_before
     # Let the last acks arrive (bounded).
     drain_deadline = time.monotonic() + args.drain_s
     while any(h.sent_at for h in hosts) and time.monotonic() < drain_deadline:
@@ -332,6 +342,7 @@ async def drive(args) -> dict:
         "hosts": args.hosts, "connected": connected, "connect_s": round(connect_s, 2),
         "seconds": args.seconds, "heartbeat_s": args.heartbeat_s,
         "heartbeats_sent": stats.heartbeats, "events_sent": stats.events_sent - events_before,
+        "messages_sent": messages,
         "events_acked": len(stats.latencies), "events_unacked": unacked,
         "incident_hosts": len(incident_hosts), "incident_reports": stats.reports,
         "burst": args.burst,
@@ -361,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--incident-fraction", type=float, default=0.25)
     parser.add_argument("--burst", type=int, default=20)
     parser.add_argument("--connect-timeout-s", type=float, default=120.0)
+    parser.add_argument("--connect-spread-s", type=float, default=0.0,
+                        help="each host first connects at a moment uniform in [0, this]")
     parser.add_argument("--drain-s", type=float, default=15.0)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--hosts-per-channel", type=int, default=1,
@@ -376,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--hosts must be 1..65536, got {args.hosts}")
     if not 1 <= args.hosts_per_channel <= 1024:
         parser.error(f"--hosts-per-channel must be 1..1024, got {args.hosts_per_channel}")
+    if not 0 <= args.connect_spread_s <= 300:
+        parser.error(f"--connect-spread-s must be 0..300, got {args.connect_spread_s}")
     if not 1 <= args.seconds <= 600:
         parser.error(f"--seconds must be 1..600, got {args.seconds}")
     if not 0 <= args.incident_fraction <= 1 or args.burst % EVENTS_PER_PASS or args.burst < 0:

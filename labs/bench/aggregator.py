@@ -1,9 +1,11 @@
 """How many hosts linkpass-aggregator sustains on this machine, per store.
 
     python -m labs.bench.aggregator [--hosts 1024,4096,16384] [--seconds 30]
-        [--modes sqlite,pg1,pg3] [--trials 1] [--label run]
+        [--modes floor,sqlite,pg1,pg3] [--trials 1] [--label run]
 
-Modes: `sqlite` (one aggregator, its SQLite file), `pg1` and `pg3` (one or
+Modes: `floor` (labs/bench/agg_floor: a servicer that only reads and acks,
+with the aggregator's gRPC options: what grpc.aio alone costs under the same
+load), `sqlite` (one aggregator, its SQLite file), `pg1` and `pg3` (one or
 three aggregator replicas on one private PostgreSQL, labs/pgcluster.py, on
 this machine; a fresh database per size). For each mode and fleet size: fresh
 aggregators (labs/aggproc.AggregatorProc: insecure, loopback TCP, no page,
@@ -18,10 +20,14 @@ fleet-wide second): a heartbeat every 5 s per host, background events, and
 halfway an incident in which a quarter of the hosts each send 20 events (4
 batches of 5) and a changed PortReport, spread over one second.
 
+The fleet's first connections are spread at CONNECTS_PER_S (start_load);
+each simulated host has the agent's channel options and reconnect backoff.
+
 Measured per size: hosts connected, p50/p99 event-to-stored latency (batch
 handed to the stream -> EventAck, which the aggregator sends only once the
 event is durable), during the measured phase: each aggregator's CPU (with its
-mesh-planner process), PostgreSQL's CPU (all its processes), the load
+mesh-planner process) and that CPU per message the load sent (every kind),
+PostgreSQL's CPU (all its processes), the load
 processes' CPU and their event-loop lag (their own cost, which on a 2-core
 machine is taken from the aggregator), and where the time goes inside the
 aggregator (its linkpass_aggregator_stage_seconds histograms, metrics.STAGES:
@@ -57,11 +63,12 @@ from labs.bench.scale_lab import parse_metrics
 
 RESULTS = Path(__file__).parent / "results"
 HOSTS = (1024, 4096, 16384)
-MODES = {"sqlite": 0, "pg1": 1, "pg3": 3}  # mode -> PostgreSQL replicas (0: SQLite)
+MODES = {"floor": -1, "sqlite": 0, "pg1": 1, "pg3": 3}  # mode -> PostgreSQL replicas (0: SQLite, -1: agg_floor)
 TARGET_HOSTS = 16384
 TARGET_P99_S = 1.0
 HOSTS_PER_LOAD_PROCESS = 2048
 PLAN_SETTLE_S = 300.0  # bound on waiting for the mesh plan after connecting
+CONNECTS_PER_S = 1000  # the fleet's first connections are spread at this rate (see start_load)
 GO_DELAY_S = 1.0  # the measured phase starts this long after the last process connected
 
 
@@ -124,6 +131,8 @@ def scrape(url: str) -> dict[tuple[str, str], float]:
         if name.startswith("linkpass_aggregator_stage_seconds"):
             key = labels.get("le") or name.rsplit("_", 1)[1]  # bucket, or sum/count
             out[(labels.get("stage", ""), key)] = out.get((labels.get("stage", ""), key), 0.0) + value
+        elif name == "linkpass_aggregator_messages_received_total":
+            out[("messages", labels.get("kind", ""))] = value
         elif name.startswith("linkpass_aggregator_store_group_calls"):
             key = labels.get("le") or name.rsplit("_", 1)[1]
             out[("group_calls", key)] = value
@@ -137,8 +146,8 @@ def stage_summary(before: list[dict], after: list[dict]) -> dict[str, dict]:
     for b, a in zip(before, after):
         for key, value in a.items():
             diff[key] = diff.get(key, 0.0) + value - b.get(key, 0.0)
-    out = {}
-    for stage in sorted({s for s, _ in diff}):
+    out: dict[str, dict] = {"messages": {k: int(v) for (s, k), v in diff.items() if s == "messages"}}
+    for stage in sorted({s for s, _ in diff} - {"messages"}):
         count = diff.get((stage, "count"), 0.0)
         if not count:
             continue
@@ -159,14 +168,51 @@ def pct(values: list[float], q: float) -> float | None:
     return values[min(len(values) - 1, int(q * len(values)))] if values else None
 
 
+class FloorProc:
+    """labs/bench/agg_floor in place of the aggregator: what grpc.aio alone
+    costs under the same load (mode "floor")."""
+
+    def __init__(self) -> None:
+        from labs.aggproc import _free_loopback_port
+        self.address = f"127.0.0.1:{_free_loopback_port()}"
+        self.metrics_url = ""
+        self.proc: subprocess.Popen | None = None
+        self.name = "floor"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "labs.bench.agg_floor", "--listen", self.address],
+                                     stdout=subprocess.PIPE, text=True)
+        if self.proc.stdout.readline().strip() != "serving":
+            raise RuntimeError(f"agg_floor did not start ({self.proc.poll()})")
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        self.proc.terminate()
+        try:
+            return self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def log_tail(self, _chars: int) -> str:
+        return ""
+
+
 def start_load(targets: list[str], hosts: int, args) -> list[subprocess.Popen]:
+    """The load processes. The fleet's first connections are spread over
+    hosts / CONNECTS_PER_S seconds (a fleet's daemons do not start in one
+    instant; 16,384 at once overflow the listen backlog, which grpc takes
+    from net.core.somaxconn, 4,096 here: see docs/aggregator.md)."""
+    spread_s = hosts / CONNECTS_PER_S
     procs = []
     for first in range(0, hosts, HOSTS_PER_LOAD_PROCESS):
         count = min(HOSTS_PER_LOAD_PROCESS, hosts - first)
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "labs.bench.agg_load", "--targets", ",".join(targets),
              "--hosts", str(count), "--first", str(first), "--seconds", str(args.seconds),
-             "--burst", str(args.burst), "--seed", str(args.seed + first), "--sync"],
+             "--burst", str(args.burst), "--seed", str(args.seed + first), "--sync",
+             "--connect-spread-s", f"{spread_s:g}"],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     return procs
 
@@ -188,7 +234,7 @@ def merge(rows: list[dict], hosts: int, args) -> dict:
         for code, n in r["errors"].items():
             errors[code] = errors.get(code, 0) + n
     total = {key: sum(r[key] for r in rows) for key in (
-        "connected", "heartbeats_sent", "events_sent", "events_acked", "events_unacked",
+        "connected", "heartbeats_sent", "events_sent", "messages_sent", "events_acked", "events_unacked",
         "incident_hosts", "incident_reports", "load_cpu_s", "load_connect_cpu_s",
         "load_measured_cpu_s", "reconnects")}
     measured_s = max(r["measured_s"] for r in rows)
@@ -233,10 +279,11 @@ def run_size(hosts: int, args, mode: str, pg, trial: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="lp-aggbench-") as tmp:
         workdir = Path(tmp)
         database = f"bench_{mode}_{hosts}_{trial}"
-        dsn = pg.create_database(database) if replicas else ""
-        aggs = [AggregatorProc(workdir, heartbeat_s=5, name=f"agg{i}", web=False, tcp=True,
-                               metrics=True, postgresql_dsn=dsn)
-                for i in range(max(1, replicas))]
+        dsn = pg.create_database(database) if replicas > 0 else ""
+        aggs = ([FloorProc()] if replicas < 0 else
+                [AggregatorProc(workdir, heartbeat_s=5, name=f"agg{i}", web=False, tcp=True,
+                                metrics=True, postgresql_dsn=dsn)
+                 for i in range(max(1, replicas))])
         procs: list[subprocess.Popen] = []
         try:
             for agg in aggs:
@@ -247,16 +294,16 @@ def run_size(hosts: int, args, mode: str, pg, trial: int) -> dict:
             # in (at 16,384 hosts: half a minute of a core in the planner's
             # process); the measured phase is the steady state after it.
             settle_from = time.monotonic()
-            while not mesh_settled([a.metrics_url for a in aggs]):
+            while replicas >= 0 and not mesh_settled([a.metrics_url for a in aggs]):
                 if time.monotonic() - settle_from > PLAN_SETTLE_S:
                     log(f"mesh plan not settled after {PLAN_SETTLE_S:g} s: measuring anyway")
                     break
                 time.sleep(1.0)
             plan_settle_s = time.monotonic() - settle_from
-            before = [scrape(a.metrics_url) for a in aggs]
+            before = [scrape(a.metrics_url) if a.metrics_url else {} for a in aggs]
             cpu0 = [tree_cpu_seconds(a.proc.pid) for a in aggs]
-            db0 = tree_cpu_seconds(pg.pid) if replicas else 0.0
-            wal0 = pg_bytes(pg, database)[2] if replicas else 0
+            db0 = tree_cpu_seconds(pg.pid) if replicas > 0 else 0.0
+            wal0 = pg_bytes(pg, database)[2] if replicas > 0 else 0
             go_at = time.time() + GO_DELAY_S
             for p in procs:
                 p.stdin.write(f"go {go_at}\n")
@@ -264,8 +311,8 @@ def run_size(hosts: int, args, mode: str, pg, trial: int) -> dict:
             time.sleep(GO_DELAY_S + args.seconds)
             wall = args.seconds
             cpu = [tree_cpu_seconds(a.proc.pid) - c for a, c in zip(aggs, cpu0)]
-            db_cpu = tree_cpu_seconds(pg.pid) - db0 if replicas else 0.0
-            after = [scrape(a.metrics_url) for a in aggs]
+            db_cpu = tree_cpu_seconds(pg.pid) - db0 if replicas > 0 else 0.0
+            after = [scrape(a.metrics_url) if a.metrics_url else {} for a in aggs]
             rows = []
             for p in procs:
                 out, err = p.communicate(timeout=args.seconds + 300)
@@ -278,11 +325,14 @@ def run_size(hosts: int, args, mode: str, pg, trial: int) -> dict:
                 "connect_s": max(c["connect_s"] for c in connected),
                 "plan_settle_s": round(plan_settle_s, 1),
                 "aggregator_cpu_pct": round(100 * sum(cpu) / wall, 1),
+                # CPU per message read (every kind; the load's count of what it sent)
+                "aggregator_us_per_message": round(1e6 * sum(cpu) / max(1, row["messages_sent"]), 1),
+                "load_us_per_message": round(1e6 * row["load_measured_cpu_s"] / max(1, row["messages_sent"]), 1),
                 "aggregator_cpu_pct_each": [round(100 * c / wall, 1) for c in cpu],
                 "postgres_cpu_pct": round(100 * db_cpu / wall, 1),
                 "aggregator_rss_mb": round(sum(rss_mb(a.proc.pid) for a in aggs), 1),
                 "stages": stage_summary(before, after)})
-            if replicas:
+            if replicas > 0:
                 events, size, wal = pg_bytes(pg, database)
                 row.update({"stored_events": events, "db_bytes": size,
                             "bytes_per_event": round(size / events, 1) if events else None,
@@ -296,10 +346,10 @@ def run_size(hosts: int, args, mode: str, pg, trial: int) -> dict:
                 code = agg.stop()
                 if code not in (0, None, -15):
                     log(f"{agg.name} exited {code}; its log ends:\n{agg.log_tail(1500)}")
-            if replicas:
+            if replicas > 0:
                 with contextlib.suppress(Exception):
                     pg.drop_database(database)
-        if not replicas:
+        if replicas == 0:
             stored = sqlite_bytes_per_event(aggs[0].database)
             row.update({"stored_events": stored["events"], "db_bytes": stored["db_bytes"],
                         "bytes_per_event": stored["bytes_per_event"]})
@@ -322,7 +372,7 @@ def plot(result: dict, path: Path) -> None:
                     color=line[0].get_color(), label=f"{mode} p50")
         cpu_ax.plot(xs, [r["aggregator_cpu_pct"] for r in rows], marker="o",
                     color=line[0].get_color(), label=f"aggregator(s), {mode}")
-        if MODES[mode]:
+        if MODES[mode] > 0:
             cpu_ax.plot(xs, [r["postgres_cpu_pct"] for r in rows], marker="s", ls="-.",
                         color=line[0].get_color(), label=f"PostgreSQL, {mode}")
         cpu_ax.plot(xs, [r["load_cpu_pct"] for r in rows], marker="x", ls=":",
@@ -345,7 +395,8 @@ def plot(result: dict, path: Path) -> None:
 def median_trial(trials: list[dict]) -> dict:
     ranked = sorted(trials, key=lambda r: (r["p99_s"] is None, r["p99_s"] or 0))
     return dict(ranked[(len(ranked) - 1) // 2], trials=[
-        {k: r[k] for k in ("trial", "connected", "p50_s", "p99_s", "aggregator_cpu_pct", "sustained")}
+        {k: r[k] for k in ("trial", "connected", "p50_s", "p99_s", "aggregator_cpu_pct",
+                           "aggregator_us_per_message", "sustained")}
         for r in trials])
 
 
@@ -354,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hosts", default=",".join(map(str, HOSTS)))
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--burst", type=int, default=20)
-    parser.add_argument("--modes", default="sqlite,pg1,pg3", help=f"comma-separated: {', '.join(MODES)}")
+    parser.add_argument("--modes", default="floor,sqlite,pg1,pg3", help=f"comma-separated: {', '.join(MODES)}")
     parser.add_argument("--trials", type=int, default=1)
     parser.add_argument("--label", default="run")
     parser.add_argument("--seed", type=int, default=1)
@@ -380,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
               "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "sizes": {}}
     with contextlib.ExitStack() as stack:
         pg = None
-        if any(MODES[m] for m in modes):
+        if any(MODES[m] > 0 for m in modes):
             from labs.pgcluster import private_postgres
             pg = stack.enter_context(private_postgres())
         for mode in modes:
@@ -392,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
                     trials.append(row)
                     log(f"{mode} {hosts:>6} hosts: connected {row['connected']} in {row['connect_s']} s, "
                         f"p50 {(row['p50_s'] or 0) * 1e3:.0f} ms, p99 {(row['p99_s'] or 0) * 1e3:.0f} ms, "
-                        f"aggregator {row['aggregator_cpu_pct']} % CPU, postgres {row['postgres_cpu_pct']} %, "
+                        f"aggregator {row['aggregator_cpu_pct']} % CPU "
+                        f"({row['aggregator_us_per_message']} us/message), postgres {row['postgres_cpu_pct']} %, "
                         f"load {row['load_cpu_pct']} %, errors {row['errors']}, sustained {row['sustained']}")
                 result["sizes"].setdefault(mode, []).append(median_trial(trials))
     result["load_average_end"] = os.getloadavg()

@@ -60,6 +60,20 @@ def gpus_for(inventory_rails: Iterable[Any], rail: str) -> int:
     return DEFAULT_GPUS
 
 
+def gpus_by_rail(inventory_rails: Iterable[Any]) -> dict[str, int]:
+    """rail -> gpus_for(inventory_rails, rail), for every rail the inventory
+    has (the server makes it once per inventory and looks events up in it;
+    a rail absent from it counts DEFAULT_GPUS, as in gpus_for). The first
+    item of a rail wins, as in gpus_for."""
+    out: dict[str, int] = {}
+    for item in inventory_rails:
+        rail = getattr(item, "rail", None)
+        if rail is not None and rail not in out:
+            gpus = int(getattr(item, "gpus", 0) or 0)
+            out[rail] = gpus if gpus > 0 else DEFAULT_GPUS
+    return out
+
+
 def gpu_hours(gpus: int, restart_cost_min: float) -> float:
     """GPU-hours a restart of `gpus` GPUs costs at `restart_cost_min` minutes each."""
     if gpus < 0:

@@ -22,6 +22,7 @@ TLS handshake fails first (identity.py).
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import os
 import socket
@@ -66,6 +67,7 @@ MAX_ID_CHARS = 253
 # (30 s), and an agent gives up on its Welcome after 10 s.
 MAX_PENDING_STREAMS = 65536
 LAG_TICK_S = 0.05  # the loop-lag probe's timer
+HEARTBEAT_FLUSH_S = 1.0  # heartbeats are written together at most this often (Fleet.heartbeat)
 MERGED_EVENTS_MAX = 4000  # events of waiting batches stored in one call (8 agent batches of 500)
 
 
@@ -78,20 +80,35 @@ class StreamEnd(Exception):
         self.message = message
 
 
+# Enum numbers -> the names stored, made once (a lookup per event instead of
+# the enum wrapper's Name and two string operations).
+_KIND_NAMES = {number: name.removeprefix("EVENT_KIND_").lower() for name, number in cpb.EventKind.items()}
+_SEVERITY_NAMES = {number: name.removeprefix("SEVERITY_").lower() for name, number in cpb.Severity.items()}
+RAIL_PATH = _KIND_NAMES[cpb.EVENT_KIND_RAIL_PATH]
+# What the reader queues for a stream's worker (HostSession.pending), by its first item.
+EVENTS, PORTS, INVENTORY, END = "events", "ports", "inventory", "end"
+
+
 def kind_name(value: int) -> str:
     """EventKind number -> the core name ("rail_path"); unknown numbers (a newer agent) stay
     visible as "kind_<n>" instead of failing the batch."""
-    try:
-        return cpb.EventKind.Name(value).removeprefix("EVENT_KIND_").lower()
-    except ValueError:
-        return f"kind_{value}"
+    name = _KIND_NAMES.get(value)
+    return name if name is not None else f"kind_{value}"
 
 
 def severity_name(value: int) -> str:
-    try:
-        return cpb.Severity.Name(value).removeprefix("SEVERITY_").lower()
-    except ValueError:
-        return f"severity_{value}"
+    name = _SEVERITY_NAMES.get(value)
+    return name if name is not None else f"severity_{value}"
+
+
+def _check_inventory(inventory: pb.Inventory) -> None:
+    if len(inventory.rails) > MAX_RAILS:
+        raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"Inventory with {len(inventory.rails)} rails: at most {MAX_RAILS}")
+    names = [r.rail for r in inventory.rails]
+    if "" in names or len(set(names)) != len(names):
+        raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"Inventory rails must have distinct non-empty names, got {names[:16]}")
 
 
 def _check_id(what: str, value: str) -> None:
@@ -118,6 +135,11 @@ class HostSession:
         self.commands: dict[str, asyncio.Future[pb.CommandResult]] = {}
         self.last_seq: dict[str, int] = {}  # per boot: the newest seq this stream sent
         self.gone = False  # the call itself failed: nothing more can be written
+        self.gpus: dict[str, int] = {}  # rail -> GPUs behind it, from the newest inventory read
+        # Read, not handled yet (AgentServicer._take): (what, ..., when read);
+        # the worker task runs only while there is some.
+        self.pending: collections.deque[tuple] = collections.deque()
+        self.worker: asyncio.Task[None] | None = None
 
     @property
     def open(self) -> bool:
@@ -189,15 +211,23 @@ class Fleet:
         the host sent after it (an incident's events) for one more group
         commit. Why together: 16,384 hosts heartbeat ~3,300 times a second;
         one write each was that many savepoints (SQLite) or transactions
-        and WAL flushes (PostgreSQL). A store failure here is logged; the
-        host's next event batch fails its stream as before."""
+        and WAL flushes (PostgreSQL). Why at most every HEARTBEAT_FLUSH_S
+        (or half a heartbeat period, if shorter) and not as fast as the
+        store commits: a writer that wrote whatever had come in since its
+        last commit made one group commit (an fsync, two worker hand-offs)
+        for every one or two heartbeats, about 160 a second at 2,048
+        hosts, two thirds of the aggregator's CPU in a steady fleet. A
+        store failure here is logged; the host's next event batch fails
+        its stream as before."""
         if now > self._beats.get(host_id, float("-inf")):
             self._beats[host_id] = now
         if self._beat_writer is None or self._beat_writer.done():
             self._beat_writer = asyncio.create_task(self._write_beats())
 
     async def _write_beats(self) -> None:
+        pause = min(HEARTBEAT_FLUSH_S, self.settings.heartbeat_s / 2)
         while self._beats:
+            await asyncio.sleep(pause)
             beats, self._beats = self._beats, {}
             try:
                 await self.store.touch_many(beats)
@@ -240,13 +270,11 @@ class AgentServicer:
     async def Connect(self, requests: AsyncIterator[pb.ConnectRequest],
                       context: grpc.aio.ServicerContext) -> None:
         session: HostSession | None = None
-        tasks: list[asyncio.Task[Any]] = []
+        reader: asyncio.Task[None] | None = None
         outcome: StreamEnd | None = None
         try:
             session = await self._accept(requests, context)
-            inbox: asyncio.Queue[tuple[float, pb.ConnectRequest] | None] = asyncio.Queue(INBOX_MAX)
-            tasks = [asyncio.create_task(self._read(session, requests, inbox)),
-                     asyncio.create_task(self._work(session, inbox))]
+            reader = asyncio.create_task(self._read(session, requests))
             outcome = await self._write(session, context)
         except StreamEnd as end:
             outcome = end
@@ -254,9 +282,11 @@ class AgentServicer:
             log.info("agent_disconnected", host=None if session is None else session.host_id, peer=context.peer())
             raise
         finally:
-            for task in tasks:
-                task.cancel()
+            if reader is not None:
+                reader.cancel()
             if session is not None:
+                if session.worker is not None:
+                    session.worker.cancel()
                 session.finish(outcome)
                 self.fleet.unregister(session)
         if outcome is not None:
@@ -302,6 +332,8 @@ class AgentServicer:
         except StoreError as exc:
             raise StreamEnd(grpc.StatusCode.UNAVAILABLE, f"the aggregator's store failed: {exc}") from None
         session.inventory = await self._stored_inventory(hello.host_id)
+        if session.inventory is not None:
+            session.gpus = savings.gpus_by_rail(session.inventory.rails)
         self.fleet.register(session)
         if self.fleet.replicas is not None:
             try:
@@ -325,18 +357,22 @@ class AgentServicer:
                 return None
         return None
 
-    async def _read(self, session: HostSession, requests: AsyncIterator[pb.ConnectRequest],
-                    inbox: asyncio.Queue[tuple[float, pb.ConnectRequest] | None]) -> None:
+    async def _read(self, session: HostSession, requests: AsyncIterator[pb.ConnectRequest]) -> None:
+        """Read the stream and take each message at once (`_take`, which
+        never waits): heartbeats and command results are done with here,
+        what needs the store joins the stream's pending work. A bad message
+        ends the stream once the work before it is done."""
+        take = self._take
         try:
             async for request in requests:
                 try:
-                    inbox.put_nowait((time.perf_counter(), request))
-                except asyncio.QueueFull:
-                    session.finish(StreamEnd(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                             f"more than {INBOX_MAX} messages waiting to be handled: "
-                                             "send at most 8 batches before their acks"))
+                    take(session, request)
+                except StreamEnd as end:
+                    self._pend(session, (END, end))
                     return
-            await inbox.put(None)  # the agent half-closed: finish what was read, then end
+                if not session.open:
+                    return
+            self._pend(session, (END, None))  # the agent half-closed: finish what was read, then end
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the call went away (the agent cancelled, a reset): nobody to answer
@@ -344,53 +380,87 @@ class AgentServicer:
             session.finish(None)
             session.gone = True
 
-    async def _work(self, session: HostSession,
-                    inbox: asyncio.Queue[tuple[float, pb.ConnectRequest] | None]) -> None:
-        """Handle the stream's messages in order. Event batches that are
-        waiting together (an agent keeps up to 8 in flight, and an incident
-        sends several at once) are stored in one store call and acked once:
-        consecutive batches of one boot, the first of them may declare a gap.
-        One call instead of several: with one call at a time per stream, each
-        batch otherwise waited for the commit of the one before (4 batches, 4
-        group commits in a row), and every batch had its own savepoint,
-        statements and ack to write."""
+    def _take(self, session: HostSession, request: pb.ConnectRequest) -> None:
+        """One message, on the reader, without waiting: checked, counted, and
+        either done (heartbeat, command result) or queued for the stream's
+        worker (events, port report, inventory) in the order read."""
+        fleet = self.fleet
+        which = request.WhichOneof("body")
+        fleet.metrics.messages.inc(which or "none")
+        if which == "heartbeat":
+            fleet.heartbeat(session.host_id, fleet.clock())
+        elif which == "events":
+            self._pend(session, (EVENTS, *self._event_rows(session, request.events), time.perf_counter()))
+        elif which == "ports":
+            self._pend(session, (PORTS, request.ports, fleet.clock(), time.perf_counter()))
+        elif which == "inventory":
+            inventory = request.inventory
+            _check_inventory(inventory)
+            session.gpus = savings.gpus_by_rail(inventory.rails)  # for the events read after it
+            self._pend(session, (INVENTORY, inventory, fleet.clock(), time.perf_counter()))
+        elif which == "command_result":
+            result = request.command_result
+            future = session.commands.pop(result.id, None)
+            if future is None:
+                log.info("command_result_unexpected", host=session.host_id, id=result.id)
+            elif not future.done():
+                future.set_result(result)
+        elif which == "hello":
+            raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, "a second Hello on the same stream")
+        else:
+            raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, "an empty ConnectRequest (no body set)")
+
+    def _pend(self, session: HostSession, item: tuple) -> None:
+        """Queue work for the stream's worker, starting it if it is not
+        running (a stream with nothing to store has no worker task)."""
+        pending = session.pending
+        if item[0] is not END and len(pending) >= INBOX_MAX:
+            session.finish(StreamEnd(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                     f"more than {INBOX_MAX} messages waiting to be handled: "
+                                     "send at most 8 batches before their acks"))
+            return
+        pending.append(item)
+        if session.worker is None:
+            session.worker = asyncio.create_task(self._work(session))
+
+    async def _work(self, session: HostSession) -> None:
+        """Do the stream's pending work in order, one store call at a time
+        (so a host's events are stored in order, and a failed call is the
+        last: nothing after it is stored and acked past it), until none is
+        left; the task then ends, and the next message that needs the store
+        starts another. Event batches waiting together (an agent keeps up to
+        8 in flight, and an incident sends several at once) are stored in one
+        call and acked once: consecutive batches of one boot, the first of
+        them may declare a gap. One call instead of several: with one call at
+        a time per stream, each batch otherwise waited for the commit of the
+        one before (4 batches, 4 group commits in a row), and every batch had
+        its own savepoint, statements and ack to write."""
+        pending = session.pending
         stage = self.fleet.metrics.stage
         try:
-            while True:
-                items = [await inbox.get()]
-                while not inbox.empty():
-                    items.append(inbox.get_nowait())
+            while pending:
+                item = pending.popleft()
+                what = item[0]
+                if what is END:
+                    session.finish(item[1])
+                    return
                 now = time.perf_counter()
-                run: tuple[str, list[EventRow], tuple[int, int] | None] | None = None
-                for item in items:
-                    if item is None:
-                        if run is not None:
-                            await self._store_events(session, *run)
-                        session.finish(None)
-                        return
-                    read_at, request = item
-                    stage("inbox", now - read_at)
-                    if request.WhichOneof("body") == "events":
-                        try:
-                            boot, rows, gap = self._event_rows(session, request.events)
-                        except StreamEnd:
-                            if run is not None:  # what came before the bad batch is stored and acked
-                                await self._store_events(session, *run)
-                            raise
-                        if (run is not None and run[0] == boot and gap is None
-                                and len(run[1]) + len(rows) <= MERGED_EVENTS_MAX):
-                            run[1].extend(rows)
-                            continue
-                        if run is not None:
-                            await self._store_events(session, *run)
-                        run = (boot, rows, gap)
-                        continue
-                    if run is not None:
-                        await self._store_events(session, *run)
-                        run = None
-                    await self._handle(session, request)
-                if run is not None:
-                    await self._store_events(session, *run)
+                stage("inbox", now - item[-1])
+                if what is EVENTS:
+                    _, boot, rows, gap, _read_at = item
+                    while pending:
+                        nxt = pending[0]
+                        if (nxt[0] is not EVENTS or nxt[1] != boot or nxt[3] is not None
+                                or len(rows) + len(nxt[2]) > MERGED_EVENTS_MAX):
+                            break
+                        pending.popleft()
+                        stage("inbox", now - nxt[-1])
+                        rows = rows + nxt[2]
+                    await self._store_events(session, boot, rows, gap)
+                elif what is PORTS:
+                    await self.fleet.store.set_report(session.host_id, item[1].SerializeToString(), item[2])
+                else:
+                    await self._inventory(session, item[1], item[2])
         except StreamEnd as end:
             session.finish(end)
         except OutOfOrder as exc:
@@ -403,6 +473,8 @@ class AgentServicer:
         except Exception as exc:  # our bug: end this stream, keep serving the others
             log.exception("agent_handler_failed", host=session.host_id, error=str(exc))
             session.finish(StreamEnd(grpc.StatusCode.INTERNAL, f"aggregator error: {exc}"))
+        finally:
+            session.worker = None
 
     async def _write(self, session: HostSession, context: grpc.aio.ServicerContext) -> StreamEnd | None:
         """Write the outbox until the session ends: at an error at once, at a
@@ -424,38 +496,7 @@ class AgentServicer:
             await context.write(message)
             stage("outbox", time.perf_counter() - queued_at)
 
-    async def _handle(self, session: HostSession, request: pb.ConnectRequest) -> None:
-        fleet = self.fleet
-        which = request.WhichOneof("body")
-        now = fleet.clock()
-        if which == "events":
-            await self._events(session, request.events)
-        elif which == "heartbeat":
-            fleet.heartbeat(session.host_id, now)
-        elif which == "ports":
-            await fleet.store.set_report(session.host_id, request.ports.SerializeToString(), now)
-        elif which == "inventory":
-            await self._inventory(session, request.inventory, now)
-        elif which == "command_result":
-            result = request.command_result
-            future = session.commands.pop(result.id, None)
-            if future is None:
-                log.info("command_result_unexpected", host=session.host_id, id=result.id)
-            elif not future.done():
-                future.set_result(result)
-        elif which == "hello":
-            raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, "a second Hello on the same stream")
-        else:
-            raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, "an empty ConnectRequest (no body set)")
-
     async def _inventory(self, session: HostSession, inventory: pb.Inventory, now: float) -> None:
-        if len(inventory.rails) > MAX_RAILS:
-            raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
-                            f"Inventory with {len(inventory.rails)} rails: at most {MAX_RAILS}")
-        names = [r.rail for r in inventory.rails]
-        if "" in names or len(set(names)) != len(names):
-            raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
-                            f"Inventory rails must have distinct non-empty names, got {names[:16]}")
         await self.fleet.store.set_inventory(session.host_id, inventory.SerializeToString(), now)
         changed = session.inventory != inventory
         session.inventory = inventory
@@ -464,15 +505,16 @@ class AgentServicer:
             if self.fleet.replicas is not None:
                 await self.fleet.store.notify(CHANNEL_HOSTS, session.host_id)  # type: ignore[attr-defined]
 
-    async def _events(self, session: HostSession, batch: pb.EventBatch) -> None:
-        await self._store_events(session, *self._event_rows(session, batch))
-
     def _event_rows(self, session: HostSession,
                     batch: pb.EventBatch) -> tuple[str, list[EventRow], tuple[int, int] | None]:
         """A batch checked (bounds, boot, order against what this stream sent)
-        and turned into store rows: (boot, rows, gap)."""
+        and turned into store rows: (boot, rows, gap). On the reader, for
+        every event: what it needs per event is a dict lookup or a
+        protobuf field (the GPUs behind a rail come from `session.gpus`,
+        made once per inventory, not from walking the inventory)."""
         boot = batch.boot_id
-        count = len(batch.events)
+        events = batch.events
+        count = len(events)
         if count > MAX_EVENTS_PER_BATCH:
             raise StreamEnd(grpc.StatusCode.RESOURCE_EXHAUSTED,
                             f"EventBatch of {count} events: at most {MAX_EVENTS_PER_BATCH} per batch")
@@ -486,26 +528,27 @@ class AgentServicer:
             gap = (batch.gap_first, batch.gap_last)
         previous = session.last_seq.get(boot, 0)
         rows = []
-        inventory_rails = session.inventory.rails if session.inventory is not None else ()
-        for event in batch.events:
+        gpus = session.gpus
+        for event in events:
             seq = event.seq
             if seq < 1:
                 raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, f"event seq {seq} of boot {boot}: seqs start at 1")
-            if event.boot_id and event.boot_id != boot:
+            event_boot = event.boot_id
+            if event_boot and event_boot != boot:
                 raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"event seq {seq} has boot_id {event.boot_id!r} in a batch of boot {boot!r}")
+                                f"event seq {seq} has boot_id {event_boot!r} in a batch of boot {boot!r}")
             if seq <= previous:
                 where = "in the same batch" if rows else "sent earlier on this stream"
                 raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"out of order: event seq {seq} of boot {boot} after seq {previous} {where}")
             previous = seq
             kind = kind_name(event.kind)
-            absorbed = savings.absorbed(kind, event.rail, event.fields)
+            rail = event.rail
+            stamp = event.time
+            absorbed = (kind == RAIL_PATH and savings.absorbed(kind, rail, event.fields))
             rows.append(EventRow(
-                seq=seq, wall=event.time.ToNanoseconds() / 1e9, kind=kind,
-                severity=severity_name(event.severity), port=event.port, rail=event.rail,
-                body=event.SerializeToString(),
-                absorbed_gpus=savings.gpus_for(inventory_rails, event.rail) if absorbed else 0))
+                seq, stamp.ToNanoseconds() / 1e9, kind, severity_name(event.severity), event.port,
+                rail, event.SerializeToString(), gpus.get(rail, savings.DEFAULT_GPUS) if absorbed else 0))
         session.last_seq[boot] = previous
         return boot, rows, gap
 
@@ -513,15 +556,31 @@ class AgentServicer:
                             gap: tuple[int, int] | None) -> None:
         """Store durably, then ack (EventAck covers every seq up to its own)."""
         fleet = self.fleet
+        metrics = fleet.metrics
         started = time.perf_counter()
         result = await fleet.store.add_events(session.host_id, boot, rows, gap, fleet.clock())
-        fleet.metrics.store_write_seconds.observe(time.perf_counter() - started)
-        fleet.metrics.events_stored.inc(result.stored)
-        fleet.metrics.events_duplicate.inc(result.duplicates)
-        fleet.metrics.events_lost.inc(result.lost)
+        metrics.store_write_seconds.observe(time.perf_counter() - started)
         if result.stored:
+            metrics.events_stored.inc(result.stored)
             fleet.fanout.notify()
+        if result.duplicates:
+            metrics.events_duplicate.inc(result.duplicates)
+        if result.lost:
+            metrics.events_lost.inc(result.lost)
         session.send(pb.ConnectResponse(ack=pb.EventAck(boot_id=boot, seq=result.last_seq)))
+
+
+def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
+    """The grpc server's options (labs/bench/agg_floor serves with the same)."""
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", 256 * 1024 * 1024),
+        ("grpc.so_reuseport", 0),  # a second aggregator on the same port must fail, not share it
+        ("grpc.keepalive_time_ms", 60_000),
+        ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
+        ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
+        ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS),
+    ]
 
 
 class AggregatorServer:
@@ -567,16 +626,7 @@ class AggregatorServer:
 
         if self._server is not None:
             raise RuntimeError("aggregator server already started")
-        limit = self.settings.max_message_bytes
-        server = grpc.aio.server(options=[
-            ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", 256 * 1024 * 1024),
-            ("grpc.so_reuseport", 0),  # a second aggregator on the same port must fail, not share it
-            ("grpc.keepalive_time_ms", 60_000),
-            ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
-            ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
-            ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS),
-        ])
+        server = grpc.aio.server(options=server_options(self.settings.max_message_bytes))
         pb_grpc.add_AgentServiceServicer_to_server(self.agent, server)
         pb_grpc.add_FleetServiceServicer_to_server(self.fleet_api, server)
         self._health = grpc_health.aio.HealthServicer()

@@ -145,13 +145,10 @@ def test_batches_waiting_together_are_stored_in_one_call_and_acked_once(pki: Pat
                     await release.wait()  # the next batches pile up in the stream's inbox meanwhile
                 return await add_events(host, boot, rows, gap, now)
             store.add_events = held_add_events
-            inboxes: list[asyncio.Queue] = []
-            read = server.agent._read
 
-            async def spy_read(session, requests, inbox):
-                inboxes.append(inbox)
-                await read(session, requests, inbox)
-            server.agent._read = spy_read
+            def waiting() -> int:  # messages read and not handled yet on h1's stream
+                session = server.fleet.sessions.get("h1")
+                return -1 if session is None else len(session.pending)
             async with channel(server.port, pki, "h1") as ch:
                 agent = Agent(ch)
                 await agent.connect("h1")
@@ -159,7 +156,7 @@ def test_batches_waiting_together_are_stored_in_one_call_and_acked_once(pki: Pat
                 await eventually(lambda: len(calls) == 1, "the first batch at the store")
                 for first in (6, 11, 16):
                     await agent.send(batch("boot-a", range(first, first + 5)))
-                await eventually(lambda: inboxes[0].qsize() == 3, "three batches waiting")
+                await eventually(lambda: waiting() == 3, "three batches waiting")
                 release.set()
                 acks = [(await agent.read_kind("ack")).ack.seq for _ in range(2)]
                 assert acks == [5, 20]
@@ -171,7 +168,7 @@ def test_batches_waiting_together_are_stored_in_one_call_and_acked_once(pki: Pat
                 await eventually(lambda: len(calls) == 1, "batch 21 at the store")
                 await agent.send(batch("boot-a", [22, 23]))
                 await agent.send(batch("boot-a", [23]))  # out of order
-                await eventually(lambda: inboxes[0].qsize() == 2, "two batches waiting")
+                await eventually(lambda: waiting() == 2, "two batches waiting")
                 release.set()
                 assert "out of order: event seq 23" in (await agent.refusal()).details()
             stored = await store.events(EventQuery(host_id="h1"))
