@@ -49,10 +49,10 @@ the core, which refuses to count a miss that a stall of ours could explain.
 Confirmation (core.probe): a steady probe unanswered for 3 ms raises a
 suspicion, whose burst's first probe leaves at once; after the burst's last
 probe, another path to the same peer daemon (by the responder id its replies
-carry, core.peerwatch; another rail first) is probed, and once the peer has
-answered that one, the burst's probes still unanswered 2 ms later are lost:
-the peer was answering, so the path lost them. Without such a path, the
-timeouts decide.
+carry, core.peerwatch; another rail first) is probed; with ordering evidence
+on (`order_margin_ms` > 0, off by default: it misreads one rail's queueing
+as loss), once the peer has answered that one, the burst's probes still
+unanswered a margin later are lost. Otherwise the timeouts decide.
 
 Cost per probe is constant, whatever the number of paths (issue 11). What
 made it grow faster than the paths, and what replaced it:
@@ -373,6 +373,13 @@ class EchoProber:
         """Send a witness probe now (see Prober.poke)."""
         now = self._loop.time()
         _, send = self.state.poke(now)
+        self._send(send, now)
+        self._schedule()
+
+    def probe_now(self) -> None:
+        """Send a steady probe now, ahead of the schedule (see Prober.probe_now)."""
+        now = self._loop.time()
+        _, send = self.state.probe_now(now)
         self._send(send, now)
         self._schedule()
 
@@ -734,15 +741,18 @@ class EchoService:
         live = self._live.get(port) or set()
         if not self.rails.dead(port, live):
             if poke:
+                # A rail too small for a verdict: its paths confirm on their
+                # own, from a probe sent now (whose loss raises suspicion).
+                small = len(live) < self.rails.evidence
                 for other in self.rails.unconfirmed(port, live):
                     if other.state.state is PathState.UP and other.sock is not None:
-                        other.poke()
+                        other.probe_now() if small else other.poke()
             return
         victims = list(live)
         self.rails.concluded(port)
         now = self._loop.time() if self._loop is not None else victims[0]._loop.time()
         why = (f"no reply on any path of {port} since a path of it lost a probe and its "
-               f"confirmation, and {min(self.rails.evidence, len(victims))} or more of its "
+               f"confirmation, and {self.rails.evidence} or more of its "
                f"{len(victims)} live paths lost probes too: the rail, not the peers")
         for other in victims:
             other.state.rail_down(now, why)

@@ -344,11 +344,13 @@ PROBES = Section(
                "A steady probe still unanswered this long after it left starts the confirmation "
                "burst (a suspicion costs only the burst; the probe itself is judged at "
                "`timeout_ms`, so a slow reply is no loss).", (_greater_than(0),)),
-        Option("order_margin_ms", FLOAT, 2.0,
-               "A confirmation probe is lost once the same peer daemon has answered, on another "
-               "path, a probe sent after it, and this long has passed since that reply (or four "
-               "of the path's round trips, if longer): the peer was answering, so the path lost "
-               "it. 0: confirmation probes wait for `timeout_ms`.", (_between(0, 1000),)),
+        Option("order_margin_ms", FLOAT, 0.0,
+               "Ordering evidence, off by default (0: confirmation probes wait for `timeout_ms`). "
+               "Above 0, a confirmation probe is lost once the same peer daemon has answered, on "
+               "another path, a probe sent after it, and this long has passed since that reply "
+               "(or four of the path's round trips, if longer). It assumes both paths delay "
+               "alike: a queue on one rail only (a switch busy for a few ms, PFC pauses) then "
+               "reads as loss, which failed healthy paths over in the lab.", (_between(0, 1000),)),
         Option("burst_count", INT, 8,
                "Confirmation probes after a miss on a clean path (a path that already loses "
                "probes gets more, up to 32, so its loss cannot fake a DOWN).",

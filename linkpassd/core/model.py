@@ -113,7 +113,7 @@ class ProbeSettings:
     interval_ms: float = 50.0
     timeout_ms: float = 8.0
     suspect_ms: float = 3.0
-    order_margin_ms: float = 2.0  # 0: confirmation probes wait for timeout_ms
+    order_margin_ms: float = 0.0  # ordering evidence off (see config.schema); 0: wait for timeout_ms
     burst_count: int = 8
     burst_interval_ms: float = 0.5
     rise: int = 3

@@ -34,7 +34,7 @@ class ProbeConfig:
     # A confirmation probe is lost once the peer's daemon answered a probe
     # sent after it on another path and this long has passed since that
     # reply (or 4 round trips of this path, if longer); None: timeouts only.
-    order_margin_s: float | None = 0.002
+    order_margin_s: float | None = None  # off by default: see the schema (order_margin_ms)
 
     def __post_init__(self) -> None:
         problems = []

@@ -14,12 +14,18 @@ fell in the stall, so confirmation started again (issue 11). So, per rail:
   comes first.
 * **A rail is dead when a path of it went DOWN by its own full confirmation,
   and since that path's first missed probe no path of the rail has heard any
-  reply, and at least `evidence` other live paths of the rail (all of them,
-  when fewer) lost a probe sent in that silence.** Then every live path of the
-  rail is DOWN: a path over a dead rail cannot carry a conversation, whether
-  or not its own steady probe has come round yet. A path whose own peer
-  answered is never taken down this way: any reply on the rail ends the
-  silence.
+  reply, and at least `evidence` other live paths of the rail lost a probe
+  sent in that silence.** Then every live path of the rail is DOWN: a path
+  over a dead rail cannot carry a conversation, whether or not its own steady
+  probe has come round yet. A path whose own peer answered is never taken
+  down this way: any reply on the rail ends the silence.
+* **A rail with fewer live paths than `evidence` gets no rail verdict**: its
+  other live paths are probed at once (`unconfirmed`), and each that misses
+  confirms on its own, with its own burst and guards. Few paths cost little
+  to confirm one by one, and one lost probe from each of two or three peers is
+  no evidence: on a busy host (the fleet lab: four daemons on two cores) two
+  bystander peers' replies came later than a timeout while a third peer's
+  rail was blackholed, and the rail verdict failed over two healthy hosts.
 * Why that cannot fail a healthy rail more often than one path's confirmation
   could: the confirming path already needed `1 + burst_count` exchanges lost
   (and, core.probe, a live witness elsewhere, so the host itself is not what
@@ -150,9 +156,9 @@ class RailWatch:
         """Whether `rail` is dead, given its `live` paths (UP or suspect, not
         DOWN nor never up): see the module docstring."""
         r = self._rails.get(rail)
-        if r is None or r.silent_since is None or not live:
+        if r is None or r.silent_since is None or len(live) < self.evidence:
             return False
-        need = min(self.evidence, len(live))
+        need = self.evidence
         have = 0
         for path in r.lost:  # every entry was sent after the rail's last reply
             if path in live:
@@ -162,9 +168,11 @@ class RailWatch:
         return False
 
     def unconfirmed(self, rail: Hashable, live: Collection[Hashable]) -> list[Hashable]:
-        """The live paths that still have to lose a probe for a verdict (the
+        """The live paths that still have to lose a probe for a verdict, at
+        most as many as are missing (with fewer live paths than `evidence`:
+        those that have not lost one yet, to confirm on their own). The
         adapter pokes them, so a rail with few peers need not wait for their
-        steady probes): at most as many as are missing."""
+        steady probes."""
         r = self._rails.get(rail)
         if r is None or r.silent_since is None:
             return []

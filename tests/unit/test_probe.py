@@ -220,8 +220,11 @@ def test_bad_config_is_rejected_with_the_reason(bad):
 def test_the_documented_detection_arithmetic():
     c = ProbeConfig()
     assert detection_bound_s(c, witnessed=True) == pytest.approx(0.050 + 0.003 + 7 * 0.0005 + 0.008)
-    # With the peer's daemon answering another path meanwhile: no timeout at the end.
-    assert detection_bound_s(c, ordered_rtt_s=0.0002) == pytest.approx(
+    # Ordering evidence is off by default: an answer on another path changes nothing.
+    assert detection_bound_s(c, ordered_rtt_s=0.0002) == detection_bound_s(c)
+    # With it on and the peer's daemon answering another path meanwhile: no timeout at the end.
+    ordered = ProbeConfig(order_margin_s=0.002)
+    assert detection_bound_s(ordered, ordered_rtt_s=0.0002) == pytest.approx(
         0.050 + 0.003 + 7 * 0.0005 + 0.0002 + 0.002)
     assert detection_bound_s(c, witnessed=True) <= 0.5 * BFD_DETECT_MULT * c.interval_s
     # A path with no live witness also waits out the peer grace.
@@ -374,7 +377,7 @@ def test_with_the_peer_answering_another_path_the_burst_is_judged_by_that_reply(
     """Ordering evidence: the peer's daemon answered a probe sent (on another
     path) after our last confirmation probe, so ours, still unanswered a
     margin later, were lost on this path; no need to wait out their timeout."""
-    c = ProbeConfig()
+    c = ProbeConfig(order_margin_s=0.002)  # ordering evidence on (off by default)
     rtt = 0.0002
     times = detection_times(c, sibling=True)
     bound = detection_bound_s(c, ordered_rtt_s=rtt)
@@ -428,7 +431,7 @@ def test_ordering_tolerates_a_slower_path_up_to_the_confirmations_span_and_no_mo
     plus the margin (the earliest unanswered probe had that long), and is
     DOWN when they lag by more (20 ms here): it no longer waits out the
     timeouts and the peer grace that a silent peer would get."""
-    c = ProbeConfig()
+    c = ProbeConfig(order_margin_s=0.002)  # ordering evidence on (off by default)
     span = c.suspect_after_s + (c.burst_count - 1) * c.burst_interval_s + c.order_margin_s
     slow = Sim(c, sibling=True, sibling_rtt=0.0002).up(1.0)
     slow.rtt = 0.8 * span
@@ -721,6 +724,26 @@ def test_one_dead_peer_does_not_fail_the_rail_but_all_dead_does():
     assert unconfirmed.effective is Verdict.UP
     assert rail_assessment([path(a, None)]).effective is None
     assert rail_assessment([]).effective is None
+
+
+def suspect(peer: str) -> Assessment:
+    return Assessment(f"probe:{peer}", Verdict.DOWN, "suspect", confirmed=False)
+
+
+def test_a_rail_with_one_dead_peer_and_others_still_confirming_is_not_down_yet():
+    """Two paths of the rail missed a probe as the one dead peer's path was
+    confirmed: no opinion until they have confirmed, DOWN only if they do."""
+    a, b, c = "198.18.1.2", "198.18.2.2", "198.18.3.2"
+    waiting = rail_assessment([path(a, Verdict.DOWN), suspect(b), suspect(c)])
+    assert waiting.effective is None and waiting.status == "suspect"
+    assert a in waiting.detail and b in waiting.detail and c in waiting.detail
+    assert rail_assessment([path(a, Verdict.DOWN), suspect(b), path(c, Verdict.UP)]).effective \
+        is Verdict.UP
+    # a confirming path is not bad: one DOWN of three is no DEGRADED
+    assert rail_assessment([path(a, Verdict.DOWN), path(b, Verdict.DEGRADED), suspect(c),
+                            path("198.18.4.2", Verdict.UP)]).effective is Verdict.UP
+    assert rail_assessment([path(a, Verdict.DOWN), path(b, Verdict.DOWN),
+                            path(c, Verdict.DOWN)]).effective is Verdict.DOWN
 
 
 def test_a_rail_whose_only_peer_is_being_confirmed_says_so_and_has_no_opinion():

@@ -16,6 +16,7 @@ import heapq
 import itertools
 import math
 import random
+import socket
 from dataclasses import replace
 
 import pytest
@@ -81,6 +82,10 @@ class MeshSim:
         self.rng, self.rtt = random.Random(seed), rtt
         self.dead_ports: set[str] = set()
         self.dead_peers: set[str] = set()
+        self.dead_paths: set[tuple[str, str]] = set()  # (port, peer): one host's port blackholed
+        # peer -> (start, end): that peer's daemon is starved; what reaches it
+        # then is answered when it wakes, saying how long it held the request.
+        self.stalls: dict[str, tuple[float, float]] = {}
         self.loss = 0.0  # per direction
         # The id each path's replies carry: one responder (one peer daemon)
         # for everything by default, as in a lab whose peers share a namespace.
@@ -114,15 +119,20 @@ class MeshSim:
 
     def _dropped(self, pr: echo.EchoProber) -> bool:
         return (pr.path.port in self.dead_ports or pr.path.peer in self.dead_peers
+                or (pr.path.port, pr.path.peer) in self.dead_paths
                 or self.rng.random() < self.loss)
 
     def transmit(self, pr: echo.EchoProber, seq: int, now: float) -> None:
         self.sends.append((self.loop.t, pr))
         if self._dropped(pr) or self._dropped(pr):  # request, then reply
             return
+        answered_at, held = self.loop.t, 0.0
+        start, end = self.stalls.get(pr.path.peer, (0.0, 0.0))
+        if start <= self.loop.t < end:
+            answered_at, held = end, end - self.loop.t
         reply = (echo.MAGIC, echo.VERSION, echo.KIND_REPLY, 0, seq, round(now * 1e9),
-                 pr.prober_id, self.responder_of(pr), 0)
-        heapq.heappush(self.events, (self.loop.t + self.rtt, next(self._order), pr, reply))
+                 pr.prober_id, self.responder_of(pr), round(held * 1e6))
+        heapq.heappush(self.events, (answered_at + self.rtt, next(self._order), pr, reply))
 
     def run(self, seconds: float) -> "MeshSim":
         until = self.loop.t + seconds
@@ -224,20 +234,50 @@ def test_peers_that_die_fail_only_their_own_paths_not_the_rail(peers, dead):
         assert sim.svc.rails.held > 0  # some waited their turn
 
 
-def test_a_rail_with_few_peers_is_judged_by_poking_them():
+def test_a_rail_with_few_peers_gets_no_rail_verdict_its_paths_are_poked_and_confirm_alone():
     """Two peers per rail: when the first path has confirmed, the other is
-    poked rather than waited for."""
+    poked rather than waited for, and goes DOWN by its own burst, not by a
+    rail verdict on one lost probe."""
     sim = _up(MeshSim(2))
     start = sim.loop.t
     sim.dead_ports.add(PORTS[0])
     sim.run(0.2)
     downs = [t for t, path, status in sim.changes if path.port == PORTS[0] and status == "down"]
     assert len(downs) == 2 and all(s is PathState.UP for s in sim.states(PORTS[1]))
+    assert sim.svc.rails.verdicts == 0
+    assert all(pr.counters.bursts >= 1 for pr in sim.probers if pr.path.port == PORTS[0])
     cfg = sim.config
-    # The second path is DOWN with the rail, at most a poke's timeout after the
-    # first (before: only when its own steady probe came round, and its burst).
-    assert max(downs) - min(downs) <= cfg.timeout_s + 0.002
-    assert max(downs) - start <= detection_bound_s(cfg, witnessed=True) + cfg.timeout_s + 0.004
+    # Each within one path's own worst case of the fault (no rail shortcut).
+    assert max(downs) - start <= detection_bound_s(cfg) + 0.004
+
+
+def test_two_bystander_peers_starved_for_a_moment_do_not_fail_a_rail_over():
+    """Three peers per rail, each its own daemon; one peer's rail-0 port is
+    blackholed, so our path to it goes DOWN (its rail-1 path answers). Just
+    then the two other peers' daemons are starved for 12 ms (a busy host):
+    what reaches them is answered late, saying how long they held it. That is
+    no rail fault: only the dead path goes DOWN. (The fleet lab saw two
+    bystander hosts fail rail 0 over in such a moment; this simulation does
+    not reproduce that run's timing, it pins the behaviour wanted.)"""
+    sim = _up(MeshSim(3))
+    sim.responder_of = lambda pr: int.from_bytes(socket.inet_aton(pr.path.peer), "big")
+    rail0 = sim.on(PORTS[0])
+    dead, bystanders = rail0[0], rail0[1:]
+    record = sim.svc.on_change
+
+    def on_change(path, assessment):
+        record(path, assessment)
+        if path == dead.path and assessment.status == "down" and not sim.stalls:
+            sim.stalls = {pr.path.peer: (sim.loop.t, sim.loop.t + 0.012) for pr in bystanders}
+
+    sim.svc.on_change = on_change
+    sim.dead_paths.add((PORTS[0], dead.path.peer))
+    sim.run(1.0)
+    assert sim.stalls, "the dead path never went DOWN"
+    assert dead.state.state is PathState.DOWN
+    assert [pr.state.state for pr in bystanders] == [PathState.UP, PathState.UP]
+    assert not any(status == "down" for _t, path, status in sim.changes if path != dead.path)
+    assert sim.svc.rails.verdicts == 0
 
 
 @pytest.mark.parametrize("seed", [1, 2])
@@ -286,13 +326,14 @@ def test_a_rail_is_dead_only_with_a_confirmed_path_silence_and_enough_evidence()
     assert not rw.silent("r")
 
 
-def test_with_fewer_live_paths_than_the_evidence_all_of_them_must_be_silent():
+def test_with_fewer_live_paths_than_the_evidence_there_is_no_rail_verdict():
     rw = RailWatch()
     rw.burst_lost("r", since=5.0)
+    assert sorted(rw.unconfirmed("r", {"a", "b"})) == ["a", "b"]  # poked, to confirm alone
     rw.lost("r", "a", 5.1)
-    assert not rw.dead("r", {"a", "b"})
     rw.lost("r", "b", 5.2)
-    assert rw.dead("r", {"a", "b"}) and RAIL_EVIDENCE > 2
+    assert RAIL_EVIDENCE > 2 and not rw.dead("r", {"a", "b"})
+    assert rw.unconfirmed("r", {"a", "b"}) == []
     assert not rw.dead("r", set())
     with pytest.raises(ValueError, match="max_bursting"):
         RailWatch(max_bursting=0)
@@ -338,7 +379,7 @@ def test_a_path_whose_peer_answers_on_the_other_rail_is_judged_by_ordering(same_
     silent, its confirmation's last probe is followed by a probe over rail 1
     to the same peer daemon, whose answer settles it a margin later. If the
     two paths' peers are different daemons, the timeouts decide, as before."""
-    cfg = ProbeConfig(interval_s=0.010)
+    cfg = ProbeConfig(interval_s=0.010, order_margin_s=0.002)  # ordering evidence on (off by default)
     sim = MeshSim(1, config=cfg)
     if not same_daemon:
         sim.responder_of = lambda pr: 7 if pr.path.port == PORTS[0] else 8
