@@ -51,7 +51,7 @@ from linkpassd.status import StatusReport
 from linkpassd.wiring import EchoSpec, bfd_specs, echo_spec, make_sensor, sync_bfd
 from linkpassd.core import alloc, apply, bfd, carried, drain, health, plan, policy
 from linkpassd.core.events import EventKind, Severity
-from linkpassd.core.probe import rail_assessment
+from linkpassd.core.railverdict import rail_assessment
 from linkpassd.core.signals import bfd_assessment
 from linkpassd.core.model import (Assessment, Config, CounterSample, KernelState, LinkSample, Op,
                                   OpticsReading, PortState, Problem, Unreadable, Verdict)

@@ -369,17 +369,10 @@ class EchoProber:
         """The kernel refused to send probe `seq` (stamped `at`): no evidence either way."""
         self.state.on_send_error(seq, at)
 
-    def poke(self) -> None:
-        """Send a witness probe now (see Prober.poke)."""
+    def poke(self, witness: bool = True) -> None:
+        """Send a probe now: a witness's, or a steady one (see Prober.poke)."""
         now = self._loop.time()
-        _, send = self.state.poke(now)
-        self._send(send, now)
-        self._schedule()
-
-    def probe_now(self) -> None:
-        """Send a steady probe now, ahead of the schedule (see Prober.probe_now)."""
-        now = self._loop.time()
-        _, send = self.state.probe_now(now)
+        _, send = self.state.poke(now, witness)
         self._send(send, now)
         self._schedule()
 
@@ -741,12 +734,12 @@ class EchoService:
         live = self._live.get(port) or set()
         if not self.rails.dead(port, live):
             if poke:
-                # A rail too small for a verdict: its paths confirm on their
-                # own, from a probe sent now (whose loss raises suspicion).
-                small = len(live) < self.rails.evidence
+                # On a rail too small for a verdict the probe is a steady one
+                # (its loss raises suspicion): each path confirms on its own.
+                witness = self.rails.judges(live)
                 for other in self.rails.unconfirmed(port, live):
                     if other.state.state is PathState.UP and other.sock is not None:
-                        other.probe_now() if small else other.poke()
+                        other.poke(witness)
             return
         victims = list(live)
         self.rails.concluded(port)

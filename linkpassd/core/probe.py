@@ -110,6 +110,7 @@ from dataclasses import dataclass, field, replace
 
 from linkpassd.core.model import Assessment, Verdict
 from linkpassd.core.probeconfig import ProbeConfig, burst_size, detection_bound_s  # noqa: F401
+from linkpassd.core.railverdict import rail_assessment  # noqa: F401  (re-exported)
 from linkpassd.core.schedule import slot_start
 from linkpassd.core.stalls import STALL_MEMORY_S, StallLog
 
@@ -537,19 +538,14 @@ class Prober:
         self.others_live = others_live
         return self
 
-    def poke(self, now: float) -> tuple["Prober", Send]:
-        """Send a witness probe now: another path is confirming a loss, and a
-        reply here within its burst shows our host's stack is not what is
-        silent. Never counted in the loss window; its loss raises no suspicion."""
-        return self, self._send(now, True)
-
-    def probe_now(self, now: float) -> tuple["Prober", Send]:
-        """Send a steady probe now, ahead of the schedule (which stays): a
-        path of our rail went DOWN in a silence of the rail, and a rail too
-        small for a rail verdict (core.railwatch) asks its other paths now
-        rather than at their turn. Unlike a witness's, its loss raises
-        suspicion, so the path confirms on its own, with its own guards."""
-        return self, self._send(now, False)
+    def poke(self, now: float, witness: bool = True) -> tuple["Prober", Send]:
+        """Send a probe now, ahead of the schedule (which stays). A witness's
+        (another path is confirming a loss: a reply here within its burst shows
+        our host's stack is not what is silent) is never counted in the loss
+        window and its loss raises no suspicion. Otherwise it is a steady probe,
+        whose loss does: a rail too small for a rail verdict (core.railwatch)
+        asks its other paths now, and each that misses confirms on its own."""
+        return self, self._send(now, witness)
 
     def peer_answered(self, sent_at: float, received_at: float) -> "Prober":
         """The peer's daemon (the same responder, known by its id) answered, on
@@ -804,51 +800,3 @@ class Prober:
         self.burst_due = self.burst_outcomes = ()
         self.burst_held = False
         return self
-
-
-# --------------------------------------------------------------------------
-# A rail's probe verdict from its paths to several peers
-# --------------------------------------------------------------------------
-
-
-def rail_assessment(paths: Iterable[Assessment], name: str = "probe") -> Assessment:
-    """Combine one rail's per-peer path assessments into one "probe" signal.
-
-    A dead or restarting peer host must not fail our rail over: the rail is
-    DOWN only when every peer that has an opinion is DOWN through it, and
-    DEGRADED when most of them are degraded or down. Peers with no opinion
-    (never up, unconfirmed suspicion) are no evidence of a fault, but a path
-    still confirming keeps the rail from DOWN until it has (a rail with one
-    dead peer and two paths that missed a probe at the same moment is not
-    down yet: in the fleet lab such a rail failed over on its one confirmed
-    peer), and counts as not bad for DEGRADED."""
-    paths = list(paths)
-    judged = [a for a in paths if a.effective is not None]
-    confirming = sorted(a.signal.removeprefix("probe:") for a in paths
-                        if a.effective is None and a.status == "suspect")
-    if not judged:
-        suspect = sorted(a.signal.removeprefix("probe:") for a in paths if a.status == "suspect")
-        if suspect:
-            return Assessment(name, None, "suspect",
-                              "confirming a missed probe towards " + ", ".join(suspect))
-        return Assessment(name, None, "never up" if paths else "unsupported",
-                          f"no peer has answered yet ({len(paths)} probed)")
-    down = sorted(a.signal.removeprefix("probe:") for a in judged if a.effective is Verdict.DOWN)
-    bad = sorted(a.signal.removeprefix("probe:") for a in judged
-                 if a.effective in (Verdict.DOWN, Verdict.DEGRADED))
-    if len(down) == len(judged) and confirming:
-        return Assessment(name, None, "suspect",
-                          f"{len(down)} of {len(judged) + len(confirming)} peers unreachable "
-                          f"({', '.join(down)}); confirming a missed probe towards "
-                          + ", ".join(confirming))
-    if len(down) == len(judged):
-        return Assessment(name, Verdict.DOWN, "down",
-                          f"all {len(judged)} peers unreachable: " + ", ".join(down))
-    if 2 * len(bad) > len(judged) + len(confirming):
-        return Assessment(name, Verdict.DEGRADED, "degraded",
-                          f"{len(bad)} of {len(judged)} peers degraded or down: " + ", ".join(bad))
-    if bad:
-        return Assessment(name, Verdict.UP, "ok",
-                          f"{len(judged) - len(bad)} of {len(judged)} peers fine; "
-                          f"trouble only towards {', '.join(bad)} (their side)")
-    return Assessment(name, Verdict.UP, "ok", f"all {len(judged)} peers answer")

@@ -1,0 +1,55 @@
+"""A rail's probe verdict from its paths to several peers.
+
+Apart from core.probe (one path's judgement) because it is a different
+question: not "is this path dead" but "is our rail dead, or only some of
+the peers behind it". core.probe re-exports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from linkpassd.core.model import Assessment, Verdict
+
+
+def rail_assessment(paths: Iterable[Assessment], name: str = "probe") -> Assessment:
+    """Combine one rail's per-peer path assessments into one "probe" signal.
+
+    A dead or restarting peer host must not fail our rail over: the rail is
+    DOWN only when every peer that has an opinion is DOWN through it, and
+    DEGRADED when most of them are degraded or down. Peers with no opinion
+    (never up, unconfirmed suspicion) are no evidence of a fault, but a path
+    still confirming keeps the rail from DOWN until it has (a rail with one
+    dead peer and two paths that missed a probe at the same moment is not
+    down yet: in the fleet lab such a rail failed over on its one confirmed
+    peer), and counts as not bad for DEGRADED."""
+    paths = list(paths)
+    judged = [a for a in paths if a.effective is not None]
+    confirming = sorted(a.signal.removeprefix("probe:") for a in paths
+                        if a.effective is None and a.status == "suspect")
+    if not judged:
+        suspect = sorted(a.signal.removeprefix("probe:") for a in paths if a.status == "suspect")
+        if suspect:
+            return Assessment(name, None, "suspect",
+                              "confirming a missed probe towards " + ", ".join(suspect))
+        return Assessment(name, None, "never up" if paths else "unsupported",
+                          f"no peer has answered yet ({len(paths)} probed)")
+    down = sorted(a.signal.removeprefix("probe:") for a in judged if a.effective is Verdict.DOWN)
+    bad = sorted(a.signal.removeprefix("probe:") for a in judged
+                 if a.effective in (Verdict.DOWN, Verdict.DEGRADED))
+    if len(down) == len(judged) and confirming:
+        return Assessment(name, None, "suspect",
+                          f"{len(down)} of {len(judged) + len(confirming)} peers unreachable "
+                          f"({', '.join(down)}); confirming a missed probe towards "
+                          + ", ".join(confirming))
+    if len(down) == len(judged):
+        return Assessment(name, Verdict.DOWN, "down",
+                          f"all {len(judged)} peers unreachable: " + ", ".join(down))
+    if 2 * len(bad) > len(judged) + len(confirming):
+        return Assessment(name, Verdict.DEGRADED, "degraded",
+                          f"{len(bad)} of {len(judged)} peers degraded or down: " + ", ".join(bad))
+    if bad:
+        return Assessment(name, Verdict.UP, "ok",
+                          f"{len(judged) - len(bad)} of {len(judged)} peers fine; "
+                          f"trouble only towards {', '.join(bad)} (their side)")
+    return Assessment(name, Verdict.UP, "ok", f"all {len(judged)} peers answer")
