@@ -8,6 +8,7 @@ daemon's event hand-off."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import random
 
@@ -276,6 +277,21 @@ async def reconcile_forever(daemon: Daemon) -> None:
         await daemon.handle([await daemon.queue.get()])
 
 
+@contextlib.asynccontextmanager
+async def connected_agent(tmp_path, daemon: Daemon):
+    """`daemon`'s agent connected to a fake aggregator (yielded), with the
+    daemon's reconcile loop running; both stopped, bounded, on the way out."""
+    fake = FakeAggregator()
+    server, port = await serve(fake)
+    agent = agent_for(port, new_spool(tmp_path), DaemonHost(daemon))
+    tasks = [await running(agent), asyncio.create_task(reconcile_forever(daemon))]
+    try:
+        await until(lambda: agent.connected, "connected")
+        yield fake
+    finally:
+        await stop(tasks, server)
+
+
 def peers_message(generation: int, *peers: str) -> fleet_pb2.ConnectResponse:
     return fleet_pb2.ConnectResponse(peers=fleet_pb2.ProbePeers(
         generation=generation, rails=[fleet_pb2.RailPeers(rail="rail0", peers=list(peers))]))
@@ -287,32 +303,27 @@ def test_probe_peers_reach_the_echo_paths_and_staying_probers_keep_running(tmp_p
         await daemon.handle([LinkSnapshot(samples={p: link(p) for p in ("eth0", "eth1")},
                                           reason="start")])
         daemon._sync_echo()
-        fake = FakeAggregator()
-        server, port = await serve(fake)
-        agent = agent_for(port, new_spool(tmp_path), DaemonHost(daemon))
-        tasks = [await running(agent), asyncio.create_task(reconcile_forever(daemon))]
         peers = lambda: sorted(p.peer for p in daemon.echo.probers)
         try:
-            await until(lambda: agent.connected, "connected")
-            # a bad address, an on-link one and an unknown rail are ignored
-            await fake.outgoing.put(peers_message(3, "198.19.0.2", "bogus", "198.18.0.7"))
-            await until(lambda: peers() == ["198.19.0.1", "198.19.0.2"], "mesh peer added")
-            assert any("'bogus'" in p for p in daemon.mesh_problems)
-            assert any("'198.18.0.7'" in p and "subnet" in p for p in daemon.mesh_problems)
-            static, mesh = (daemon.echo.probers[p] for p in sorted(daemon.echo.probers,
-                                                                   key=lambda p: p.peer)[:2])
-            await fake.outgoing.put(peers_message(2, "198.19.0.9"))  # stale: ignored
-            await fake.outgoing.put(peers_message(4, "198.19.0.2", "198.19.0.3"))
-            await until(lambda: peers() == ["198.19.0.1", "198.19.0.2", "198.19.0.3"],
-                        "second plan applied")
-            by_peer = {p.peer: pr for p, pr in daemon.echo.probers.items()}
-            assert by_peer["198.19.0.1"] is static and by_peer["198.19.0.2"] is mesh  # not reset
-            assert "198.19.0.9" not in by_peer
-            await fake.outgoing.put(peers_message(5))  # the mesh drops rail0's peers
-            await until(lambda: peers() == ["198.19.0.1"], "static peer stays")
-            assert daemon.echo.probers[next(iter(daemon.echo.probers))] is static
+            async with connected_agent(tmp_path, daemon) as fake:
+                # a bad address, an on-link one and an unknown rail are ignored
+                await fake.outgoing.put(peers_message(3, "198.19.0.2", "bogus", "198.18.0.7"))
+                await until(lambda: peers() == ["198.19.0.1", "198.19.0.2"], "mesh peer added")
+                assert any("'bogus'" in p for p in daemon.mesh_problems)
+                assert any("'198.18.0.7'" in p and "subnet" in p for p in daemon.mesh_problems)
+                static, mesh = (daemon.echo.probers[p] for p in sorted(daemon.echo.probers,
+                                                                       key=lambda p: p.peer)[:2])
+                await fake.outgoing.put(peers_message(2, "198.19.0.9"))  # stale: ignored
+                await fake.outgoing.put(peers_message(4, "198.19.0.2", "198.19.0.3"))
+                await until(lambda: peers() == ["198.19.0.1", "198.19.0.2", "198.19.0.3"],
+                            "second plan applied")
+                by_peer = {p.peer: pr for p, pr in daemon.echo.probers.items()}
+                assert by_peer["198.19.0.1"] is static and by_peer["198.19.0.2"] is mesh  # not reset
+                assert "198.19.0.9" not in by_peer
+                await fake.outgoing.put(peers_message(5))  # the mesh drops rail0's peers
+                await until(lambda: peers() == ["198.19.0.1"], "static peer stays")
+                assert daemon.echo.probers[next(iter(daemon.echo.probers))] is static
         finally:
-            await stop(tasks, server)
             daemon.echo.close()
     asyncio.run(main())
 
@@ -327,22 +338,17 @@ def test_the_hosts_that_probe_us_are_answered_and_a_bad_one_is_named_not_admitte
         await daemon.handle([LinkSnapshot(samples={p: link(p) for p in ("eth0", "eth1")},
                                           reason="start")])
         daemon._sync_echo()
-        fake = FakeAggregator()
-        server, port = await serve(fake)
-        agent = agent_for(port, new_spool(tmp_path), DaemonHost(daemon))
-        tasks = [await running(agent), asyncio.create_task(reconcile_forever(daemon))]
         admits = lambda address: daemon.echo_spec.responder.allows(ipv4_int(address))
         try:
-            await until(lambda: agent.connected, "connected")
-            assert not admits("198.19.0.44")
-            await fake.outgoing.put(fleet_pb2.ConnectResponse(peers=fleet_pb2.ProbePeers(
-                generation=7, rails=[fleet_pb2.RailPeers(
-                    rail="rail0", peers=["198.19.0.2"], probed_by=["198.19.0.44", "nonsense"])])))
-            await until(lambda: admits("198.19.0.44"), "prober admitted")
-            assert not admits("198.19.0.45")
-            assert any("'nonsense'" in p and "probed_by" in p for p in daemon.mesh_problems)
+            async with connected_agent(tmp_path, daemon) as fake:
+                assert not admits("198.19.0.44")
+                await fake.outgoing.put(fleet_pb2.ConnectResponse(peers=fleet_pb2.ProbePeers(
+                    generation=7, rails=[fleet_pb2.RailPeers(
+                        rail="rail0", peers=["198.19.0.2"], probed_by=["198.19.0.44", "nonsense"])])))
+                await until(lambda: admits("198.19.0.44"), "prober admitted")
+                assert not admits("198.19.0.45")
+                assert any("'nonsense'" in p and "probed_by" in p for p in daemon.mesh_problems)
         finally:
-            await stop(tasks, server)
             daemon.echo.close()
     asyncio.run(main())
 
@@ -352,20 +358,13 @@ def test_a_drain_command_goes_through_the_drain_queue_and_its_answer_comes_back(
         daemon = make_daemon(tmp_path, static=())
         await daemon.handle([LinkSnapshot(samples={p: link(p) for p in ("eth0", "eth1")},
                                           reason="start")])
-        fake = FakeAggregator()
-        server, port = await serve(fake)
-        agent = agent_for(port, new_spool(tmp_path), DaemonHost(daemon))
-        tasks = [await running(agent), asyncio.create_task(reconcile_forever(daemon))]
-        try:
-            await until(lambda: agent.connected, "connected")
+        async with connected_agent(tmp_path, daemon) as fake:
             await fake.outgoing.put(fleet_pb2.ConnectResponse(command=fleet_pb2.Command(
                 id="c1", by="alice", drain=fleet_pb2.FleetDrainRequest(
                     host_id="gpu-017", port="eth0", reason="optic swap"))))
             await fake.outgoing.put(fleet_pb2.ConnectResponse(command=fleet_pb2.Command(
                 id="c2", by="alice", undrain=fleet_pb2.FleetUndrainRequest(port="eth9"))))
             await until(lambda: len(fake.results) == 2, "two command results")
-        finally:
-            await stop(tasks, server)
         results = {r.id: r for r in fake.results}
         assert results["c1"].code == grpc.StatusCode.OK.value[0]
         assert daemon.drains["eth0"].by == "alice via the aggregator"
@@ -489,18 +488,13 @@ def test_the_last_plan_outlives_a_restart_while_the_aggregator_is_away(tmp_path)
         daemon = make_daemon(tmp_path, fabric=())
         await daemon.handle([start])
         daemon._sync_echo()
-        fake = FakeAggregator()
-        server, port = await serve(fake)
-        agent = agent_for(port, new_spool(tmp_path), DaemonHost(daemon))
-        tasks = [await running(agent), asyncio.create_task(reconcile_forever(daemon))]
         try:
-            await until(lambda: agent.connected, "connected")
-            await fake.outgoing.put(fleet_pb2.ConnectResponse(peers=fleet_pb2.ProbePeers(
-                generation=9, rails=[fleet_pb2.RailPeers(
-                    rail="rail0", peers=["198.19.0.2"], probed_by=["198.19.0.44"])])))
-            await until(lambda: (tmp_path / "state" / MESH_FILE).exists(), "mesh.json written")
+            async with connected_agent(tmp_path, daemon) as fake:
+                await fake.outgoing.put(fleet_pb2.ConnectResponse(peers=fleet_pb2.ProbePeers(
+                    generation=9, rails=[fleet_pb2.RailPeers(
+                        rail="rail0", peers=["198.19.0.2"], probed_by=["198.19.0.44"])])))
+                await until(lambda: (tmp_path / "state" / MESH_FILE).exists(), "mesh.json written")
         finally:
-            await stop(tasks, server)
             daemon.echo.close()
 
     async def restart():

@@ -14,14 +14,12 @@ import grpc
 from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.adapters.links import LinkSnapshot
 from linkpassd.agent import link as agentlink
-from linkpassd.agent.link import DaemonHost
 from linkpassd.core.model import (CounterSample, HealthPolicy, LinkSample, ModuleIdentity, OpticsReading,
                                   Unreadable)
 from linkpassd.core.model import Thresholds as ModelThresholds
 from linkpassd.validate import hostcheck
 
-from test_agent import (DEADLINE_S, FakeAggregator, agent_for, make_daemon, new_spool,
-                        reconcile_forever, running, serve, until)
+from test_agent import connected_agent, make_daemon, until
 from test_daemon_faults import link
 
 OK, ABORTED = grpc.StatusCode.OK.value[0], grpc.StatusCode.ABORTED.value[0]
@@ -68,12 +66,7 @@ def test_one_validation_at_a_time_and_its_answer_carries_the_host_validation(tmp
         daemon.sensor = object()  # what the run gets; the gate does not read it
         await daemon.handle([LinkSnapshot(samples={p: link(p) for p in ("eth0", "eth1")},
                                           reason="start")])
-        fake = FakeAggregator()
-        server, port = await serve(fake)
-        agent = agent_for(port, new_spool(tmp_path), DaemonHost(daemon))
-        tasks = [await running(agent), asyncio.create_task(reconcile_forever(daemon))]
-        try:
-            await until(lambda: agent.connected, "connected")
+        async with connected_agent(tmp_path, daemon) as fake:
             await fake.outgoing.put(validate("v1", "run-1"))
             await until(lambda: len(gate.started) == 1, "the first validation running")
             await fake.outgoing.put(validate("v2", "run-2"))
@@ -89,12 +82,6 @@ def test_one_validation_at_a_time_and_its_answer_carries_the_host_validation(tmp
             await until(lambda: len(gate.started) == 2, "a later validation starts")
             gate.release.set()
             await until(lambda: len(fake.results) == 4, "the later validation's answer")
-        finally:
-            for task in tasks:
-                task.cancel()
-            _done, stuck = await asyncio.wait(tasks, timeout=DEADLINE_S)
-            await server.stop(None)
-            assert not stuck, "a task ignored its cancellation"
         results = {r.id: r for r in fake.results}
         assert results["v2"].code == ABORTED
         assert "a validation is running" in results["v2"].message and "run-1" in results["v2"].message
