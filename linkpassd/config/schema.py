@@ -349,8 +349,8 @@ PROBES = Section(
                "Above 0, a confirmation probe is lost once the same peer daemon has answered, on "
                "another path, a probe sent after it, and this long has passed since that reply "
                "(or four of the path's round trips, if longer). It assumes both paths delay "
-               "alike: a queue on one rail only (a switch busy for a few ms, PFC pauses) then "
-               "reads as loss, which failed healthy paths over in the lab.", (_between(0, 1000),)),
+               "alike: a delay on one rail only (a busy switch, PFC pauses) then reads as "
+               "loss; in the lab it failed a healthy host over.", (_between(0, 1000),)),
         Option("burst_count", INT, 8,
                "Confirmation probes after a miss on a clean path (a path that already loses "
                "probes gets more, up to 32, so its loss cannot fake a DOWN).",
