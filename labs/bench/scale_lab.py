@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -95,6 +96,7 @@ class ScaleLab:
             raise ValueError(f"peers_per_rail must be 1..{MAX_PEERS_PER_RAIL}, got {peers_per_rail}")
         self.peers_per_rail = peers_per_rail
         self.factory = NetnsFactory()
+        self._own_dir = workdir is None  # ours to remove at exit
         self.dir = Path(workdir or tempfile.mkdtemp(prefix="lp-scale-"))
         self.lab: HostLab | None = None
         self.daemon: DaemonProcess | None = None
@@ -149,6 +151,8 @@ class ScaleLab:
         errors += self.factory.cleanup()
         if errors:
             print(f"scale lab teardown: {errors}", file=sys.stderr)
+        elif self._own_dir:  # the daemon logs go with it; kept when teardown failed
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     @staticmethod
     def sysctl(ns: str, assignment: str) -> None:
