@@ -20,16 +20,18 @@ def fine(assessment: Assessment) -> bool:
 def peer_wide_trouble(paths: Iterable[tuple[Assessment, Iterable[Assessment]]]) -> frozenset[str]:
     """The signals of one rail's paths whose peer is in trouble on every rail:
     each item is a path's assessment and those of the same peer daemon's
-    paths on our other rails. A path not fine whose every sibling is not
-    fine either (down, degraded or confirming) names a peer that is stalled,
+    paths on our other rails. A path judged down or degraded whose every
+    sibling is not fine either (down, degraded or confirming; a path still
+    confirming itself is not set aside, it keeps the rail from DOWN until it
+    has confirmed) names a peer that is stalled,
     restarting or gone, and says nothing about our rail. A peer reached on
     this rail only is never set aside: nothing tells its trouble from ours.
     (In the fleet lab a bystander failed a rail over because the faulted host
     and a stalled peer were both silent on it, and on its other rail too.)"""
     out = set()
     for path, siblings in paths:
-        if fine(path):
-            continue
+        if path.effective is None or fine(path):
+            continue  # only a verdict is set aside: a confirming path still holds the rail
         siblings = list(siblings)
         if siblings and not any(fine(s) for s in siblings):
             out.add(path.signal)

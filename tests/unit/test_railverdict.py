@@ -56,6 +56,23 @@ def test_our_own_dead_rail_is_still_down_when_its_peers_answer_on_the_other():
     assert judged(rails, RAILS[0]).effective is Verdict.DOWN  # 3 and 7 say it is our rail
 
 
+def test_a_path_still_confirming_is_not_set_aside_and_keeps_the_rail_from_down():
+    """The fleet lab's stalled bystander: every path suspect at once, one
+    confirmed DOWN (its sibling answered). The others, confirming on both
+    rails, are no verdict to set aside: the rail waits for them."""
+    D, U = Verdict.DOWN, Verdict.UP
+    rail0 = [path("198.18.0.3", D), path("198.18.0.5", D, "suspect"),
+             path("198.18.0.7", D, "suspect")]
+    rail1 = [path("198.18.1.3", U), path("198.18.1.5", D, "suspect"),
+             path("198.18.1.7", D, "suspect")]
+    items = [(a, [b]) for a, b in zip(rail0, rail1)]
+    assert peer_wide_trouble(items) == frozenset()
+    verdict = rail_assessment(rail0, "echo", peer_wide_trouble(items))
+    assert verdict.effective is None and verdict.status == "suspect"
+    never = path("198.18.0.9", None, "never up")
+    assert peer_wide_trouble([(never, [path("198.18.1.9", None, "never up")])]) == frozenset()
+
+
 def test_a_peer_reached_on_one_rail_only_is_never_set_aside():
     lone = path("198.18.0.5", Verdict.DOWN)
     assert peer_wide_trouble([(lone, [])]) == frozenset()
