@@ -37,7 +37,7 @@ from linkpassd import logs
 from linkpassd.adapters import sdnotify
 from linkpassd.adapters.bfd import BfdAgent, BfdEvent, PeerSpec
 from linkpassd.adapters.control_server import ControlServer
-from linkpassd.adapters.echo import EchoService, ProbePath
+from linkpassd.adapters.echo import EchoService
 from linkpassd.adapters.kernel import (KernelAdapter, KernelOpError, KernelReadError,
                                        KernelReadTimeout, KernelSocketError)
 from linkpassd.adapters.links import LinkEvent, LinkMonitor, LinkSnapshot
@@ -448,13 +448,6 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         self._set_health(before, health.observe_probe(before, event.name, judged, now,
                                                       self.config.timers, self.config.health))
 
-    def _echo_changed(self, path: ProbePath, _assessment: Assessment) -> None:
-        # The other rails of the same peer too: their verdicts weigh this
-        # peer by how it fares on every rail (core.railverdict.peer_wide_trouble).
-        ports = self.echo.related_ports(path) if self.echo is not None else {path.port}
-        for port in ports:
-            self.queue.put_nowait(EchoChange(port))
-
     def _observe_echo(self, port: str, now: float) -> None:
         before = self.health.get(port)
         if before is None or self.echo is None or port not in self.ports():
@@ -462,7 +455,7 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         paths = self.echo.assessments(port)
         if not paths:
             return
-        judged = rail_assessment(paths, ECHO_SIGNAL, self.echo.peer_wide(port))
+        judged = rail_assessment(paths, ECHO_SIGNAL)
         # A suspicion settled by its burst is routine on a lossy path (several
         # a second at 5 % loss): logged only when the rail's status changes
         # otherwise. Suspicions are counted per path (`echo_counters`).
@@ -522,7 +515,7 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         self.echo = EchoService(
             spec.paths, spec.probe, echo_port=spec.port, tos=spec.tos,
             lag_period_s=spec.heartbeat_s, lag=self.looplag, responder_policy=spec.responder,
-            on_change=self._echo_changed)
+            on_change=lambda path, _a: self.queue.put_nowait(EchoChange(path.port)))
         self.echo.start()
         if self.echo.responder_error:
             log.error("echo_responder_failed", error=self.echo.responder_error,

@@ -115,7 +115,6 @@ from linkpassd.adapters.wakeups import SharedTimer
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.model import Assessment, ResponderCounters
 from linkpassd.core.peerwatch import PeerWatch
-from linkpassd.core.railverdict import peer_wide_trouble
 from linkpassd.core.probe import PathState, ProbeConfig, Prober, Send
 from linkpassd.core.railwatch import RailWatch
 from linkpassd.core.schedule import send_slot
@@ -656,31 +655,11 @@ class EchoService:
         for path, prober in self.probers.items():
             if port is not None and path.port != port:
                 continue
-            out.append(self._assessment(prober))
+            known = self._assessed.get(path)
+            if known is None:
+                known = self._assessed[path] = prober.assessment()
+            out.append(known)
         return tuple(out)
-
-    def peer_wide(self, port: str) -> frozenset[str]:
-        """`port`'s paths whose peer daemon is in trouble on every rail we
-        reach it by (core.railverdict.peer_wide_trouble)."""
-        return peer_wide_trouble(
-            (self._assessment(p), [self._assessment(o) for o in self.peers.siblings(p)
-                                   if o.path.port != port])
-            for p in self.probers.values() if p.path.port == port)
-
-    def related_ports(self, path: ProbePath) -> set[str]:
-        """`path`'s port and the ports of the same peer daemon's other paths:
-        a change of `path` can change their rails' verdicts (`peer_wide`)."""
-        prober = self.probers.get(path)
-        ports = {path.port}
-        if prober is not None:
-            ports.update(o.path.port for o in self.peers.siblings(prober))
-        return ports
-
-    def _assessment(self, prober: EchoProber) -> Assessment:
-        known = self._assessed.get(prober.path)
-        if known is None:
-            known = self._assessed[prober.path] = prober.assessment()
-        return known
 
     def _changed(self, prober: EchoProber, assessment: Assessment) -> None:
         """Each path's other paths are its witnesses. When one starts
@@ -737,15 +716,10 @@ class EchoService:
         other = self.peers.witness(prober, lambda p: p.path.port, self._can_witness)
         if other is not None:
             other.poke()
-            if other.path.port != prober.path.port:
-                prober.state.peer_asked(prober._loop.time())
 
     @staticmethod
     def _can_witness(prober: EchoProber) -> bool:
-        # A suspect one too: when the peer daemon stalls, all its paths are
-        # suspect at once, and asking the other is how each learns so.
-        return (prober.state.state in (PathState.UP, PathState.SUSPECT)
-                and prober.sock is not None)
+        return prober.state.state is PathState.UP and prober.sock is not None
 
     def _lost(self, prober: EchoProber, sent_at: float) -> None:
         port = prober.path.port
@@ -820,4 +794,3 @@ class EchoService:
                 prober.peer_heard(at)
                 # The detail says which way a one-way fault runs: rebuild it.
                 self._assessed.pop(prober.path, None)
-

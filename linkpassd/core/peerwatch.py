@@ -73,13 +73,6 @@ class PeerWatch:
             same_rail = same_rail or other
         return same_rail
 
-    def siblings(self, path: Hashable) -> tuple[Hashable, ...]:
-        """The other paths the same responder answers (none: not known yet)."""
-        rid = self._of.get(path)
-        if rid is None:
-            return ()
-        return tuple(p for p in self._paths.get(rid, ()) if p is not path)
-
     def forget(self, path: Hashable) -> None:
         self.confirming(path, False)
         rid = self._of.pop(path, None)

@@ -62,9 +62,7 @@ the last burst probe's miss is judged `timeout_s` after it. So
 when another live path of the host answered during the burst (its witness
 probe: see `witnessed`). A path with no live witness waits `peer_grace_s`
 (25 ms) more for a late reply before DOWN: its only peer may just be slow to
-answer, and nothing else can say the host and the peer are fine. So does
-one whose peer daemon, asked on another rail at the burst's end, was silent
-there too: a stalled peer, not this path (`peer_asked`). With
+answer, and nothing else can say the host and the peer are fine. With
 ordering evidence (the same peer daemon reachable over another path, as in
 a rail-optimized mesh), the last `timeout` becomes that path's round trip
 plus `order_margin_s`.
@@ -107,13 +105,14 @@ from __future__ import annotations
 import enum
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from linkpassd.core.model import Assessment, Verdict
 from linkpassd.core.probeconfig import ProbeConfig, burst_size, detection_bound_s  # noqa: F401
 from linkpassd.core.railverdict import rail_assessment  # noqa: F401  (re-exported)
 from linkpassd.core.schedule import slot_start
-from linkpassd.core.stalls import STALL_MEMORY_S, StallLog, stalled_time
+from linkpassd.core.stalls import STALL_MEMORY_S, StallLog
 
 SEQ_MODULO = 2**32  # sequence numbers are 32-bit on the wire
 _JUDGED_MEMORY = 256  # recently judged probes remembered, to recognise late replies
@@ -172,9 +171,25 @@ class ProbeCounters:
     refused: int = 0  # ICMP port unreachable: the peer host answers, its daemon does not
     bursts: int = 0  # suspicions raised
     host_silences: int = 0  # lost bursts not counted: every other path was silent too
-    peer_silences: int = 0  # lost bursts that waited: the peer was silent on its other rail too
     downs: int = 0  # transitions to DOWN
     degradations: int = 0  # transitions to DEGRADED
+
+
+def _stalled(stalls: Iterable[tuple[float, float]], start: float, end: float,
+             host: StallLog | None = None) -> float:
+    """How much of [start, end] was stalled: by the path's own stalls and
+    the host's (`host`, the loop's one log), each moment counted once."""
+    own = [(max(s, start), min(e, end)) for s, e in stalls if e > start and s < end]
+    if host is None:
+        return sum(e - s for s, e in own)
+    if not own:
+        return host.covered(start, end)
+    total, reach = 0.0, start
+    for s, e in sorted(own + host.overlapping(start, end)):
+        if e > reach:
+            total += e - max(s, reach)
+            reach = e
+    return total
 
 
 @dataclass(eq=False, slots=True)
@@ -216,10 +231,6 @@ class Prober:
     # path that the same peer daemon answered, and when its reply came.
     peer_answered_sent: float = float("-inf")
     peer_answered_at: float = float("-inf")
-    # The same peer daemon asked on another rail (`peer_asked`) during a
-    # burst, and the latest reply it gave there (see `_conclude_burst`).
-    peer_asked_at: float = float("-inf")
-    peer_heard_other_at: float = float("-inf")
     counters: ProbeCounters = field(default_factory=ProbeCounters)
     # Probes in flight by sequence number, the recently judged ones (seq,
     # sent_at) newest last, and the steady outcomes (True = lost) with their
@@ -473,7 +484,7 @@ class Prober:
             return self._judge(flight, Outcome.OK, now, replied=True)
         self.counters.late += 1
         # Late only by the time we or the responder sat on it: not the path's doing.
-        ours = stalled_time(self.stalls, flight.sent_at, received_at, host_stalls)
+        ours = _stalled(self.stalls, flight.sent_at, received_at, host_stalls)
         on_time_but_for_stalls = (received_at - peer_delay_s - ours <= flight.deadline
                                   or ours >= self.config.stall_budget_s)
         if on_time_but_for_stalls:
@@ -547,16 +558,7 @@ class Prober:
         reply is also a witness's (see `witnessed`): our host is not silent."""
         if sent_at > self.peer_answered_sent:
             self.peer_answered_sent, self.peer_answered_at = sent_at, received_at
-        if received_at > self.peer_heard_other_at:
-            self.peer_heard_other_at = received_at
-        return self.witnessed(True, received_at)
-
-    def peer_asked(self, now: float) -> "Prober":
-        """A probe to the same peer daemon went out now on another rail (the
-        adapter's witness for this path's confirmation): if that one is not
-        answered either, the peer, not this path, may be what is silent."""
-        self.peer_asked_at = now
-        return self  # another path is live, and just heard
+        return self.witnessed(True, received_at)  # another path is live, and just heard
 
     def peer_heard(self, now: float) -> "Prober":
         """The peer's own probes reached our responder over this path: the
@@ -617,7 +619,7 @@ class Prober:
             self._early_seq = f.seq
             if self.refused_at is not None and now - self.refused_at <= cfg.refused_grace_s:
                 continue
-            if stalled_time(self.stalls, f.sent_at, now, host_stalls) >= \
+            if _stalled(self.stalls, f.sent_at, now, host_stalls) >= \
                     cfg.suspect_after_s * cfg.max_stall_ratio:
                 continue
             self._suspect(now, f.sent_at)
@@ -637,7 +639,7 @@ class Prober:
             if self.refused_at is not None and now - self.refused_at <= self.config.refused_grace_s:
                 self.counters.unknown_other += 1
                 self._judge(flight, Outcome.UNKNOWN, now)
-            elif (stalled_time(self.stalls, flight.sent_at, now, host_stalls)
+            elif (_stalled(self.stalls, flight.sent_at, now, host_stalls)
                   >= self.config.stall_budget_s):
                 self.counters.unknown_lag += 1
                 self._judge(flight, Outcome.UNKNOWN, now)
@@ -766,18 +768,6 @@ class Prober:
             return self._end_suspicion(
                 now, "every other path was silent during the confirmation too: a stall of "
                      "this host, not a path fault")
-        if (self.peer_asked_at >= self.burst_from and self.peer_heard_other_at < self.burst_from
-                and self.config.peer_grace_s > 0):
-            # The same peer daemon, asked on another rail during the burst,
-            # has not answered there either: the peer (its daemon stalled, or
-            # its host gone) is what is silent, and our other paths' replies
-            # say nothing about it. Give it `peer_grace_s` for a late reply,
-            # as a path with no live witness gets (a late reply ends the
-            # suspicion; a dead peer's paths go DOWN when the grace ends).
-            self.counters.peer_silences += 1
-            self.burst_due = ()
-            self.grace_until = now + self.config.peer_grace_s
-            return self
         if not self.others_live and self.config.peer_grace_s > 0:
             # No other path can vouch for the host or the peer: give a stalled
             # peer (its reply would carry how long it held our probe) a moment.

@@ -14,8 +14,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from linkpassd.adapters import echo
-from linkpassd.core.probe import PathState, Prober, ProbeConfig
-from linkpassd.core.stalls import stalled_time
+from linkpassd.core.probe import PathState, Prober, ProbeConfig, _stalled
 from linkpassd.core.schedule import DeadlineQueue, batched_wake
 from linkpassd.core.stalls import StallLog
 
@@ -162,7 +161,7 @@ def test_own_and_host_stalls_count_each_moment_once(stalls, a, b, rnd):
         else:
             merged.append([s, e])
     expected = sum(max(0.0, min(e, end) - max(s, start)) for s, e in merged)
-    assert stalled_time(tuple(sorted(own)), start, end, log) == pytest.approx(expected, abs=1e-9)
+    assert _stalled(tuple(sorted(own)), start, end, log) == pytest.approx(expected, abs=1e-9)
 
 
 def test_a_host_stall_over_the_whole_flight_makes_the_miss_unknown():
