@@ -221,32 +221,28 @@ def test_a_silent_blackhole_is_found_through_the_mesh_and_the_page_shows_it(flee
 
         wait_no_problems("the bystanders' rail0 UP while the victim's is down", bystanders_up,
                          PAGE_S)
-        # the victim's failover is counted as a failure absorbed
+        assert not seen_down, seen_down
+        # the one failover this fault caused is counted as one failure absorbed
         wait_for("the failover counted as absorbed",
                  lambda: absorbed_today(lab) >= absorbed_before + 1, PAGE_S)
         after = [e for e in rail_path_events(lab) if e not in events_before]
         mine = [e for e in after if e.startswith(f"{victim.name} ")]
-        assert any("rail0 table" in e and "via rail1" in e for e in mine), \
-            "\n  ".join(rail_path_events(lab))
-        # Every bystander back on its own rail-0 path, and the victim's rail1
-        # on its own. Anything more as the fault goes in (a bystander's rail0
-        # DOWN or failed over for a moment, the victim's other rail too) is a
-        # known open fault (issue 11: about 1 run in 3 on this VM; the logs
-        # show a bystander's whole rail0 silent at that moment, every peer of
-        # it, while its rail1 answered): reported as a warning with the
-        # probe logs, not hidden, but not this test's subject, the fleet view.
+        if len(mine) != 1:
+            pytest.fail(f"not exactly one failover of {victim.name} by the fault:\n  "
+                        + "\n  ".join(rail_path_events(lab)))
+        # Bystanders: every one back on its own rail-0 path (and never DOWN on
+        # the page, above). A bystander's brief failover as the fault goes in
+        # is a known open fault (issue 11: about 1 run in 3 on this VM, a burst
+        # to another bystander lost at that moment): it is reported here as a
+        # warning with the logs, not hidden, but it does not fail the fleet view.
         for host in lab.hosts[1:]:
             src = host.rail(0)
             other = next(h for h in lab.hosts[1:] if h is not host).rail(0).address
             wait_for(f"{host.name} rail0 on its own path again",
                      lambda: routed_dev(lab, host.name, other, src.address) == src.port, PAGE_S)
-        wait_for(f"{victim.name} rail1 on its own path",
-                 lambda: routed_dev(lab, victim.name, peer.rail(1).address, rail1.address)
-                 == rail1.port, PAGE_S)
-        if len(after) != 1 or seen_down:
-            warnings.warn("failovers beyond the victim's one during the fault (issue 11):\n  "
-                          + "\n  ".join(e for e in after if e not in mine[:1])
-                          + "".join(f"\n  on the page: {d}" for d in seen_down)
+        if len(after) != len(mine):
+            warnings.warn("bystander failovers during the fault (issue 11):\n  "
+                          + "\n  ".join(e for e in after if e not in mine)
                           + "".join(probe_log(lab, h.name) for h in lab.hosts if h is not victim))
         shot = screenshot(lab.aggregator.web_url, RESULTS / "fleet-page-fault.png")
         assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
