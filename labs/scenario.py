@@ -38,6 +38,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,10 @@ LAB_PROBES = {"interval_ms": 50}
 
 LINKWATCH_QUIET_S = 1.2
 READY_LINE = re.compile(r"sending t0=([0-9.]+)")
+# When in the fault (a fraction of fault_s) linkpassd's view is taken: after
+# the optic ramp (1.5 s of a 3 s trial) crossed its alarm, with time to spare
+# before the clear for two linkpassctl runs on a busy machine.
+SNAPSHOT_AT = 0.55
 
 
 class LabNotHealthy(AssertionError):
@@ -120,6 +125,9 @@ class TrialResult:
     flows: dict[str, FlowResult]
     status_during: str = ""
     nccl_env_during: str = ""
+    # CLOCK_MONOTONIC at each step of the trial runner: a step that ran long
+    # (a slow linkpassctl call) delays the clear, and the report must show it
+    steps: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"mechanism": self.mechanism, "fault": self.fault, "rail": self.rail,
@@ -195,7 +203,8 @@ class ScenarioLab:
         `after` (at most `limit` events; 0: all held)."""
         if self.mechanism != "linkpassd":
             return ""
-        return self._ctl_text(host, "events", "--after", str(after), "--limit", str(limit))
+        limit_args = ("--limit", str(limit)) if limit > 0 else ()  # the CLI takes N >= 1
+        return self._ctl_text(host, "events", "--after", str(after), *limit_args)
 
     def unhealthy(self) -> list[str]:
         """What keeps the lab from a healthy start, one line per problem
@@ -300,32 +309,51 @@ class ScenarioLab:
         work.mkdir(parents=True, exist_ok=True)
         self.trials += 1
 
+        # Every process is launched at once and waited for together: each one
+        # takes its own time to import and connect (about a second on a busy
+        # 2-core VM), and started one by one the first sender would run ahead
+        # of the fault timeline and stop before the fault cleared.
         receivers = {}
         for flow in FLOWS:
             _, to_host, dst, _ = ends[flow]
             cfg = ReceiverConfig(bind=dst, port=PORTS[flow], duration=duration + 5,
                                  qp=QPS[flow][1], peer_qp=QPS[flow][0]).validated()
-            receivers[flow] = self._start(to_host, cfg.command(str(work / f"rx-{flow}.json")),
-                                          work / f"rx-{flow}.log", "ready")
+            receivers[flow] = self._launch(to_host, cfg.command(str(work / f"rx-{flow}.json")),
+                                           work / f"rx-{flow}.log")
+        self._await_marker(receivers, work, "rx", "ready")
         senders = {}
         for flow in FLOWS:
             from_host, _, dst, src = ends[flow]
             cfg = SenderConfig(mode="qp-pinned" if src is None else "kernel-path", dst=dst,
                                rate=self.rate, duration=duration, port=PORTS[flow],
-                               qp=QPS[flow][0], dst_qp=QPS[flow][1], src=src)
-            senders[flow] = self._start(from_host,
-                                        cfg.validated().command(str(work / f"tx-{flow}.json")),
-                                        work / f"tx-{flow}.log", "sending t0=")
-        t0 = max(self._t0(work / f"tx-{flow}.log") for flow in FLOWS)
+                               qp=QPS[flow][0], dst_qp=QPS[flow][1], src=src, hold=True)
+            senders[flow] = self._launch(from_host,
+                                         cfg.validated().command(str(work / f"tx-{flow}.json")),
+                                         work / f"tx-{flow}.log", stdin=subprocess.PIPE)
+        self._await_marker(senders, work, "tx", "armed")
+        for proc in senders.values():  # --hold: all schedules start together
+            proc.stdin.write(b"go\n")
+            proc.stdin.close()
+        self._await_marker(senders, work, "tx", "sending t0=")
+        started = {flow: self._t0(work / f"tx-{flow}.log") for flow in FLOWS}
+        t0 = max(started.values())
 
         injector = FAULTS[fault](lab, SENDER, rail)
+        steps = {f"t0 {flow}": at for flow, at in started.items()}
         _sleep_until(t0 + before_s)
+        steps["inject_start"] = time.monotonic()
         injected = injector.inject()
-        _sleep_until(injected + fault_s * 0.8)
-        during = self.status_text()
-        nccl_during = self.nccl_env_text()
+        steps["inject_end"] = time.monotonic()
+        # The snapshot of linkpassd's view during the fault runs beside the
+        # timeline, never in it: two linkpassctl runs can take longer than
+        # the time left, and a late clear would cut into after_s.
+        _sleep_until(injected + fault_s * SNAPSHOT_AT)
+        snapshot = Snapshot(self, steps)
         _sleep_until(injected + fault_s)
+        steps["clear_start"] = time.monotonic()
         cleared = injector.clear()
+        steps["clear_end"] = time.monotonic()
+        during, nccl_during = snapshot.result()
 
         flows = {}
         for mode in FLOWS:
@@ -342,24 +370,65 @@ class ScenarioLab:
         return TrialResult(mechanism=self.mechanism, fault=fault, rail=rail,
                            description=injector.description, injected_at=injected,
                            cleared_at=cleared or injected, flows=flows, status_during=during,
-                           nccl_env_during=nccl_during)
+                           nccl_env_during=nccl_during, steps=steps)
 
-    def _start(self, host: str, argv: list[str], log: Path, ready: str) -> subprocess.Popen:
+    def _launch(self, host: str, argv: list[str], log: Path, **kw: Any) -> subprocess.Popen:
         with open(log, "wb") as out:
-            proc = self.lab.popen(host, argv, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 15
-        while ready not in log.read_text(errors="replace"):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{' '.join(argv[:4])} in {host} did not start:\n"
-                                   f"{log.read_text(errors='replace')}")
-            time.sleep(0.02)
+            proc = self.lab.popen(host, argv, stdout=out, stderr=subprocess.STDOUT, **kw)
+        proc.lp_where = f"{' '.join(argv[:4])} in {host}"
         return proc
+
+    @staticmethod
+    def _await_marker(procs: dict[str, subprocess.Popen], work: Path, kind: str,
+                      marker: str, timeout: float = 15.0) -> None:
+        """Wait until every flow's log shows `marker`; a process that exits
+        first, or a marker that never shows, fails with that process's log."""
+        deadline = time.monotonic() + timeout
+        waiting = dict(procs)
+        while waiting:
+            for flow, proc in list(waiting.items()):
+                log = work / f"{kind}-{flow}.log"
+                if marker in log.read_text(errors="replace"):
+                    del waiting[flow]
+                elif proc.poll() is not None or time.monotonic() > deadline:
+                    state = "exited" if proc.returncode is not None else f"no {marker!r} in {timeout:g} s"
+                    raise RuntimeError(f"{proc.lp_where} did not start ({state}):\n"
+                                       f"{log.read_text(errors='replace')}")
+            if waiting:
+                time.sleep(0.02)
 
     @staticmethod
     def _t0(log: Path) -> float:
         match = READY_LINE.search(log.read_text(errors="replace"))
         assert match, f"no 'sending t0=' in {log}"
         return float(match.group(1))
+
+
+class Snapshot:
+    """`linkpassctl status` and `nccl-env` on the sender, each in its own
+    thread from now; result() waits for both. Their times go into `steps`."""
+
+    def __init__(self, scenario: ScenarioLab, steps: dict[str, float]):
+        self.steps, self.texts = steps, {}
+        steps["snapshot_start"] = time.monotonic()
+        self.threads = [threading.Thread(target=self._run, args=(name, fn), daemon=True)
+                        for name, fn in (("status", scenario.status_text),
+                                         ("nccl_env", scenario.nccl_env_text))]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, name: str, fn: Callable[[], str]) -> None:
+        try:
+            self.texts[name] = fn()
+        except Exception as exc:  # reported in the text; the trial goes on
+            self.texts[name] = f"{name} snapshot failed: {type(exc).__name__}: {exc}"
+        self.steps[f"{name}_end"] = time.monotonic()
+
+    def result(self, timeout: float = 30.0) -> tuple[str, str]:
+        for t in self.threads:
+            t.join(timeout)
+        return (self.texts.get("status", "status snapshot still running"),
+                self.texts.get("nccl_env", "nccl-env snapshot still running"))
 
 
 def _sleep_until(t: float) -> None:

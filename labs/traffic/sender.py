@@ -20,6 +20,11 @@ next PSN. While it cannot resolve a path it sends nothing and retries every
 ``--ack-timeout``; a real QP would go to the error state and leave the retry
 to the application (NCCL, a launcher), which is what this loop stands for.
 
+``--hold``: connect, print "sender: armed" and wait for a line "go" on stdin
+before the clock starts, so several senders launched together (each taking
+its own time to import and connect) start their schedules within a
+millisecond of each other, and a trial's timeline holds for all of them.
+
 Both pace packets on a CLOCK_MONOTONIC schedule (slot k at t0 + k/rate, no
 sleep drift), stop by themselves, end with a few closing packets
 (SEND_ONLY_WITH_IMMEDIATE carrying the number of PSNs used) so the receiver
@@ -66,6 +71,7 @@ WAKE_S = 0.05
 FIN_GAP_S = 0.01
 MAX_ACK_TIMEOUT_S = 10.0
 MAX_RETRY_COUNT = 7  # IBA's 3-bit retry_cnt
+HOLD_MAX_S = 60.0  # --hold: a sender never released gives up by itself
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,7 @@ class SenderConfig:
     ack_timeout: float = 0.05
     retry_count: int = 3
     fin_copies: int = 3
+    hold: bool = False
 
     def validated(self) -> SenderConfig:
         """Raise AddressError/UsageError with a one-line message."""
@@ -156,6 +163,8 @@ class SenderConfig:
             "--fin-copies",
             str(self.fin_copies),
         ]
+        if self.hold:
+            argv.append("--hold")
         return argv if self.src is None else [*argv, "--src", self.src]
 
 
@@ -414,12 +423,15 @@ def run_sender(
     *,
     stop: Callable[[], bool] | None = None,
     on_start: Callable[[float], None] | None = None,
+    release: Callable[[], None] | None = None,
 ) -> dict:
     """Send for ``cfg.duration`` seconds and return the report.
 
     kernel-path needs only a bindable lab source address; qp-pinned needs
     CAP_NET_RAW (AF_PACKET and a raw socket for ACKs). ``on_start`` gets the
     schedule's t0 (CLOCK_MONOTONIC), so a fault can be timed against it.
+    ``release`` is called once connected, before the clock starts, and
+    returns when the schedule may begin (it raises to give up).
     """
     cfg = cfg.validated()
     path = KernelPath(cfg) if cfg.mode == "kernel-path" else QpPinned(cfg)
@@ -431,6 +443,8 @@ def run_sender(
     total_slots = math.floor(cfg.duration * cfg.rate)
     try:
         path.wait(0)  # qp-pinned: connect before the clock starts (first packet on time)
+        if release is not None:
+            release()
         t0 = time.monotonic()
         t_end = t0 + cfg.duration
         if on_start is not None:
@@ -584,6 +598,12 @@ def build_parser() -> _cli.OneLineParser:
         default=3,
         help="closing packets telling the receiver the count (default 3)",
     )
+    p.add_argument(
+        "--hold",
+        action="store_true",
+        help=f"once connected, print 'armed' and start only on a line 'go' on stdin "
+        f"(gives up after {HOLD_MAX_S:g} s)",
+    )
     return p
 
 
@@ -610,7 +630,10 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
 
     try:
-        report = run_sender(cfg, stop=lambda: flag.stop, on_start=started)
+        report = run_sender(cfg, stop=lambda: flag.stop, on_start=started,
+                            release=(lambda: wait_for_go(lambda: flag.stop)) if cfg.hold else None)
+    except NotReleased as e:
+        return _cli.fail(PROG, str(e), _cli.EXIT_RUNTIME)
     except PathRefused as e:
         return _cli.fail(PROG, f"{e}; refusing", _cli.EXIT_RUNTIME)
     except PermissionError as e:
@@ -629,6 +652,32 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         return _cli.fail(PROG, problem, _cli.EXIT_RUNTIME)
     return 0
+
+
+class NotReleased(Exception):
+    """--hold: the go line never came."""
+
+
+def wait_for_go(stop: Callable[[], bool], stream=None, max_s: float = HOLD_MAX_S) -> None:
+    """Say "armed" on stderr, then return on a line "go" from ``stream``
+    (stdin); raise NotReleased on anything else, end of input, a stop
+    signal, or after ``max_s``. Polls so that SIGTERM is honoured."""
+    stream = sys.stdin if stream is None else stream
+    sys.stderr.write(f"{PROG}: armed\n")
+    sys.stderr.flush()
+    deadline = time.monotonic() + max_s
+    while not stop():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise NotReleased(f"--hold: no 'go' on stdin within {max_s:g} s; not sending")
+        ready, _, _ = select.select([stream], [], [], min(left, 0.1))
+        if ready:
+            line = stream.readline()
+            if line.strip() == "go":
+                return
+            what = "end of input" if not line else f"{line.strip()[:40]!r}"
+            raise NotReleased(f"--hold: expected 'go' on stdin, got {what}; not sending")
+    raise NotReleased("--hold: stopped before 'go'; not sending")
 
 
 def _nothing_sent(report: dict) -> str | None:

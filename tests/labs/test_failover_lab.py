@@ -51,6 +51,22 @@ def recovered_after_clear(trial, mode) -> bool:
     return last > trial.cleared_at
 
 
+def receiver_span(trial, mode) -> dict:
+    """Each source's first and last arrival (CLOCK_MONOTONIC), for failure messages."""
+    sources = trial.flows[mode].receiver.get("sources", {})
+    return {src: (round(s["first_t"], 3), round(s["last_t"], 3)) for src, s in sources.items()}
+
+
+def why(scenario, trial) -> str:
+    """A failure message: the status taken during the fault, when it was
+    taken, and the daemon's latest events."""
+    steps = {k: round(v - trial.injected_at, 3) for k, v in trial.steps.items()}
+    seq = scenario.last_event_seq()
+    return (f"{trial.description}; steps from injection {steps}\nstatus during:\n"
+            f"{trial.status_during}\nlatest events:\n"
+            f"{scenario.events_text(after=max(0, seq - 40))}")
+
+
 def rail_line(status: str, rail: int) -> str:
     return next((line for line in status.splitlines() if line.startswith(f"rail{rail} ")), "")
 
@@ -65,7 +81,10 @@ def test_fault_class(scenario, fault):
     assert kp.sent > 1000 and qp.sent > 500, "the flows did not run"
     assert trial.flows[REVERSE].sent > 1000, "the reverse flow did not run"
     for mode in FLOWS:
-        assert recovered_after_clear(trial, mode), f"{mode} never recovered after {fault} cleared"
+        assert recovered_after_clear(trial, mode), (
+            f"{mode} never recovered after {fault} cleared at {trial.cleared_at:.3f}: "
+            f"sources {receiver_span(trial, mode)}, trial steps "
+            f"{ {k: round(v, 3) for k, v in trial.steps.items()} }, status after:\n{scenario.status_text()}")
 
     handled = fault in CARRIER_FAULTS or (linkpassd and fault in HANDLED_BY_LINKPASSD)
     if fault == "optic-degradation":
@@ -74,7 +93,7 @@ def test_fault_class(scenario, fault):
         assert kp.lost == 0 and qp.lost == 0 and kp.blackout_s < 0.2
         if linkpassd:
             # drained while it still carried traffic...
-            assert "(backup)" in rail_line(trial.status_during, trial.rail), trial.status_during
+            assert "(backup)" in rail_line(trial.status_during, trial.rail), why(scenario, trial)
             # ...and given back once healthy through the hold-down
             scenario.wait_recovered(timeout=15)
             port = scenario.lab.host("lph1").rail(trial.rail).port
@@ -90,7 +109,7 @@ def test_fault_class(scenario, fault):
         assert qp.blackout_s < QP_PINNED_BOUND_S, trial.description
         assert qp.reconnects >= 1
         if linkpassd and fault not in CARRIER_FAULTS:
-            assert "(backup)" in rail_line(trial.status_during, trial.rail), trial.status_during
+            assert "(backup)" in rail_line(trial.status_during, trial.rail), why(scenario, trial)
         if linkpassd and fault == "silent-blackhole":
             # The other direction is not moved: lph2's packets to lph1's
             # faulted-rail address cross the broken link until it is mended.
@@ -104,8 +123,8 @@ def test_fault_class(scenario, fault):
         assert kp.blackout_s > 0.8 * FAULT_S, trial.description
         assert kp.lost > 0
         if linkpassd:  # ...but linkpassd sees it: both rails DOWN on BFD
-            assert "DOWN" in rail_line(trial.status_during, 0), trial.status_during
-            assert "DOWN" in rail_line(trial.status_during, 1), trial.status_during
+            assert "DOWN" in rail_line(trial.status_during, 0), why(scenario, trial)
+            assert "DOWN" in rail_line(trial.status_during, 1), why(scenario, trial)
     elif fault == "random-loss":
         # 20 % loss both ways, link up: lossy, never dark for long. With
         # linkpassd, BFD (3 x 100 ms) may or may not lose 3 in a row; draining
