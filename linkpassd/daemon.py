@@ -435,8 +435,15 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         judged = bfd_assessment(event.name, change.new.name, ever_up=change.ever_up, diag=diag,
                                 peer_state=change.remote_state.name,
                                 detection_s=event.detection_time_s, max_lag_s=event.max_lag_s)
+        if judged.status == "suspect" and self.bfd is not None:
+            # our lateness explains it: ask again once the loop has kept time
+            self.bfd.recheck(event.name, event.detection_time_s)
+            if event.recheck:
+                return  # still no telling; nothing new to say
+        what = "still down once our loop kept time" if event.recheck else \
+            f"{change.old} -> {change.new}"
         self._emit(EventKind.SIGNAL, "bfd_session", port=port, rail=self._rail_of(port),
-                   message=f"BFD {event.name} on {port}: {change.old} -> {change.new} ({diag})",
+                   message=f"BFD {event.name} on {port}: {what} ({diag})",
                    peer=event.spec.peer, state=str(change.new), previous=str(change.old),
                    diag=diag, judged=judged.status, lag_ms=round(event.max_lag_s * 1e3, 1))
         before = self.health.get(port)

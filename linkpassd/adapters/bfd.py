@@ -100,6 +100,7 @@ class BfdEvent:
     since_last_rx_s: float | None
     lag_s: float
     max_lag_s: float
+    recheck: bool = False  # a Down reported again on request (BfdAgent.recheck)
 
     @property
     def old(self) -> State:
@@ -373,6 +374,39 @@ class BfdAgent:
     def admin_up(self, name: str) -> None:
         run = self.runs[name]
         self._act(run, *run.session.admin_up(self.now()))
+
+    def recheck(self, name: str, detection_s: float | None) -> None:
+        """Report a session's Down again one window from now (its detection
+        time plus one 1 s slow-start interval), with the loop lag seen over
+        that window, if it is still the same Down and nothing has been heard
+        from the peer since. For a Down set aside because our own event loop
+        was late: a healthy peer that timed us out is heard again within the
+        window and the session comes back up; a dead path stays silent, and
+        the report made while the loop kept time is the one to believe."""
+        run = self.runs.get(name)
+        if run is None or run.session.state is not State.DOWN:
+            return
+        window = (detection_s or 3.0) + SLOW_TX_US / 1e6
+        self.loop.call_later(window, self._recheck, run, run.session.since, detection_s, window)
+
+    def _recheck(self, run: _Run, since: float, detection_s: float | None, window: float) -> None:
+        try:
+            s = run.session
+            if self.runs.get(run.spec.key) is not run or s.state is not State.DOWN \
+                    or s.since != since:
+                return  # gone, or changed since: that change was reported
+            if s.last_rx is not None:  # the peer talks: the handshake is under way
+                self.recheck(run.spec.key, detection_s)
+                return
+            now = self.now()
+            self.emit(BfdEvent(
+                name=run.spec.key, spec=run.spec,
+                change=StateChange(State.DOWN, State.DOWN, s.local_diag, now, s.remote_state,
+                                   s.ever_up),
+                detection_time_s=detection_s, since_last_rx_s=None, lag_s=0.0,
+                max_lag_s=self.lag.worst_since(now - window), recheck=True))
+        except Exception as exc:  # noqa: BLE001 - surfaced through run()
+            self._fail(exc)
 
     def set_timers(self, name: str, config: SessionConfig) -> None:
         run = self.runs[name]

@@ -10,6 +10,8 @@ diag "Control Detection Time Expired"; it comes back Up once the drop goes; a
 wrong TTL or garbage is counted and dropped without disturbing the session;
 when *our* loop stalls past FRR's detection time, the Down FRR then signals
 arrives carrying the stall (lag), and we never claim a detection of our own;
+a Down asked about again (BfdAgent.recheck) is reported again one window on
+only if it held and the peer stayed silent;
 tshark dissects everything we sent as valid BFD version 1 with TTL 255.
 Set LP_BFD_PCAP=/some/file.pcap to keep the capture.
 """
@@ -75,6 +77,16 @@ class Capture:
                 self.proc.wait(5)
         if self.proc.stderr:
             self.proc.stderr.close()
+
+
+def blackhole(netns: str, table: str) -> None:
+    """Drop BFD both ways in the leaf (nft table `table`; deleting it heals)."""
+    nft(netns, f"table inet {table} {{\n"
+        "  chain input { type filter hook input priority -10; policy accept;\n"
+        "    udp dport 3784 counter drop; }\n"
+        "  chain output { type filter hook output priority -10; policy accept;\n"
+        "    udp dport 3784 counter drop; }\n"
+        "}\n")
 
 
 def tshark_fields(path, display_filter: str, *fields: str) -> list[list[str]]:
@@ -227,13 +239,7 @@ async def scenario(lab, rail, frr: FrrBfd, table: str, report: dict) -> None:
 
         # 3. Blackhole both directions in the leaf: Down with diag 1 within the detection time.
         n = len(events)
-        await asyncio.to_thread(nft, lab.leaf.name, (
-            f"table inet {table} {{\n"
-            "  chain input { type filter hook input priority -10; policy accept;\n"
-            "    udp dport 3784 counter drop; }\n"
-            "  chain output { type filter hook output priority -10; policy accept;\n"
-            "    udp dport 3784 counter drop; }\n"
-            "}\n"))
+        await asyncio.to_thread(blackhole, lab.leaf.name, table)
         t_cut = loop.time()
         down = await next_event(State.DOWN, DETECT_S + 5.0, n)
         report["down_after_cut_s"] = round(down.change.at - t_cut, 3)
@@ -271,6 +277,28 @@ async def scenario(lab, rail, frr: FrrBfd, table: str, report: dict) -> None:
         assert down.max_lag_s >= 0.9
         assert not [e for e in events[n:] if e.diag == Diag.CONTROL_DETECTION_TIME_EXPIRED
                     and e.new is State.DOWN]
+        # ...and asked again (as the daemon does for a Down its stall explains),
+        # the healthy peer is heard within the window: Up, and no recheck report.
+        agent.recheck(name, DETECT_S)
+        await next_event(State.UP, 10.0, n)
+        await asyncio.sleep(DETECT_S + 1.0 + SLACK_S)
+        assert not [e for e in events[n:] if e.recheck]
+
+        # 6. A Down that holds: blackhole again, ask again; one window on, the
+        # session is still Down and silent, reported with the lag of that window.
+        n = len(events)
+        await asyncio.to_thread(blackhole, lab.leaf.name, table)
+        down = await next_event(State.DOWN, DETECT_S + 5.0, n)
+        agent.recheck(name, DETECT_S)
+        asked = loop.time()
+        again = await next_event(State.DOWN, DETECT_S + 1.0 + 5.0, len(events))
+        report["recheck_after_s"] = round(again.change.at - asked, 3)
+        assert again.recheck and again.old is State.DOWN and again.ever_up
+        assert again.diag == Diag.CONTROL_DETECTION_TIME_EXPIRED
+        assert again.detection_time_s == pytest.approx(DETECT_S)
+        assert DETECT_S + 1.0 - 0.01 <= again.change.at - asked <= DETECT_S + 1.0 + SLACK_S
+        assert again.max_lag_s < DETECT_S / 2
+        await asyncio.to_thread(nft, lab.leaf.name, f"delete table inet {table}\n")
         await next_event(State.UP, 10.0, n)
 
         report["lag_ms"] = {k.removesuffix("_s"): round(v * 1000, 3) if k != "count" else v
