@@ -42,11 +42,19 @@ def needs_lab() -> None:
         pytest.skip("needs root and mnexec (apt-get install mininet)")
 
 
+# Echo probes as an operator would set them on hosts whose CPUs are shared:
+# on this 2-core VM, with four daemons, the aggregator and a browser, a
+# healthy peer's reply often comes later than the default 8 ms, and with
+# three peers per rail such a lost burst beside the dead victim is a
+# majority (bystanders failed over with no fault in 3 of 5 runs at 8 ms).
+FLEET_PROBES = {"interval_ms": 50, "timeout_ms": 30}
+
+
 @pytest.fixture(scope="module")
 def fleet_lab():
     needs_lab()
     with railopt(HOSTS, RAILS, 2, "linkpassd", linkpassd_timers=LAB_TIMERS,
-                 probes={"interval_ms": 50}, aggregator=True, mesh=True) as lab:
+                 probes=FLEET_PROBES, aggregator=True, mesh=True) as lab:
         for host in lab.hosts:
             start_linkpassd(lab, host.name)
         yield lab
@@ -102,6 +110,37 @@ def wait_no_problems(what: str, problems, timeout: float) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"{what}: not within {timeout:g} s:\n  " + "\n  ".join(found))
         time.sleep(0.2)
+
+
+def api_cells(lab) -> dict[tuple[str, str], dict[str, str]]:
+    """Every (host, rail)'s verdict as the aggregator holds it (ListHosts),
+    shaped like the page's cells. The test watches the fleet through this
+    cheap call and reads the page with Chromium only where the page is the
+    subject: a headless Chromium per poll kept both cores busy and starved
+    the four daemons into the very bystander failovers the test looks for."""
+    cells = {}
+    for host_id, view in hosts_view(lab).items():
+        verdicts = {p.port: control_pb2.Verdict.Name(p.verdict).removeprefix("VERDICT_")
+                    for p in view.report.ports}
+        for rail in view.rails:
+            cells[(host_id, rail.rail)] = {"data-verdict": verdicts.get(rail.port, "UNKNOWN"),
+                                           "title": f"{rail.port} (aggregator)"}
+    return cells
+
+
+def page_shows(lab, what: str, check) -> dict:
+    """Read the page (one headless Chromium each) until check(cells) holds,
+    pausing between reads so the browser does not crowd the daemons out;
+    fails naming `what` at the deadline."""
+    deadline = time.monotonic() + PAGE_S
+    while True:
+        cells = page_cells(lab.aggregator.web_url)
+        if check(cells):
+            return cells
+        if time.monotonic() > deadline:
+            pytest.fail(f"the page: {what}: not within {PAGE_S:g} s; it shows "
+                        + "; ".join(f"{k}: {c['data-verdict']}" for k, c in sorted(cells.items())))
+        time.sleep(1.0)
 
 
 def not_up(cells: dict[tuple[str, str], dict[str, str]]) -> list[str]:
@@ -173,10 +212,12 @@ def test_a_silent_blackhole_is_found_through_the_mesh_and_the_page_shows_it(flee
     peer = lab.hosts[1]
     dst = peer.rail(0).address
     assert routed_dev(lab, victim.name, dst, rail0.address) == rail0.port
-    # A verified healthy start: every host's every rail UP on the page, not
-    # only the victim's (a bystander still settling would be misread below).
-    wait_no_problems("every cell UP on the page before the fault",
-                     lambda: not_up(page_cells(lab.aggregator.web_url)), PAGE_S)
+    # A verified healthy start: every host's every rail UP, not only the
+    # victim's (a bystander still settling would be misread below), as the
+    # aggregator holds it and then on the page.
+    wait_no_problems("every host's every rail UP before the fault",
+                     lambda: not_up(api_cells(lab)), PAGE_S)
+    page_shows(lab, "every cell UP", lambda cells: cells and not not_up(cells))
     # Counted from here: the fault must add exactly one. A start-up failover
     # on these 2 loaded cores (about 1 run in 6, in the first seconds after
     # the mesh is handed out: a host misses its bursts to every peer on both
@@ -185,10 +226,14 @@ def test_a_silent_blackhole_is_found_through_the_mesh_and_the_page_shows_it(flee
     events_before = set(rail_path_events(lab))
     deadline, quiet_since = time.monotonic() + MESH_S, time.monotonic()
     while time.monotonic() - quiet_since < QUIET_S:
-        assert time.monotonic() < deadline, f"no quiet {QUIET_S:g} s within {MESH_S:g} s"
+        if time.monotonic() > deadline:
+            moved = sorted({e.split(" ", 1)[0] for e in rail_path_events(lab)})
+            pytest.fail(f"no quiet {QUIET_S:g} s within {MESH_S:g} s; rail path changes:\n  "
+                        + "\n  ".join(rail_path_events(lab))
+                        + "".join(probe_log(lab, h) for h in moved))
         time.sleep(0.5)
         now_events = set(rail_path_events(lab))
-        if now_events != events_before or not_up(page_cells(lab.aggregator.web_url)):
+        if now_events != events_before or not_up(api_cells(lab)):
             events_before, quiet_since = now_events, time.monotonic()
     absorbed_before = absorbed_today(lab)
     fault = SilentBlackhole(lab, victim.name, 0)
@@ -197,11 +242,13 @@ def test_a_silent_blackhole_is_found_through_the_mesh_and_the_page_shows_it(flee
         wait_for(f"{victim.name} rail0 routed through {rail1.port}",
                  lambda: routed_dev(lab, victim.name, dst, rail0.address) == rail1.port, DETECT_S)
 
-        def fault_on_page():
-            cell = page_cells(lab.aggregator.web_url).get((victim.name, "rail0"), {})
+        def fault_held(cells):
+            cell = cells.get((victim.name, "rail0"), {})
             return cell if cell.get("data-verdict") == "DOWN" else None
 
-        cell = wait_for("the page showing the faulted port DOWN", fault_on_page, PAGE_S)
+        wait_for("the aggregator holding the faulted port DOWN",
+                 lambda: fault_held(api_cells(lab)), PAGE_S)
+        cell = fault_held(page_shows(lab, "the faulted port DOWN", fault_held))
         assert cell["data-port"] == rail0.port
         # The fault is the victim's alone: a bystander's rail0 loses one of its
         # three peers (the victim) and stays UP (core.probe.rail_assessment).
@@ -213,7 +260,7 @@ def test_a_silent_blackhole_is_found_through_the_mesh_and_the_page_shows_it(flee
         seen_down: list[str] = []
 
         def bystanders_up():
-            cells = page_cells(lab.aggregator.web_url)
+            cells = api_cells(lab)
             seen_down.extend(f"{k}: {cells[k].get('title')}" for k in bystanders
                              if cells[k]["data-verdict"] == "DOWN")
             return [f"{k}: {cells[k]['data-verdict']} ({cells[k].get('title')})"
@@ -222,6 +269,8 @@ def test_a_silent_blackhole_is_found_through_the_mesh_and_the_page_shows_it(flee
         wait_no_problems("the bystanders' rail0 UP while the victim's is down", bystanders_up,
                          PAGE_S)
         assert not seen_down, seen_down
+        page_shows(lab, "the bystanders' rail0 UP, the victim's DOWN", lambda cells: (
+            fault_held(cells) and all(cells[k]["data-verdict"] == "UP" for k in bystanders)))
         # the one failover this fault caused is counted as one failure absorbed
         wait_for("the failover counted as absorbed",
                  lambda: absorbed_today(lab) >= absorbed_before + 1, PAGE_S)
@@ -232,7 +281,7 @@ def test_a_silent_blackhole_is_found_through_the_mesh_and_the_page_shows_it(flee
                         + "\n  ".join(rail_path_events(lab)))
         # Bystanders: every one back on its own rail-0 path (and never DOWN on
         # the page, above). A bystander's brief failover as the fault goes in
-        # is a known open fault (issue 11: about 1 run in 3 on this VM, a burst
+        # is a known open fault (issue 11: about 1 run in 2 on this VM, a burst
         # to another bystander lost at that moment): it is reported here as a
         # warning with the logs, not hidden, but it does not fail the fleet view.
         for host in lab.hosts[1:]:
