@@ -105,14 +105,13 @@ from __future__ import annotations
 import enum
 import math
 from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from linkpassd.core.model import Assessment, Verdict
 from linkpassd.core.probeconfig import ProbeConfig, burst_size, detection_bound_s  # noqa: F401
 from linkpassd.core.railverdict import rail_assessment  # noqa: F401  (re-exported)
 from linkpassd.core.schedule import slot_start
-from linkpassd.core.stalls import STALL_MEMORY_S, StallLog
+from linkpassd.core.stalls import STALL_MEMORY_S, StallLog, stalled_time
 
 SEQ_MODULO = 2**32  # sequence numbers are 32-bit on the wire
 _JUDGED_MEMORY = 256  # recently judged probes remembered, to recognise late replies
@@ -173,23 +172,6 @@ class ProbeCounters:
     host_silences: int = 0  # lost bursts not counted: every other path was silent too
     downs: int = 0  # transitions to DOWN
     degradations: int = 0  # transitions to DEGRADED
-
-
-def _stalled(stalls: Iterable[tuple[float, float]], start: float, end: float,
-             host: StallLog | None = None) -> float:
-    """How much of [start, end] was stalled: by the path's own stalls and
-    the host's (`host`, the loop's one log), each moment counted once."""
-    own = [(max(s, start), min(e, end)) for s, e in stalls if e > start and s < end]
-    if host is None:
-        return sum(e - s for s, e in own)
-    if not own:
-        return host.covered(start, end)
-    total, reach = 0.0, start
-    for s, e in sorted(own + host.overlapping(start, end)):
-        if e > reach:
-            total += e - max(s, reach)
-            reach = e
-    return total
 
 
 @dataclass(eq=False, slots=True)
@@ -484,7 +466,7 @@ class Prober:
             return self._judge(flight, Outcome.OK, now, replied=True)
         self.counters.late += 1
         # Late only by the time we or the responder sat on it: not the path's doing.
-        ours = _stalled(self.stalls, flight.sent_at, received_at, host_stalls)
+        ours = stalled_time(self.stalls, flight.sent_at, received_at, host_stalls)
         on_time_but_for_stalls = (received_at - peer_delay_s - ours <= flight.deadline
                                   or ours >= self.config.stall_budget_s)
         if on_time_but_for_stalls:
@@ -619,7 +601,7 @@ class Prober:
             self._early_seq = f.seq
             if self.refused_at is not None and now - self.refused_at <= cfg.refused_grace_s:
                 continue
-            if _stalled(self.stalls, f.sent_at, now, host_stalls) >= \
+            if stalled_time(self.stalls, f.sent_at, now, host_stalls) >= \
                     cfg.suspect_after_s * cfg.max_stall_ratio:
                 continue
             self._suspect(now, f.sent_at)
@@ -639,7 +621,7 @@ class Prober:
             if self.refused_at is not None and now - self.refused_at <= self.config.refused_grace_s:
                 self.counters.unknown_other += 1
                 self._judge(flight, Outcome.UNKNOWN, now)
-            elif (_stalled(self.stalls, flight.sent_at, now, host_stalls)
+            elif (stalled_time(self.stalls, flight.sent_at, now, host_stalls)
                   >= self.config.stall_budget_s):
                 self.counters.unknown_lag += 1
                 self._judge(flight, Outcome.UNKNOWN, now)

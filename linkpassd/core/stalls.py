@@ -16,6 +16,7 @@ one meter, and nothing here reads a clock.
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Iterable
 
 STALL_MEMORY_S = 2.0  # how long a recorded stall can matter for a probe in flight
 
@@ -87,3 +88,21 @@ class StallLog:
             del self._starts[:head]
             del ends[:head]
             self._head = 0
+
+
+def stalled_time(stalls: Iterable[tuple[float, float]], start: float, end: float,
+             host: StallLog | None = None) -> float:
+    """How much of [start, end] was stalled: by a path's own stalls
+    (sorted intervals) and the host's (`host`, the loop's one log), each
+    moment counted once."""
+    own = [(max(s, start), min(e, end)) for s, e in stalls if e > start and s < end]
+    if host is None:
+        return sum(e - s for s, e in own)
+    if not own:
+        return host.covered(start, end)
+    total, reach = 0.0, start
+    for s, e in sorted(own + host.overlapping(start, end)):
+        if e > reach:
+            total += e - max(s, reach)
+            reach = e
+    return total

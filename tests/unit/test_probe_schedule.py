@@ -14,9 +14,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from linkpassd.adapters import echo
-from linkpassd.core.probe import PathState, Prober, ProbeConfig, _stalled
+from linkpassd.core.probe import PathState, Prober, ProbeConfig
 from linkpassd.core.schedule import DeadlineQueue, batched_wake
-from linkpassd.core.stalls import StallLog
+from linkpassd.core.stalls import StallLog, stalled_time
 
 PEER = "198.18.1.2"
 
@@ -161,7 +161,7 @@ def test_own_and_host_stalls_count_each_moment_once(stalls, a, b, rnd):
         else:
             merged.append([s, e])
     expected = sum(max(0.0, min(e, end) - max(s, start)) for s, e in merged)
-    assert _stalled(tuple(sorted(own)), start, end, log) == pytest.approx(expected, abs=1e-9)
+    assert stalled_time(tuple(sorted(own)), start, end, log) == pytest.approx(expected, abs=1e-9)
 
 
 def test_a_host_stall_over_the_whole_flight_makes_the_miss_unknown():
