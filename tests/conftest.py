@@ -1,28 +1,12 @@
-"""Fixtures shared by every test directory: a private PostgreSQL (labs/pgcluster.py).
-And SIGTERM handling for the whole run (pytest_configure)."""
+"""Fixtures shared by every test directory: a private PostgreSQL (labs/pgcluster.py)."""
 
 from __future__ import annotations
 
-import signal
-import threading
 import uuid
 
 import pytest
 
 from labs.pgcluster import PostgresUnavailable, find_bindir, private_postgres
-
-
-def _unwind(signum, frame):
-    raise KeyboardInterrupt(f"stopped by signal {signum}")
-
-
-def pytest_configure(config):
-    """SIGTERM (a CI runner cancelling the job, `timeout`, a kill by PID)
-    unwinds the run as Ctrl-C does, so every lab's teardown still runs. By
-    default it ended the interpreter on the spot: a CI run stopped during a
-    lab left that lab's lldpd processes running."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _unwind)
 
 
 @pytest.fixture(scope="session")
