@@ -331,9 +331,8 @@ class ScenarioLab:
                                          cfg.validated().command(str(work / f"tx-{flow}.json")),
                                          work / f"tx-{flow}.log", stdin=subprocess.PIPE)
         self._await_marker(senders, work, "tx", "armed")
-        for proc in senders.values():  # --hold: all schedules start together
-            proc.stdin.write(b"go\n")
-            proc.stdin.close()
+        for flow, sender in senders.items():  # --hold: all schedules start together
+            sender.release(work / f"tx-{flow}.log")
         self._await_marker(senders, work, "tx", "sending t0=")
         started = {flow: self._t0(work / f"tx-{flow}.log") for flow in FLOWS}
         t0 = max(started.values())
@@ -357,8 +356,8 @@ class ScenarioLab:
 
         flows = {}
         for mode in FLOWS:
-            _wait(senders[mode], duration + 10, f"{mode} sender")
-            _wait(receivers[mode], 15, f"{mode} receiver")
+            _wait(senders[mode].proc, duration + 10, f"{mode} sender")
+            _wait(receivers[mode].proc, 15, f"{mode} receiver")
             rx_report = json.loads((work / f"rx-{mode}.json").read_text())
             tx_report = json.loads((work / f"tx-{mode}.json").read_text())
             flows[mode] = FlowResult(mode=mode, blackout_s=rx_report["blackout"]["gap_s"],
@@ -372,27 +371,26 @@ class ScenarioLab:
                            cleared_at=cleared or injected, flows=flows, status_during=during,
                            nccl_env_during=nccl_during, steps=steps)
 
-    def _launch(self, host: str, argv: list[str], log: Path, **kw: Any) -> subprocess.Popen:
+    def _launch(self, host: str, argv: list[str], log: Path, **kw: Any) -> "Launched":
         with open(log, "wb") as out:
             proc = self.lab.popen(host, argv, stdout=out, stderr=subprocess.STDOUT, **kw)
-        proc.lp_where = f"{' '.join(argv[:4])} in {host}"
-        return proc
+        return Launched(proc, f"{' '.join(argv[:4])} in {host}")
 
     @staticmethod
-    def _await_marker(procs: dict[str, subprocess.Popen], work: Path, kind: str,
+    def _await_marker(procs: dict[str, "Launched"], work: Path, kind: str,
                       marker: str, timeout: float = 15.0) -> None:
         """Wait until every flow's log shows `marker`; a process that exits
         first, or a marker that never shows, fails with that process's log."""
         deadline = time.monotonic() + timeout
         waiting = dict(procs)
         while waiting:
-            for flow, proc in list(waiting.items()):
-                log = work / f"{kind}-{flow}.log"
+            for flow, launched in list(waiting.items()):
+                log, proc = work / f"{kind}-{flow}.log", launched.proc
                 if marker in log.read_text(errors="replace"):
                     del waiting[flow]
                 elif proc.poll() is not None or time.monotonic() > deadline:
                     state = "exited" if proc.returncode is not None else f"no {marker!r} in {timeout:g} s"
-                    raise RuntimeError(f"{proc.lp_where} did not start ({state}):\n"
+                    raise RuntimeError(f"{launched.where} did not start ({state}):\n"
                                        f"{log.read_text(errors='replace')}")
             if waiting:
                 time.sleep(0.02)
@@ -402,6 +400,27 @@ class ScenarioLab:
         match = READY_LINE.search(log.read_text(errors="replace"))
         assert match, f"no 'sending t0=' in {log}"
         return float(match.group(1))
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A trial's receiver or sender: its process and what to call it in errors."""
+
+    proc: subprocess.Popen
+    where: str
+
+    def release(self, log: Path) -> None:
+        """Tell a sender started with --hold to start its schedule. One that
+        died after arming cannot be told: that fails with its log, not with
+        a bare BrokenPipeError."""
+        try:
+            self.proc.stdin.write(b"go\n")
+            self.proc.stdin.close()
+        except (BrokenPipeError, ValueError) as exc:
+            self.proc.poll()
+            raise RuntimeError(f"{self.where} exited (code {self.proc.returncode}) before"
+                               f" it was told to go ({exc!r}):\n"
+                               f"{log.read_text(errors='replace')}") from None
 
 
 class Snapshot:

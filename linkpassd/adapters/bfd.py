@@ -127,6 +127,14 @@ class BfdEvent:
 _libc = None
 
 
+def stall_window(detection_s: float | None) -> float:
+    """How far back a loop stall can explain a Down (and how long a recheck
+    waits): one detection time (3 s, the slow-start one, before the
+    remote's timers are known) plus the one 1 s slow-start interval a peer
+    that timed us out may take to say so."""
+    return (detection_s or 3.0) + SLOW_TX_US / 1e6
+
+
 def _setns(path: str) -> None:
     global _libc
     if _libc is None:
@@ -386,7 +394,7 @@ class BfdAgent:
         run = self.runs.get(name)
         if run is None or run.session.state is not State.DOWN:
             return
-        window = (detection_s or 3.0) + SLOW_TX_US / 1e6
+        window = stall_window(detection_s)
         self.loop.call_later(window, self._recheck, run, run.session.since, detection_s, window)
 
     def _recheck(self, run: _Run, since: float, detection_s: float | None, window: float) -> None:
@@ -550,10 +558,7 @@ class BfdAgent:
         detection expiry has already made the session forget the remote's."""
         detect_us = before.detection_time_us
         detect_s = detect_us / 1e6 if detect_us else None
-        # A stall matters if it fell within a detection time of the change, or
-        # within the one slow-start interval a peer that timed us out may take
-        # to say so.
-        window = (detect_s or 3.0) + SLOW_TX_US / 1e6
+        window = stall_window(detect_s)
         event = BfdEvent(
             name=run.spec.key, spec=run.spec, change=change, detection_time_s=detect_s,
             since_last_rx_s=(now - before.last_rx) if before.last_rx is not None else None,

@@ -112,3 +112,33 @@ def test_cli_hold_without_go_exits_1_with_one_line_and_no_report(tmp_path, sink)
     assert "expected 'go' on stdin, got end of input" in proc.stderr
     assert "sending t0=" not in proc.stderr
     assert not (tmp_path / "tx.json").exists()
+
+
+def test_releasing_a_sender_that_died_after_arming_fails_with_its_log(tmp_path):
+    from labs.scenario import Launched
+
+    log = tmp_path / "tx-kernel-path.log"
+    log.write_text("sender: armed\nTraceback: the sender's own last words\n")
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"],
+                            stdin=subprocess.PIPE)
+    proc.wait(timeout=30)
+    with pytest.raises(RuntimeError) as failed:
+        Launched(proc, "sender in lph1").release(log)
+    text = str(failed.value)
+    assert "sender in lph1 exited (code 3)" in text
+    assert "the sender's own last words" in text
+
+
+def test_releasing_a_live_sender_writes_go_and_closes_its_input(tmp_path):
+    from labs.scenario import Launched
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; print(sys.stdin.read(), end='')"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        Launched(proc, "sender in lph1").release(tmp_path / "unused.log")
+        out = proc.stdout.read()  # the child exits once its input is closed
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert out == b"go\n"
