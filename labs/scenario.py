@@ -416,7 +416,7 @@ class Launched:
         try:
             self.proc.stdin.write(b"go\n")
             self.proc.stdin.close()
-        except (BrokenPipeError, ValueError) as exc:
+        except BrokenPipeError as exc:
             self.proc.poll()
             raise RuntimeError(f"{self.where} exited (code {self.proc.returncode}) before"
                                f" it was told to go ({exc!r}):\n"
