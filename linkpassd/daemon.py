@@ -488,7 +488,11 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
     def _log_echo_counters(self, why: str) -> None:
         assert self.echo is not None
         for path, prober in self.echo.probers.items():
-            log.info("echo_counters", why=why, path=str(path), **vars(prober.counters))
+            state = prober.state
+            log.info("echo_counters", why=why, path=str(path), **vars(prober.counters),
+                     longest_silence_ms=round(state.longest_silence_s * 1e3, 1),
+                     peer_held_max_ms=round(state.held_max_s * 1e3, 1),
+                     stall_max_ms=round(state.stall_max_s * 1e3, 1))
         log.info("echo_loop_lag", stalls=self.echo.lag.stalls,
                  max_lag_ms=round(self.echo.lag.max_lag_s * 1e3, 1), **self.echo.batching(),
                  **({"responder_" + k: v for k, v in vars(self.echo.responder.counters).items()}

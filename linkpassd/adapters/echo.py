@@ -137,8 +137,9 @@ class EchoProber:
     (adapters.echorail); a prober without one has its own. `timer`: the
     service's one timer for all its paths (adapters.wakeups); a prober
     without one makes its own. `read_first(now)`: reads every socket, before
-    anything is judged (default: its rail's), so that a reply the kernel
-    already holds is never judged missing. `lag`: the loop-lag meter; how
+    anything is judged (default: its rail's), and returns the time as of
+    which every reply the kernel held has been read: the judgement is made
+    as of then, so a reply that arrived after it is never judged missing. `lag`: the loop-lag meter; how
     late the loop ran is recorded for operators (Prober.stall_max_s), never
     used as evidence."""
 
@@ -148,7 +149,7 @@ class EchoProber:
                  prober_id: int | None = None,
                  timer: SharedTimer | None = None,
                  rail: RailSocket | None = None,
-                 read_first: Callable[[float], None] | None = None):
+                 read_first: Callable[[float], float] | None = None):
         self.path = path
         self.peer4 = socket.inet_aton(path.peer)
         self.state = Prober(path.peer, config or ProbeConfig())
@@ -240,17 +241,18 @@ class EchoProber:
         if lag > state.stall_max_s:
             state.note_stall(lag)
         # Replies already here are read before anything is judged (only then:
-        # a wake-up that only sends has nothing to read first).
-        if state.deadline_passed(now):
-            self.read_first(now)
-        _, sends = state.poll(now, self.send_slot_s)
+        # a wake-up that only sends has nothing to read first), and the
+        # judgement is as of that read, which may have been a moment ago.
+        judged_at = self.read_first(now) if state.deadline_passed(now) else now
+        _, sends = state.poll(now, self.send_slot_s, judged_at)
         for send in sends:
             self._send(send, now)
         self._after()
 
-    def _read_rail(self, now: float) -> None:
+    def _read_rail(self, now: float) -> float:
         if self.rail is not None:
             self._handle(self.rail.drain(now, time.time(), 0.0))
+        return now
 
     def _readable(self, rail: RailSocket) -> None:
         """The loop's reader callback, for a prober with its own rail socket."""
@@ -385,7 +387,8 @@ class EchoService:
         self.outbox = Outbox()
         self.timer = SharedTimer(self.lag, batch=self.outbox)
         self.sockets: dict[tuple[str, str], RailSocket] = {}  # (port, source): the rail's socket
-        self._read_at = -1  # the timer wake-up at which every rail was last read
+        self._read_at = -1  # the timer wake-up at which every rail was last read...
+        self._read_now = 0.0  # ...and the time as of which it was
         self._loop: asyncio.AbstractEventLoop | None = None
         self._prober_id = _random_id()
         self.probers: dict[ProbePath, EchoProber] = {p: self._prober(p) for p in self.paths}
@@ -424,16 +427,19 @@ class EchoService:
             for prober in rail.drain(now, time.time(), 0.0, readable=True):
                 prober.after_change()
 
-    def _read_all(self, now: float) -> None:
-        """Before a wake-up judges anything: every rail's replies so far, once
-        per wake-up (the rails share one timer)."""
+    def _read_all(self, now: float) -> float:
+        """Before a wake-up judges anything: every rail's replies up to `now`,
+        once per wake-up (the rails share one timer). Returns the time as of
+        which they were read: a later path of the same wake-up is judged as
+        of that first read, not of its own (later) now."""
         if self._read_at == self.timer.wakeups:
-            return
-        self._read_at = self.timer.wakeups
+            return self._read_now
+        self._read_at, self._read_now = self.timer.wakeups, now
         wall = time.time()
         for rail in list(self.sockets.values()):
             for prober in rail.drain(now, wall, 0.0):
                 prober.after_change()
+        return now
 
     def start(self) -> None:
         if self._owns_lag or not self.lag.started:

@@ -409,15 +409,17 @@ class Prober:
             self.stall_max_s = lag
         return self
 
-    def poll(self, now: float, send_slot_s: float = 0.0) -> tuple["Prober", list[Send]]:
-        """Judge what is due by `now` (the adapter read its sockets first), then
-        say which probes to send now. `send_slot_s`: the steady probe goes at
+    def poll(self, now: float, send_slot_s: float = 0.0,
+             judged_at: float | None = None) -> tuple["Prober", list[Send]]:
+        """Judge what is due by `judged_at` (default `now`: the time as of which
+        the adapter has read every reply the kernel held), then say which
+        probes to send now. `send_slot_s`: the steady probe goes at
         the start of the slot (of the grid of that width) its time falls in,
         so an adapter with many paths sends those of one slot together; its
         cadence and phase stay the path's own (next = previous + interval)."""
         self.now = now
         if self._flights:
-            self._judge(now)
+            self._judge(now if judged_at is None or judged_at > now else judged_at)
         sends: list[Send] = []
         nxt = self.next_send
         if nxt is None or now >= (slot_start(nxt, send_slot_s) if send_slot_s else nxt):

@@ -58,6 +58,9 @@ class Sim:
     send_delay: list[Window] = field(default_factory=list)  # a batch queued in one leaves at its end
     peer_stalls: list[Window] = field(default_factory=list)  # the responder answers nothing
     peer_probes: bool = False  # the peer probes us too (feeds peer_heard)
+    # Our loop preempted between reading the sockets and judging (another
+    # path's turn in the same wake-up, or the scheduler): judged as of the read.
+    preempted: list[Window] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -98,13 +101,16 @@ class Sim:
             if self.peer_probes and self._in(self.drop_rep, now) is None \
                     and self._in(self.hold_rep, now) is None:
                 self.p.peer_heard(now)
-            _, sends = self.p.poll(now)
+            later = self._after(self.preempted, now)
+            if later > now:
+                self.t = later
+            _, sends = self.p.poll(later, 0.0, now)
             for send in sends:
-                left = self._after(self.send_delay, now)
+                left = self._after(self.send_delay, later)
                 if left > now:
                     self.p.restamp(send.seq, left)  # as adapters.echorail does
-                self._transmit(send.seq, now, left)
-            self._record(now)
+                self._transmit(send.seq, later, left)
+            self._record(later)
         self.t = max(self.t, until)
         return self
 
@@ -244,6 +250,18 @@ def test_probes_that_leave_late_are_judged_from_when_they_left(delay_ms):
     for seed in range(6):
         f = _phase(FAST, seed)
         sim = Sim(FAST, seed=seed, send_delay=[Window(f, f + delay_ms / 1e3)]).up().run(2.0)
+        assert sim.count("DOWN") == 0, sim.phases
+
+
+@pytest.mark.parametrize("length_ms", [5, 29])
+def test_preempted_between_the_read_and_the_judgement_fails_nothing(length_ms):
+    """Preempted for 50 ms between reading the replies and judging, while the
+    peer holds our requests for nearly the tolerance: judged as of the read."""
+    for seed in range(10):
+        f = _phase(FAST, seed)
+        sim = Sim(FAST, seed=seed, peer_stalls=[Window(f, f + length_ms / 1e3)],
+                  preempted=[Window(f + length_ms / 2e3, f + length_ms / 2e3 + 0.050)])
+        sim.up().run(2.0)
         assert sim.count("DOWN") == 0, sim.phases
 
 
