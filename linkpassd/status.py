@@ -35,7 +35,12 @@ class StatusReport:
                 optics=reading if isinstance(reading, OpticsReading) else None,
                 optics_unreadable=reading.reason if isinstance(reading, Unreadable) else "",
                 counters=sig.counters.samples[-1][1] if sig.counters.samples else None,
-                assessments=sig.assessments(self.config.health)))
+                # Each echo path's own judgement after the rail's: its tolerance,
+                # longest silence (the margin), the peer's hold and our stalls.
+                assessments=sig.assessments(self.config.health)
+                + tuple(prober.assessment() for path, prober in
+                        (self.echo.probers.items() if self.echo is not None else ())
+                        if path.port == port)))
         return tuple(out)
 
     def status(self) -> DaemonStatus:
