@@ -27,7 +27,7 @@ from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
 from linkpassd.aggregator import savings
 from linkpassd.aggregator.identity import peer_identity
 from linkpassd.aggregator.replicas import status_code
-from linkpassd.aggregator.store import EventQuery, StoredEvent, StoreError
+from linkpassd.aggregator.store import EventQuery, HostRow, StoredEvent, StoreError
 from linkpassd.aggregator.validation import Validations
 
 if TYPE_CHECKING:
@@ -71,6 +71,23 @@ def _verdict_name(value: int) -> str:
         return f"VERDICT_{value}"
 
 
+def _host_views(rows: Sequence[HostRow], connected: Sequence[bool], served_at: float) -> pb.ListHostsResponse:
+    views = []
+    for row, up in zip(rows, connected):
+        view = pb.HostView(host_id=row.host_id, boot_id=row.boot_id, version=row.version, connected=up,
+                           last_seen=timestamp(row.last_seen), last_seq=row.last_seq,
+                           events_lost=min(row.events_lost, 2**64 - 1))
+        try:
+            if row.inventory:
+                view.rails.extend(pb.Inventory.FromString(row.inventory).rails)
+            if row.report:
+                view.report.CopyFrom(pb.PortReport.FromString(row.report))
+        except Exception as exc:  # one bad stored blob must not hide the fleet
+            log.warning("host_row_undecodable", host=row.host_id, error=str(exc))
+        views.append(view)
+    return pb.ListHostsResponse(hosts=views, served_at=timestamp(served_at))
+
+
 class FleetServicer(pb_grpc.FleetServiceServicer):
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
@@ -83,21 +100,11 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
         fleet = self.fleet
         rows = await fleet.store.hosts(list(host_ids))
         now = fleet.clock()
-        views = []
-        for row in rows:
-            view = pb.HostView(host_id=row.host_id, boot_id=row.boot_id, version=row.version,
-                               connected=fleet.connected(row, now),
-                               last_seen=timestamp(row.last_seen), last_seq=row.last_seq,
-                               events_lost=row.events_lost)
-            try:
-                if row.inventory:
-                    view.rails.extend(pb.Inventory.FromString(row.inventory).rails)
-                if row.report:
-                    view.report.CopyFrom(pb.PortReport.FromString(row.report))
-            except Exception as exc:  # one bad stored blob must not hide the fleet
-                log.warning("host_row_undecodable", host=row.host_id, error=str(exc))
-            views.append(view)
-        return pb.ListHostsResponse(hosts=views, served_at=timestamp(fleet.clock()))
+        connected = [fleet.connected(row, now) for row in rows]  # on the loop: it reads the sessions
+        # Decoding every host's stored inventory and report is the bulk of a
+        # fleet read: in a thread, so a big fleet view never holds the agents'
+        # acks on the loop.
+        return await asyncio.to_thread(_host_views, rows, connected, fleet.clock())
 
     async def events_list(self, query: EventQuery) -> list[pb.FleetEvent]:
         return [fleet_event(e) for e in await self.fleet.store.events(query)]

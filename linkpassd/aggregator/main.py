@@ -166,9 +166,12 @@ async def _start_web(settings: Settings, server: AggregatorServer, store):
         nonlocal newest
         newest = await newest_event_id(store, newest)
         events = await api.events_list(EventQuery(after_id=max(0, newest - PAGE_EVENTS), limit=PAGE_EVENTS))
-        return web.render_page(await api.hosts_response(), events, await api.summary(PAGE_SUMMARY_DAYS),
-                               insecure=settings.tls.insecure, now=time.time(),
-                               validation=api.validations.last)
+        hosts, summary = await api.hosts_response(), await api.summary(PAGE_SUMMARY_DAYS)
+        # In a thread: a page of a big fleet is tens of milliseconds of
+        # string work that would otherwise hold every agent's acks.
+        return await asyncio.to_thread(web.render_page, hosts, events, summary,
+                                       insecure=settings.tls.insecure, now=time.time(),
+                                       validation=api.validations.last)
 
     async def health() -> tuple[bool, str]:
         return True, f"ok: {len(server.fleet.sessions)} hosts connected"

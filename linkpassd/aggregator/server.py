@@ -36,7 +36,7 @@ import structlog
 
 from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
-from linkpassd.aggregator import savings
+from linkpassd.aggregator import bounds, savings
 from linkpassd.aggregator.fleet_api import FleetServicer
 from linkpassd.aggregator.identity import peer_identity
 from linkpassd.aggregator.metrics import AggregatorMetrics
@@ -53,7 +53,8 @@ HELLO_TIMEOUT_S = 10.0  # a stream that says nothing this long after opening is 
 MAX_EVENTS_PER_BATCH = 1000  # agents send <= 500
 INBOX_MAX = 64  # messages read but not handled yet, per stream (agents keep <= 8 batches unacked)
 OUTBOX_MAX = 1024  # responses not written yet, per stream
-MAX_RAILS = 256
+MAX_RAILS = bounds.MAX_RAILS
+MAX_PATHS = bounds.MAX_PATHS
 MAX_ID_CHARS = 253
 # Streams grpc core holds before this server's loop has taken them (a new
 # stream waits there until grpc.aio asks core for the next call, one at a
@@ -274,7 +275,7 @@ class AgentServicer:
         outcome: StreamEnd | None = None
         try:
             session = await self._accept(requests, context)
-            reader = asyncio.create_task(self._read(session, requests))
+            reader = asyncio.create_task(self._read(session, requests, context))
             outcome = await self._write(session, context)
         except StreamEnd as end:
             outcome = end
@@ -357,7 +358,8 @@ class AgentServicer:
                 return None
         return None
 
-    async def _read(self, session: HostSession, requests: AsyncIterator[pb.ConnectRequest]) -> None:
+    async def _read(self, session: HostSession, requests: AsyncIterator[pb.ConnectRequest],
+                    context: grpc.aio.ServicerContext) -> None:
         """Read the stream and take each message at once (`_take`, which
         never waits): heartbeats and command results are done with here,
         what needs the store joins the stream's pending work. A bad message
@@ -370,12 +372,31 @@ class AgentServicer:
                 except StreamEnd as end:
                     self._pend(session, (END, end))
                     return
+                except bounds.Refused as exc:
+                    self._pend(session, (END, StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, str(exc))))
+                    return
+                except Exception as exc:  # our bug on this host's input: say so, keep serving the others
+                    log.exception("agent_message_failed", host=session.host_id, error=str(exc))
+                    self._pend(session, (END, StreamEnd(grpc.StatusCode.INTERNAL,
+                                                        f"aggregator error on a {request.WhichOneof('body')}: {exc}")))
+                    return
                 if not session.open:
                     return
             self._pend(session, (END, None))  # the agent half-closed: finish what was read, then end
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # the call went away (the agent cancelled, a reset): nobody to answer
+        except Exception as exc:
+            if not context.done():
+                # The call is still up, so it did not go away: grpc could not
+                # decode what the agent sent (bytes that are not a
+                # ConnectRequest). Say so; a status OK would have the agent
+                # resend the same bytes for ever.
+                log.warning("agent_message_undecodable", host=session.host_id, error=str(exc))
+                self._pend(session, (END, StreamEnd(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"a message after Hello is not a ConnectRequest: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")))
+                return
+            # the call went away (the agent cancelled, a reset): nobody to answer
             log.info("agent_stream_gone", host=session.host_id, error=str(exc).splitlines()[0] if str(exc) else "")
             session.finish(None)
             session.gone = True
@@ -392,10 +413,12 @@ class AgentServicer:
         elif which == "events":
             self._pend(session, (EVENTS, *self._event_rows(session, request.events), time.perf_counter()))
         elif which == "ports":
+            bounds.port_report(request.ports)
             self._pend(session, (PORTS, request.ports, fleet.clock(), time.perf_counter()))
         elif which == "inventory":
             inventory = request.inventory
             _check_inventory(inventory)
+            bounds.inventory(inventory)
             session.gpus = savings.gpus_by_rail(inventory.rails)  # for the events read after it
             self._pend(session, (INVENTORY, inventory, fleet.clock(), time.perf_counter()))
         elif which == "command_result":
@@ -525,12 +548,17 @@ class AgentServicer:
             if not 0 < batch.gap_first <= batch.gap_last:
                 raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"EventBatch gap [{batch.gap_first}, {batch.gap_last}] is not a range of seqs")
+            bounds.batch_gap(batch)
             gap = (batch.gap_first, batch.gap_last)
+        if len(boot) > bounds.MAX_NAME_CHARS:
+            raise bounds.Refused(f"EventBatch.boot_id is {len(boot)} characters: at most {bounds.MAX_NAME_CHARS}")
         previous = session.last_seq.get(boot, 0)
         rows = []
         gpus = session.gpus
-        for event in events:
+        check_event = bounds.event
+        for index, event in enumerate(events):
             seq = event.seq
+            check_event(index, event)
             if seq < 1:
                 raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, f"event seq {seq} of boot {boot}: seqs start at 1")
             event_boot = event.boot_id
