@@ -770,6 +770,34 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
                    config=new.source, rails=len(new.rails))
 
 
+FD_RESERVE = 256  # state files, netlink and ethtool sockets, logs, the responder, grpc's own
+FDS_PER_RAIL = 16  # a rail's probe sockets (echo, BFD sessions) with room
+
+
+def fds_needed(config: Config) -> int:
+    """Open files the configuration needs: the control socket's and the
+    metrics endpoint's connection caps, probe sockets per rail, a reserve."""
+    from linkpassd.adapters import metrics_http
+    from linkpassd.adapters.control_access import MAX_CONNECTIONS
+    return (MAX_CONNECTIONS + (metrics_http.MAX_CONNECTIONS if config.metrics_listen else 0)
+            + FDS_PER_RAIL * len(config.rails) + FD_RESERVE)
+
+
+def check_fd_limit(daemon: Daemon, config: Config) -> None:
+    """Raise the soft open-file limit to the hard one; below what the config
+    needs, warn and show it in `status` as a problem (the host is still
+    protected: linkpassd never refuses to start over it)."""
+    from linkpassd.adapters import fdlimit
+    limit = fdlimit.raise_nofile(fds_needed(config))
+    if limit.enough:
+        log.info("fd_limit", limit=limit.soft, hard=limit.hard, needed=limit.needed, raised_from=limit.before)
+        return
+    log.warning("fd_limit_too_low", limit=limit.soft, hard=limit.hard, needed=limit.needed,
+                detail=limit.describe())
+    daemon.state_problems["open-file limit"] = Problem("fd_limit", "open-file limit", limit.describe(),
+                                                       daemon.wallclock())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="linkpassd", description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="config file (TOML)")
@@ -789,8 +817,10 @@ def main(argv: list[str] | None = None) -> int:
     # microseconds per reply; hand it over within 1 ms rather than 5, so a
     # busy loop does not make our replies look like loss to our peers.
     sys.setswitchinterval(0.001)
+    daemon = Daemon(config, args.config)
+    check_fd_limit(daemon, config)
     try:
-        asyncio.run(Daemon(config, args.config).run())
+        asyncio.run(daemon.run())
     except KeyboardInterrupt:
         pass
     return 0

@@ -38,6 +38,12 @@ log = structlog.get_logger("linkpassd.aggregator.fleet")
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10_000
 MAX_SUMMARY_DAYS = 366
+# WatchFleetEvents streams open at once: per identity (a certificate's host
+# or operator; in insecure mode the peer's address), and in all. 2,000
+# watchers on one host certificate pinned the aggregator's CPU: every new
+# event is matched and encoded once per watcher.
+MAX_WATCHERS_PER_IDENTITY = 16
+MAX_WATCHERS = 512
 
 
 def timestamp(unix: float) -> timestamp_pb2.Timestamp:
@@ -93,6 +99,18 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
         self.fleet = fleet
         self.stopping = asyncio.Event()
         self.validations = Validations(fleet, budget_pps=fleet.settings.validation_host_budget_pps)
+        self.watchers: dict[str, int] = {}  # identity -> WatchFleetEvents streams open
+
+    def _watcher_identity(self, context: grpc.aio.ServicerContext) -> str:
+        identity = peer_identity(context, self.fleet.settings.tls.insecure)
+        if identity.insecure:
+            peer = context.peer()  # "ipv4:127.0.0.1:5555": the address without the port
+            return "peer " + peer.rsplit(":", 1)[0]
+        if identity.operator is not None:
+            return f"operator {identity.operator}"
+        if identity.host_id is not None:
+            return f"host {identity.host_id}"
+        return f"certificate {identity.subject}"
 
     # -- queries, shared with the web page ---------------------------------
 
@@ -149,7 +167,28 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
     async def WatchFleetEvents(self, request: pb.WatchFleetEventsRequest,
                                context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WatchFleetEventsResponse]:
         host, port, kind = request.host_id, request.port, kind_filter(request.kind)
+        who = self._watcher_identity(context)
+        if self.watchers.get(who, 0) >= MAX_WATCHERS_PER_IDENTITY:
+            log.warning("watch_refused", identity=who, open=self.watchers[who], peer=context.peer())
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{who} already has {MAX_WATCHERS_PER_IDENTITY} WatchFleetEvents streams open "
+                                "(the most one identity may hold)")
+        if sum(self.watchers.values()) >= MAX_WATCHERS:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"the aggregator already serves {MAX_WATCHERS} WatchFleetEvents streams")
+        self.watchers[who] = self.watchers.get(who, 0) + 1
+        try:
+            async for response in self._watch(request, context, host, port, kind):
+                yield response
+        finally:
+            left = self.watchers.get(who, 1) - 1
+            if left > 0:
+                self.watchers[who] = left
+            else:
+                self.watchers.pop(who, None)
 
+    async def _watch(self, request: pb.WatchFleetEventsRequest, context: grpc.aio.ServicerContext,
+                     host: str, port: str, kind: str) -> AsyncIterator[pb.WatchFleetEventsResponse]:
         def match(e: StoredEvent) -> bool:
             return (not host or e.host_id == host) and (not port or e.port == port) and (not kind or e.kind == kind)
 

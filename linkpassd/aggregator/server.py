@@ -67,6 +67,8 @@ MAX_ID_CHARS = 253
 # drops a stream left waiting past grpc.server_max_unrequested_time_in_server
 # (30 s), and an agent gives up on its Welcome after 10 s.
 MAX_PENDING_STREAMS = 65536
+HANDSHAKE_TIMEOUT_MS = 10_000
+MAX_STREAMS_PER_CONNECTION = 1024
 LAG_TICK_S = 0.05  # the loop-lag probe's timer
 HEARTBEAT_FLUSH_S = 1.0  # heartbeats are written together at most this often (Fleet.heartbeat)
 MERGED_EVENTS_MAX = 4000  # events of waiting batches stored in one call (8 agent batches of 500)
@@ -608,6 +610,13 @@ def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
         ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS),
+        # A connection that has not finished its TLS handshake in 10 s is
+        # closed (grpc's default is 120 s): idle unauthenticated connections
+        # cannot pile up to the open-file limit (issue 30 item 3).
+        ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
+        # Streams at once on one connection: an agent uses one, linkpassctl a
+        # few; labs/bench/agg_load.py multiplexes up to 1,024 hosts on one.
+        ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
     ]
 
 
