@@ -34,9 +34,10 @@ from pyroute2 import AsyncIPRoute
 import linkpassd
 from linkpassd import config as configmod
 from linkpassd import logs
+from linkpassd.config.reference import control_socket_problem
 from linkpassd.adapters import sdnotify
 from linkpassd.adapters.bfd import BfdAgent, BfdEvent, PeerSpec
-from linkpassd.adapters.control_server import ControlServer
+from linkpassd.adapters.control_server import ControlServer, ControlSocketError
 from linkpassd.adapters.echo import EchoService
 from linkpassd.adapters.kernel import (KernelAdapter, KernelOpError, KernelReadError,
                                        KernelReadTimeout, KernelSocketError)
@@ -809,6 +810,9 @@ def main(argv: list[str] | None = None) -> int:
         return configmod.check_config_main(args.check_config)
     try:
         config = configmod.load_config(args.config)
+        socket_problem = control_socket_problem(config.control_socket)
+        if socket_problem:  # exit 2: the unit does not restart it in a loop
+            raise configmod.ConfigError(config.source, "daemon.control_socket", socket_problem)
     except configmod.ConfigError as exc:
         print(f"linkpassd: {exc}", file=sys.stderr)
         return 2
@@ -823,6 +827,10 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(daemon.run())
     except KeyboardInterrupt:
         pass
+    except ControlSocketError as exc:  # one line, not a traceback
+        log.error("control_socket_failed", error=str(exc))
+        print(f"linkpassd: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -464,13 +464,15 @@ def _prepare_socket_path(path: Path) -> None:
     socket).
     """
     parent = path.parent
-    if not parent.exists():
-        parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(parent, SOCKET_DIR_MODE)  # mkdir's mode is subject to umask
     try:
+        if not parent.exists():
+            parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(parent, SOCKET_DIR_MODE)  # mkdir's mode is subject to umask
         st = os.lstat(path)
     except FileNotFoundError:
         return
+    except OSError as exc:  # a parent that is a regular file, no permission: said, not a traceback
+        raise ControlSocketError(f"cannot make the control socket {path}: {exc.strerror or exc}") from None
     if not stat.S_ISSOCK(st.st_mode):
         raise ControlSocketError(f"{path} exists and is not a socket; not removing it")
     if _socket_is_live(path):
