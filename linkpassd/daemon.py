@@ -112,6 +112,7 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         self.clock = clock
         self.wallclock = wallclock
         self.queue: asyncio.Queue = asyncio.Queue()
+        self.reload_queued = False  # a Reload is in the queue (request_reload coalesces SIGHUPs)
         self.links: dict[str, LinkSample] = {}
         self.health: dict[str, health.PortHealth] = {}
         self.decision: policy.Decision | None = None
@@ -161,7 +162,7 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGHUP, self.queue.put_nowait, Reload())
+        loop.add_signal_handler(signal.SIGHUP, self.request_reload)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.queue.put_nowait, Shutdown(sig.name))
         ipr = AsyncIPRoute()
@@ -288,13 +289,36 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
                     if what == "optics":
                         await self.queue.put(OpticsRead(port, Unreadable(f"sensor failed: {exc!r}")))
 
+    def request_reload(self) -> None:
+        """SIGHUP: queue one reload. Signals while one is queued and not
+        started yet are the same request (100 SIGHUPs in 2 s were 100
+        reloads, each ahead of the link events queued behind it)."""
+        if not self.reload_queued:
+            self.reload_queued = True
+            self.queue.put_nowait(Reload())
+
     async def _reconcile_loop(self) -> None:
+        """Batches of queued events. A reload waits until every other event
+        queued before it was handled, link events that arrive meanwhile
+        included, and then runs once: a failover is never behind a reload."""
         while True:
             events = [await self.queue.get()]
-            while not self.queue.empty():
-                events.append(self.queue.get_nowait())
-            await self.handle(events)
-            self.watchdog.progress(self.clock())  # systemd is pinged only while this runs
+            reload = False
+            while True:
+                while not self.queue.empty():
+                    events.append(self.queue.get_nowait())
+                rest = [e for e in events if not isinstance(e, Reload)]
+                reload = reload or len(rest) != len(events)
+                if rest:
+                    await self.handle(rest)
+                    self.watchdog.progress(self.clock())  # systemd is pinged only while this runs
+                if self.queue.empty():
+                    break
+                events = []
+            if reload:
+                self.reload_queued = False  # a SIGHUP from here on asks for another reload
+                await self.handle([Reload()])
+                self.watchdog.progress(self.clock())
 
     # ------------------------------------------------------------- decisions
 
