@@ -113,6 +113,7 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         self.wallclock = wallclock
         self.queue: asyncio.Queue = asyncio.Queue()
         self.reload_queued = False  # a Reload is in the queue (request_reload coalesces SIGHUPs)
+        self.echo_port_taken_since: float | None = None  # status: another process on the echo port
         self.links: dict[str, LinkSample] = {}
         self.health: dict[str, health.PortHealth] = {}
         self.decision: policy.Decision | None = None
@@ -552,6 +553,10 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         if self.echo.responder_error:
             log.error("echo_responder_failed", error=self.echo.responder_error,
                       note="probing goes on; binding is retried every second")
+        taken = self.echo_port_problems()
+        if taken:
+            log.error("echo_port_taken", port=spec.port, detail=taken[0].detail,
+                      note="shown in status until that process lets go of the port")
         log.info("echo_probing", paths=len(spec.paths), port=spec.port,
                  interval_ms=self.config.probes.interval_ms)
         if not spec.responder.fabric_prefixes:

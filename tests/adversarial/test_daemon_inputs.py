@@ -44,3 +44,45 @@ def test_starting_with_a_file_for_a_parent_is_a_clear_error_not_a_traceback(tmp_
     (tmp_path / "run").write_text("")
     with pytest.raises(ControlSocketError, match="cannot make the control socket .*Not a directory"):
         _prepare_socket_path(tmp_path / "run" / "linkpassd.sock")
+
+
+def _hold_udp_port() -> tuple:
+    """Another process (as any local user could) holding a UDP port on loopback."""
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-c",
+                             "import socket, sys; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM);"
+                             "s.bind(('127.0.0.1', 0)); print(s.getsockname()[1], flush=True); sys.stdin.read()"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    port = int(proc.stdout.readline())
+    return proc, port
+
+
+def test_a_foreign_process_on_the_echo_port_is_a_status_problem() -> None:
+    """Item 9: an unprivileged process that bound UDP 4793 first received the
+    probes, and `status` showed no problem."""
+    import socket
+    import types
+
+    from linkpassd import config as configmod
+    from linkpassd.adapters import udpholders
+    from linkpassd.daemon import Daemon
+
+    proc, port = _hold_udp_port()
+    try:
+        daemon = Daemon(configmod.load_config(EXAMPLE), str(EXAMPLE))
+        daemon.echo_spec = types.SimpleNamespace(port=port)
+        daemon.started_wall = daemon.started_mono = 0.0
+        problems = [p for p in daemon.problems() if p.kind == "echo_port"]
+        assert len(problems) == 1 and f"127.0.0.1:{port}" in problems[0].detail
+        assert f"UDP port {port}" in problems[0].what
+        own = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # our own socket is not foreign
+        try:
+            own.bind(("127.0.0.1", 0))
+            assert udpholders.holders(own.getsockname()[1]) and not udpholders.foreign(own.getsockname()[1])
+        finally:
+            own.close()
+    finally:
+        proc.stdin.close()
+        proc.wait(10)
+    assert [p for p in daemon.problems() if p.kind == "echo_port"] == []  # gone when the port is let go
