@@ -24,7 +24,7 @@ from google.protobuf import timestamp_pb2
 from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
-from linkpassd.aggregator import savings
+from linkpassd.aggregator import bounds, savings
 from linkpassd.aggregator.identity import peer_identity
 from linkpassd.aggregator.replicas import status_code
 from linkpassd.aggregator.store import EventQuery, HostRow, StoredEvent, StoreError
@@ -157,6 +157,12 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
         limit = request.limit or DEFAULT_LIMIT
         if limit > MAX_LIMIT:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit {limit}: at most {MAX_LIMIT}")
+        for name in ("since", "until"):
+            if request.HasField(name):
+                try:
+                    bounds.timestamp(f"ListFleetEventsRequest.{name}", getattr(request, name))
+                except bounds.Refused as exc:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         query = EventQuery(
             host_id=request.host_id, port=request.port, kind=kind_filter(request.kind),
             since=request.since.ToNanoseconds() / 1e9 if request.HasField("since") else None,

@@ -36,6 +36,7 @@ import structlog
 
 from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
+from linkpassd.adapters.grpc_decode import add_servicer
 from linkpassd.aggregator import bounds, savings
 from linkpassd.aggregator.fleet_api import FleetServicer
 from linkpassd.aggregator.identity import peer_identity
@@ -664,8 +665,8 @@ class AggregatorServer:
         if self._server is not None:
             raise RuntimeError("aggregator server already started")
         server = grpc.aio.server(options=server_options(self.settings.max_message_bytes))
-        pb_grpc.add_AgentServiceServicer_to_server(self.agent, server)
-        pb_grpc.add_FleetServiceServicer_to_server(self.fleet_api, server)
+        add_servicer(pb_grpc.add_AgentServiceServicer_to_server, self.agent, server)
+        add_servicer(pb_grpc.add_FleetServiceServicer_to_server, self.fleet_api, server)
         self._health = grpc_health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         agent_name = pb.DESCRIPTOR.services_by_name["AgentService"].full_name
