@@ -13,7 +13,6 @@ from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd.ctl import fleet as ctl_fleet
 from linkpassd.ctl import render
-from linkpassd.ctl.terminal import safe
 
 OSC_TITLE = "\x1b]0;pwned\x07"
 CLEAR = "\x1b[2J\x1b[H"
@@ -54,6 +53,8 @@ def test_daemon_event_lines_and_tables_escape_too() -> None:
 
 
 def test_safe_keeps_ordinary_text() -> None:
+    from linkpassd.ctl.terminal import safe
+
     text = "rail0 eth1 198.18.0.1 ✓ 中文 naïve\nnext\tline"
     assert safe(text) == text
     assert safe(text, one_line=True) == "rail0 eth1 198.18.0.1 ✓ 中文 naïve\\x0anext\\x09line"

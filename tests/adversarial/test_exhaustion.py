@@ -19,14 +19,15 @@ import pytest
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
-from linkpassd.adapters import fdlimit, metrics_http
 from linkpassd.adapters.metrics import Metrics
 from linkpassd.aggregator import fleet_api
 from linkpassd.aggregator.metrics import AggregatorMetrics
 from tests.adversarial.aggclient import RawAgent, event, run
 from tests.unit.agg_tls import channel, make_pki, serving, tls_settings
 
-FLOOD = 200  # idle connections: far past every cap, far below this machine's limit
+FLOOD = 200
+READ_TIMEOUT_S = 5.0  # adapters/READ_TIMEOUT_S
+MAX_CONNECTIONS = 16  # adapters/MAX_CONNECTIONS  # idle connections: far past every cap, far below this machine's limit
 
 
 @pytest.fixture(scope="module")
@@ -64,13 +65,13 @@ def test_idle_connections_cannot_exhaust_a_metrics_endpoint(name: str) -> None:
         for _ in range(FLOOD):
             socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
         time.sleep(0.5)
-        assert time.monotonic() - t0 < metrics_http.READ_TIMEOUT_S - 1, "the flood took too long to test the cap"
+        assert time.monotonic() - t0 < READ_TIMEOUT_S - 1, "the flood took too long to test the cap"
         threads = threading.active_count() - threads_before
         # a handler thread and its deadline timer per admitted connection, the serving thread
-        assert threads <= 2 * metrics_http.MAX_CONNECTIONS + 2, f"{threads} threads for {FLOOD} idle connections"
+        assert threads <= 2 * MAX_CONNECTIONS + 2, f"{threads} threads for {FLOOD} idle connections"
         status, _ = _scrape(port)
         assert status == 503  # refused at once while the slots are held, not hung
-        deadline = time.monotonic() + metrics_http.READ_TIMEOUT_S + 10
+        deadline = time.monotonic() + READ_TIMEOUT_S + 10
         while True:  # the idle ones time out; a scrape gets through again
             status, body = _scrape(port)
             if status == 200:
@@ -83,7 +84,14 @@ def test_idle_connections_cannot_exhaust_a_metrics_endpoint(name: str) -> None:
         stop(served)
 
 
+def test_the_caps_here_are_the_endpoints_caps() -> None:
+    from linkpassd.adapters import metrics_http
+    assert (metrics_http.READ_TIMEOUT_S, metrics_http.MAX_CONNECTIONS) == (READ_TIMEOUT_S, MAX_CONNECTIONS)
+
+
 def test_a_client_trickling_its_request_is_cut_off() -> None:
+    from linkpassd.adapters import metrics_http
+
     agg = AggregatorMetrics()
     server, _thread = metrics_http.serve("127.0.0.1", 0, agg.registry, deadline_s=2.0)
     try:
@@ -140,6 +148,8 @@ def test_the_aggregator_refuses_to_start_below_what_its_hosts_need(tmp_path: Pat
 
 
 def test_fd_limit_describes_what_is_missing() -> None:
+    from linkpassd.adapters import fdlimit
+
     limit = fdlimit.FdLimit(before=1024, soft=1024, hard=1024, needed=2368)
     assert not limit.enough and "at least 2368" in limit.describe()
 
@@ -164,7 +174,7 @@ def test_idle_unauthenticated_connections_are_closed_and_agents_still_acked(pki:
     """Item 3: idle TCP connections (no TLS) to the aggregator's port were
     kept for grpc's default handshake timeout (120 s) and piled up to the
     open-file limit; now they are closed after 10 s."""
-    from linkpassd.aggregator import server as agg_server
+    handshake_timeout_s = 10.0  # server.HANDSHAKE_TIMEOUT_MS
 
     async def scenario() -> None:
         async with serving(tls_settings(pki, tmp_path / "fleet.db")) as server:
@@ -176,7 +186,7 @@ def test_idle_unauthenticated_connections_are_closed_and_agents_still_acked(pki:
             try:
                 async with channel(server.port, pki, "h1") as ch:
                     await _honest_agent_acked_within(ch, "h1", 1.0)
-                deadline = time.monotonic() + agg_server.HANDSHAKE_TIMEOUT_MS / 1000 + 10
+                deadline = time.monotonic() + handshake_timeout_s + 10
                 while True:
                     closed = 0
                     for s in socks:
