@@ -217,7 +217,7 @@ def test_fuzz_the_agent_stream(aggregator) -> None:  # noqa: ANN001
     connect = _raw(ch, "/linkpass.v1.AgentService/Connect", True, True)
     seen: collections.Counter[str] = collections.Counter()
 
-    @_settings(150)
+    @_settings(300)
     @given(agent_streams())
     def body(requests: list) -> None:
         wire = [r if isinstance(r, bytes) else r.SerializeToString() for r in requests]
@@ -265,7 +265,7 @@ def test_fuzz_the_fleet_api(aggregator) -> None:  # noqa: ANN001
     server, ch, lt = aggregator
     seen: collections.Counter[str] = collections.Counter()
 
-    @_settings(200)
+    @_settings(300)
     @given(_request({**FLEET_UNARY, **FLEET_STREAMS}))
     def body(call: tuple) -> None:
         name, request = call
@@ -359,7 +359,7 @@ def test_fuzz_the_control_api(control: Path) -> None:
     seen: collections.Counter[str] = collections.Counter()
     with grpc.insecure_channel(f"unix:{control}") as ch:
 
-        @_settings(200)
+        @_settings(300)
         @given(_request({**CONTROL_UNARY, **CONTROL_STREAMS}))
         def body(call: tuple) -> None:
             name, request = call
