@@ -206,6 +206,9 @@ def render_grid(resp: pb.ListHostsResponse) -> str:
     parts = [table(["HOST", "CONNECTED", *g.rails], rows) if g.rails else
              table(["HOST", "CONNECTED", "RAILS"], [[*r[:2], "no inventory"] for r in rows]),
              LEGEND]
+    if g.hidden_rails:
+        parts.append(f"{g.hidden_rails} more rails, reported by fewer hosts, are not shown as columns "
+                     "(-o json has every one)")
     problems = g.problems()
     if problems:
         parts.append(table(["HOST", "RAIL", "PORT", "VERDICT", "PATH NOW", "WHY"], [
