@@ -64,14 +64,17 @@ def _fuzz(body: Callable[[], None], what: str) -> None:
         return
     end = time.monotonic() + FUZZ_SECONDS
     rounds = 0
-    rss0 = _rss_mb()
+    rss = [_current_rss_mb()]
     while time.monotonic() < end:
         body()
         rounds += 1
-    print(f"\nfuzz {what}: {rounds} rounds in {FUZZ_SECONDS:.0f} s; max RSS {rss0:.0f} -> {_rss_mb():.0f} MB")
+        rss.append(_current_rss_mb())
+    print(f"\nfuzz {what}: {rounds} rounds of up to 300 examples in {FUZZ_SECONDS:.0f} s; RSS (client and "
+          f"server, one process) {rss[0]:.0f} MB at start, {rss[len(rss) // 2]:.0f} MB midway, {rss[-1]:.0f} MB "
+          f"at the end; peak {_rss_mb():.0f} MB")
 
 
-def _rss_mb() -> float:
+def _rss_mb() -> float:  # peak
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
