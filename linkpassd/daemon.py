@@ -34,7 +34,6 @@ from pyroute2 import AsyncIPRoute
 import linkpassd
 from linkpassd import config as configmod
 from linkpassd import logs
-from linkpassd.config.reference import control_socket_problem
 from linkpassd.adapters import sdnotify
 from linkpassd.adapters.bfd import BfdAgent, BfdEvent, PeerSpec
 from linkpassd.adapters.control_server import ControlServer, ControlSocketError
@@ -46,6 +45,7 @@ from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.sensor import Sensor
 from linkpassd.adapters.watchdog import Watchdog
 from linkpassd.agent.link import AggregatorLink, MeshPeersChanged
+from linkpassd.config.reference import control_socket_problem
 from linkpassd.operations import DrainCommand, Operations, cause_of
 from linkpassd.persist import ECHO_SIGNAL, StateFiles
 from linkpassd.status import StatusReport
