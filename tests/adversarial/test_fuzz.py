@@ -279,7 +279,7 @@ def test_fuzz_the_fleet_api(aggregator) -> None:  # noqa: ANN001
             if name in FLEET_UNARY:
                 _raw(ch, method, False, False)(wire, timeout=CALL_TIMEOUT_S)
             else:
-                stream = _raw(ch, method, False, True)(wire, timeout=3.0)
+                stream = _raw(ch, method, False, True)(wire, timeout=1.0)
                 try:
                     for _ in zip(range(3), stream):
                         pass
