@@ -39,9 +39,9 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
                                     Metric)
-from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
+from linkpassd.adapters import metrics_http
 from linkpassd.core.events import reason_class  # noqa: F401 - re-exported for tests
 from linkpassd.core.events import Event, EventKind
 from linkpassd.core.model import CounterSample, ResponderCounters
@@ -324,7 +324,7 @@ class Metrics:
             raise RuntimeError("metrics are already served")
         host, port = parse_listen(listen)
         try:
-            server, thread = start_http_server(port, host, registry=self.registry)
+            server, thread = metrics_http.serve(host, port, self.registry)
         except OSError as exc:
             raise OSError(exc.errno, f"metrics: cannot listen on {listen}: "
                                      f"{exc.strerror or exc}") from exc
