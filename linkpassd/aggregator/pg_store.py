@@ -523,13 +523,15 @@ class PgStore:
                f"LEFT JOIN LATERAL (SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(where)} "
                f"ORDER BY id LIMIT ${len(args)}) e ON TRUE")
         rows = await self._fetch("reading events", sql, *args)
-        if rows and rows[0][0] and len(rows) < query.limit and self._listeners.get(CHANNEL_EVENTS):
-            self._held_back()
-        elif rows and not rows[0][0]:
-            self._held_delay = HELD_RETRY_S
-        return [StoredEvent(id=r[1], host_id=r[2], boot_id=r[3], seq=r[4], wall=r[5], kind=r[6], port=r[7],
+        page = [StoredEvent(id=r[1], host_id=r[2], boot_id=r[3], seq=r[4], wall=r[5], kind=r[6], port=r[7],
                             body=bytes(r[8]), stored_at=r[9])
                 for r in rows if r[1] is not None]
+        held = bool(rows and rows[0][0])
+        if held and len(page) < query.limit and self._listeners.get(CHANNEL_EVENTS):
+            self._held_back()
+        elif not held:
+            self._held_delay = HELD_RETRY_S
+        return page
 
     async def day_totals(self, since: float, until: float) -> list[DayTotal]:
         rows = await self._fetch("reading day totals",
@@ -702,7 +704,12 @@ class PgStore:
     # -- shared: notifications ------------------------------------------------------
 
     async def notify(self, channel: str, payload: str = "") -> None:
-        await self._execute(f"notifying {channel}", "SELECT pg_notify($1, $2)", channel, payload)
+        """Not durable (synchronous_commit off for this one transaction): a
+        notification is a wake-up sent after the data it is about committed,
+        and a transaction that notifies holds a database-wide lock until it
+        ends; with a WAL flush inside, every replica's joins, commands and
+        plans queued on it one fsync each."""
+        await self._execute(f"notifying {channel}", NOTIFY_SQL, channel, payload)
 
     async def listen(self, channel: str, callback: Callable[[str], None]) -> None:
         self._open_pool()
@@ -816,8 +823,8 @@ WHERE b.host_id = u.host_id AND b.boot_id = u.boot_id"""
 
 # After the commit, in a transaction of its own that need not wait for the
 # WAL flush (a notification is a wake-up, not data).
-NOTIFY_EVENTS_SQL = (f"BEGIN; SET LOCAL synchronous_commit = off; SELECT pg_notify('{CHANNEL_EVENTS}', ''); "
-                     "COMMIT")
+NOTIFY_SQL = "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)"
+NOTIFY_EVENTS_SQL = f"SELECT set_config('synchronous_commit', 'off', true), pg_notify('{CHANNEL_EVENTS}', '')"
 
 
 async def _store_group(conn: asyncpg.Connection, calls: list[_AddCall], rank: int = 0) -> list[AddResult]:

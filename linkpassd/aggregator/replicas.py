@@ -80,7 +80,7 @@ class Replicas:
     async def start(self) -> None:
         store = self.store
         await store.listen(CHANNEL_EVENTS, lambda _payload: self.fleet.fanout.notify())
-        await store.listen(CHANNEL_HOSTS, lambda _payload: self.fleet.planner.changed())
+        await store.listen(CHANNEL_HOSTS, lambda _payload: self.fleet.planner.changed_elsewhere())
         await store.listen(CHANNEL_COMMANDS, self._on_command)
         await store.listen(CHANNEL_RESULTS, self._on_result)
         await store.listen(CHANNEL_MESH, lambda _payload: self._spawn(self.fleet.planner.tell_from_store()))
