@@ -197,12 +197,24 @@ def plot(result: dict, path: Path) -> None:
         rows = [c for c in cells if c["store"] == kind]
         ax1.plot([c["writers"] for c in rows], [c["events_per_s"] for c in rows], marker="o",
                  label=f"{kind} store")
+    writers = sorted({c["writers"] for c in cells})
     ax1.set_xlabel("concurrent writers (replica stores)")
     ax1.set_ylabel("durable events / s")
     ax1.set_xscale("log", base=2)
-    ax1.set_title("PgStore.add_events throughput")
-    ax1.legend()
+    ax1.set_xticks(writers, [str(w) for w in writers])
+    ax1.set_ylim(bottom=0)
+    ax1.set_title(f"PgStore.add_events ({result['cpus']} cores shared with the writers)")
     ax1.grid(alpha=0.3)
+    cpu = ax1.twinx()  # PostgreSQL's CPU: where the new store's curve should flatten
+    for kind in result["stores"]:
+        rows = [c for c in cells if c["store"] == kind]
+        cpu.plot([c["writers"] for c in rows], [c["postgres_cpu_pct"] / 100 for c in rows], linestyle="--",
+                 marker=".", alpha=0.6, label=f"{kind}: PostgreSQL CPU (cores)")
+    cpu.set_ylabel("PostgreSQL CPU, cores (dashed)")
+    cpu.set_ylim(0, result["cpus"])
+    lines = ax1.get_legend_handles_labels()
+    more = cpu.get_legend_handles_labels()
+    ax1.legend(lines[0] + more[0], lines[1] + more[1], fontsize=8, loc="center right")
     # share of sampled active backends per wait event, top ones
     top: collections.Counter[str] = collections.Counter()
     for c in cells:
