@@ -18,7 +18,8 @@ that dies takes nothing with it that the others need.
   second, so a lost notification costs a second, not the command.
 - **Follow streams** of every replica see every replica's events: the store
   notifies CHANNEL_EVENTS when events commit, and each replica's fan-out
-  reads on from its cursor (event ids follow commit order in the store).
+  reads on from its cursor (the store never returns an id while a smaller
+  one may still commit, pg_store.py).
 - **The probe mesh** is planned by one replica at a time (planner.py, with
   `SharedStore.try_lead`) and each replica tells its own hosts
   (CHANNEL_MESH).
