@@ -12,10 +12,15 @@ what only replicas sharing one database need: `hosts.replica` (whose stream a
 host is on), `commands` (fleet commands relayed between replicas) and the probe
 mesh (`mesh`, `mesh_plan`).
 
-Event ids come from an identity column, and only a transaction holding
-EVENTS_LOCK (pg_advisory_xact_lock) inserts or deletes events: ids are then
-handed out in commit order, which is what a reader following `after_id` needs
-(pg_store.py).
+Event ids (from migration 2) are made by the inserting transaction itself:
+its xid8 shifted left by ID_SHIFT bits, plus the row's rank in its one INSERT
+(1 .. MAX_TX_EVENTS). So id order is (transaction, rank) order, and a reader
+that reads only ids below HORIZON (the oldest transaction still running,
+shifted the same way) never reads past an id that may still commit: no lock
+is needed on the event path (pg_store.py and docs/aggregator.md give the
+argument). Migration 1's ids came from an identity column under a cluster
+advisory lock (EVENTS_LOCK, still reserved); migration 2 drops the identity
+after checking every existing id is below the new ids.
 
 Text that is sorted or compared is sorted with COLLATE "C" in the queries, so
 the order is the bytes' order (as SQLite's) whatever the database's collation.
@@ -29,7 +34,7 @@ import zlib
 # ours so they cannot collide with another application's single-bigint keys.
 LOCK_SPACE = 0x6C70  # "lp"
 MIGRATION_LOCK = 1  # held while migrating (session lock)
-EVENTS_LOCK = 2  # held by every transaction that inserts or deletes events (transaction lock)
+EVENTS_LOCK = 2  # schema 1's event lock; taken now only by PgStore(event_lock=True) (the bench's old path)
 LEAD_SPACE = 0x6C71  # try_lead(role): (LEAD_SPACE, role_key(role))
 
 
@@ -38,6 +43,16 @@ def role_key(role: str) -> int:
     value = zlib.crc32(role.encode("utf-8"))
     return value - (1 << 32) if value >= 1 << 31 else value
 
+
+# Event ids: (xid8 of the inserting transaction << ID_SHIFT) + rank, rank in
+# 1..MAX_TX_EVENTS. 47 bits of xid8 left in a BIGINT: 1.4e14 transactions,
+# 44 years at 100,000 transactions a second.
+ID_SHIFT = 16
+MAX_TX_EVENTS = (1 << ID_SHIFT) - 1
+# SQL: the id base of the current transaction, and the read horizon of the
+# current statement's snapshot (ids below it can no longer appear).
+TX_ID_BASE = f"(pg_current_xact_id()::TEXT::BIGINT << {ID_SHIFT})"
+HORIZON = f"(pg_snapshot_xmin(pg_current_snapshot())::TEXT::BIGINT << {ID_SHIFT})"
 
 VERSION_TABLE = """CREATE TABLE IF NOT EXISTS linkpass_schema (
     one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
@@ -108,6 +123,18 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """CREATE TABLE mesh_plan (
              one BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
              generation BIGINT NOT NULL)""",
+    ),
+    (  # 2: event ids from the inserting transaction's xid8; no identity, no event lock
+        # Schema-1 ids were handed out one per event, at most 20,000 events a
+        # transaction and each such transaction with an xid of its own, so
+        # they are below this transaction's id base: checked, not assumed.
+        f"""DO $$ BEGIN
+             IF (SELECT COALESCE(max(id), 0) FROM events) >= {TX_ID_BASE} THEN
+               RAISE EXCEPTION 'events hold ids at or above the first xid-based id %: cannot move to schema 2',
+                 {TX_ID_BASE};
+             END IF;
+           END $$""",
+        "ALTER TABLE events ALTER COLUMN id DROP IDENTITY IF EXISTS",
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

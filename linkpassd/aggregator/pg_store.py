@@ -10,21 +10,36 @@ built this way:
   synchronous_commit = on (whatever the database's default), and every call
   returns only after its COMMIT: an acked event survives a crash of the
   database machine as it does with SQLite's synchronous=FULL.
-- **Event ids follow commit order, across replicas.** Ids come from an
-  identity sequence, which hands out numbers when rows are inserted, not when
-  they commit: two writers could commit 7 after a reader already read past
-  8, and a follow stream (after_id) would skip 7 for ever. So every
-  transaction that inserts (or deletes) events first takes one transaction
-  advisory lock (pg_advisory_xact_lock, EVENTS_LOCK), held until its COMMIT is
-  visible: such transactions run one at a time, and one that takes ids after
-  another also commits after it.
-- **Group commit.** That lock makes event inserts a single line for the whole
-  cluster, one durable COMMIT each; so, as in the SQLite store, concurrent
-  `add_events` calls of this process are queued and run together, one
-  savepoint per call (a call that fails undoes only its own work), one COMMIT
-  and one pg_notify(CHANNEL_EVENTS) for all, answered only after it. Other
-  writes (hello, heartbeats, reports) are single short transactions on the
-  pool and never wait for that lock.
+- **Event ids a follower never skips, with no lock on the event path.** An
+  event's id is its inserting transaction's xid8 shifted left 16 bits plus
+  the event's rank in that transaction's one INSERT (pg_schema.TX_ID_BASE),
+  so id order is (transaction id, rank) order. A read returns only ids below
+  the horizon of its own snapshot, pg_snapshot_xmin(pg_current_snapshot())
+  shifted the same way (pg_schema.HORIZON): every transaction with a smaller
+  xid has ended and every one still to come gets a larger one, so the events
+  below the horizon are final, and a cursor that moves only over them never
+  passes an id that could still commit. docs/aggregator.md gives the
+  argument in full, and why ids from a sequence with the xid beside them
+  would not do. A read that stops at the horizon while later events have
+  committed (an older transaction still running: another replica's group,
+  a heartbeat, a prune) wakes the CHANNEL_EVENTS listeners again shortly
+  (HELD_RETRY_S, doubling while it lasts), since that older transaction may
+  never notify.
+- **Group commit, one statement.** Concurrent `add_events` calls of this
+  process are queued and stored together by one statement (GROUP_SQL: the
+  hosts and boots rows, the events with their ids, the savings rows), then
+  one UPDATE of the boots that moved and one durable COMMIT; each caller is
+  answered after it. Exactly once is UNIQUE(host_id, boot_id, seq) with ON
+  CONFLICT DO NOTHING; a seq sent twice within one group is stored once and
+  counted for the first call that carried it. A group that fails (one
+  call's bad data, a deadlock with another replica's group) is retried call
+  by call, so a call that fails fails alone. Rows shared between replicas
+  (hosts, boots) are locked in key order; prune locks a chunk's boots rows
+  before deleting, so a resend racing it is counted against the new floor.
+  CHANNEL_EVENTS is notified after the commit, in a transaction of its own
+  (see `_announce_events` for why not inside), at most one in flight.
+  `PgStore(event_lock=True)` keeps schema 1's path (one cluster-wide
+  advisory lock, statements per call), for the bench's side-by-side only.
 - **Connections.** A pool for statements; one dedicated connection for
   LISTEN (notifications arrive only on a connection that stays open); one for
   leadership (`try_lead`: session advisory locks live as long as their
@@ -52,7 +67,9 @@ import asyncpg
 import structlog
 
 from linkpassd.aggregator import pg_schema
-from linkpassd.aggregator.pg_schema import EVENTS_LOCK, LEAD_SPACE, LOCK_SPACE, MIGRATION_LOCK, role_key
+from linkpassd.aggregator.pg_schema import (
+    EVENTS_LOCK, HORIZON, LEAD_SPACE, LOCK_SPACE, MAX_TX_EVENTS, MIGRATION_LOCK, role_key,
+)
 from linkpassd.aggregator.savings import day_of
 from linkpassd.aggregator.settings import redacted_dsn
 from linkpassd.aggregator.sqlite_store import MAX_SEQ
@@ -72,7 +89,9 @@ CLOSE_TIMEOUT_S = 10.0
 RECONNECT_MAX_S = 5.0  # LISTEN reconnection backoff ceiling
 WRITE_SECONDS_KEPT = 1024
 GROUP_MAX_CALLS = 500  # add_events calls per group commit
-GROUP_MAX_EVENTS = 20_000  # and events (bounds one transaction's length)
+GROUP_MAX_EVENTS = 20_000  # and events (bounds one transaction's length; <= MAX_TX_EVENTS)
+HELD_RETRY_S = 0.01  # a read held at the horizon reads again after this, doubling while held,
+HELD_RETRY_MAX_S = 1.0  # up to this
 SERVER_SETTINGS = {"synchronous_commit": "on", "application_name": "linkpass-aggregator"}
 
 # What the driver raises for the database or the connection; a caller's own
@@ -119,8 +138,11 @@ class PgStore:
 
     shared = True
 
-    def __init__(self, dsn: str, *, pool_size: int = POOL_SIZE) -> None:
+    def __init__(self, dsn: str, *, pool_size: int = POOL_SIZE, event_lock: bool = False) -> None:
+        """`event_lock`: store events the old way (schema 1's cluster-wide
+        lock, statements per call); for labs/bench/pg_store.py only."""
         self.dsn = dsn
+        self.event_lock = event_lock
         self.label = redacted_dsn(dsn)
         self.pool_size = pool_size
         self.stats = StoreStats()
@@ -129,6 +151,10 @@ class PgStore:
         self._closing = False
         self._queue: list[tuple[_AddCall, asyncio.Future]] = []
         self._flusher: asyncio.Task | None = None
+        self._announcer: asyncio.Task | None = None
+        self._announce_due = False
+        self._held_timer: asyncio.TimerHandle | None = None
+        self._held_delay = HELD_RETRY_S
         self._listeners: dict[str, list[Callable[[str], None]]] = {}
         self._listen_conn: asyncpg.Connection | None = None
         self._listen_lock = asyncio.Lock()
@@ -232,6 +258,14 @@ class PgStore:
                 with contextlib.suppress(Exception):
                     async with asyncio.timeout(STATEMENT_TIMEOUT_S):
                         await asyncio.shield(flusher)
+            if self._held_timer is not None:
+                self._held_timer.cancel()
+                self._held_timer = None
+            announcer = self._announcer
+            if announcer is not None:
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(CLOSE_TIMEOUT_S):
+                        await asyncio.shield(announcer)
             if self._relisten is not None:
                 self._relisten.cancel()
                 with contextlib.suppress(BaseException):
@@ -325,6 +359,9 @@ class PgStore:
                          gap: tuple[int, int] | None, now: float) -> AddResult:
         events = list(events)
         gap = checked_batch(events, gap)  # before any I/O: a refused batch stores nothing
+        if len(events) > MAX_TX_EVENTS:
+            raise StoreError(f"a batch of {len(events)} events from host {host_id} is more than one transaction "
+                             f"takes ({MAX_TX_EVENTS}): send it in parts")
         call = _AddCall.of(host_id, boot_id, events, gap, now)
         self._open_pool()
         started = time.monotonic()
@@ -372,72 +409,104 @@ class PgStore:
                 _settle(future, ok, value)
 
     async def _commit_group(self, calls: list[_AddCall]) -> list[tuple[bool, Any]]:
+        if self.event_lock:
+            return await self._commit_group_locked(calls)
+        pool = self._pool
+        if pool is None:
+            raise StoreError(f"store {self.label} is not open")
+        try:
+            async with pool.acquire() as conn, conn.transaction():
+                results = await _store_group(conn, calls)
+        except DB_ERRORS as exc:
+            if len(calls) == 1:
+                raise
+            # One call's bad data (or a deadlock with another replica's group
+            # on shared rows) spoils the group's one statement: each call
+            # again on its own, so only a bad call fails.
+            log.info("store_group_retried_per_call", database=self.label, calls=len(calls), error=_describe(exc))
+            outcomes: list[tuple[bool, Any]] = []
+            for call in calls:
+                try:
+                    outcomes.extend(await self._commit_group([call]))
+                except DB_ERRORS as one:
+                    outcomes.append((False, self._error(f"storing events of host {call.host_id}", one)))
+            return outcomes
+        self.group_commits += 1
+        if any(r.stored for r in results):
+            self._announce_events()
+        return [(True, r) for r in results]
+
+    # -- events: telling the other replicas --------------------------------------
+
+    def _announce_events(self) -> None:
+        """NOTIFY CHANNEL_EVENTS after the commit, in a transaction of its own.
+        Not inside the insert transaction: a transaction that notifies holds
+        one database-wide lock from its pre-commit to its end (PostgreSQL
+        orders the notification queue so), WAL flush included, which would
+        put every replica's group commits back in one line. At most one
+        notification in flight per store; calls meanwhile share the next."""
+        self._announce_due = True
+        if self._announcer is None or self._announcer.done():
+            self._announcer = asyncio.get_running_loop().create_task(self._announce_loop())
+
+    async def _announce_loop(self) -> None:
+        while self._announce_due and (pool := self._pool) is not None:
+            self._announce_due = False
+            try:
+                async with pool.acquire() as conn:
+                    await conn.execute(NOTIFY_EVENTS_SQL)
+            except DB_ERRORS as exc:  # a missed wake-up: readers catch up on the next one
+                log.warning("store_notify_failed", database=self.label, error=_describe(exc))
+
+    def _held_back(self) -> None:
+        """A read stopped at the horizon while later events had committed:
+        read again once the older transaction is done (it may not notify:
+        a heartbeat, a prune), backing off while it lasts."""
+        if self._held_timer is not None or self._closing:
+            return
+        delay = self._held_delay
+        self._held_delay = min(delay * 2, HELD_RETRY_MAX_S)
+        self._held_timer = asyncio.get_running_loop().call_later(delay, self._held_wake)
+
+    def _held_wake(self) -> None:
+        self._held_timer = None
+        if not self._closing:
+            self._dispatch(None, 0, CHANNEL_EVENTS, "")
+
+    # -- events: the old path, one at a time (the bench's baseline) -------------
+
+    async def _commit_group_locked(self, calls: list[_AddCall]) -> list[tuple[bool, Any]]:
+        """Schema 1's event path: the cluster-wide EVENTS_LOCK, statements per
+        call, each call in a savepoint, NOTIFY inside the transaction. Kept
+        only so labs/bench/pg_store.py can measure it beside the new path."""
         pool = self._pool
         if pool is None:
             raise StoreError(f"store {self.label} is not open")
         outcomes: list[tuple[bool, Any]] = []
         async with pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", LOCK_SPACE, EVENTS_LOCK)
-            if len(calls) == 1:  # alone: its failure is the transaction's
-                outcomes.append((True, await self._add_one(conn, calls[0])))
-            else:
-                for call in calls:
-                    try:
-                        async with conn.transaction():  # a savepoint: a failure undoes this call only
-                            outcomes.append((True, await self._add_one(conn, call)))
-                    except DB_ERRORS as exc:
-                        outcomes.append((False, self._error(f"storing events of host {call.host_id}", exc)))
-                    except Exception as exc:  # noqa: BLE001 - handed to that caller, not lost
-                        outcomes.append((False, exc))
+            rank = 0
+            for call in calls:
+                try:
+                    async with conn.transaction():  # a savepoint: a failure undoes this call only
+                        result, = await _store_group(conn, [call], rank)
+                        outcomes.append((True, result))
+                except DB_ERRORS as exc:
+                    outcomes.append((False, self._error(f"storing events of host {call.host_id}", exc)))
+                rank += len(call.events)
             if any(ok for ok, _ in outcomes):
                 await conn.execute("SELECT pg_notify($1, '')", CHANNEL_EVENTS)
         self.group_commits += 1
         return outcomes
 
-    @staticmethod
-    async def _add_one(conn: asyncpg.Connection, call: _AddCall) -> AddResult:
-        """SqliteStore._add_events' accounting (see there), on PostgreSQL."""
-        host_id, boot_id, events, gap, now = call.host_id, call.boot_id, call.events, call.gap, call.now
-        prev, lost_before, floor = await conn.fetchrow(
-            "WITH host AS (INSERT INTO hosts (host_id, boot_id, first_seen, last_seen) VALUES ($1, $2, $3, $3) "
-            "  ON CONFLICT (host_id) DO UPDATE SET last_seen = GREATEST(hosts.last_seen, excluded.last_seen)) "
-            "INSERT INTO boots (host_id, boot_id) VALUES ($1, $2) "
-            "ON CONFLICT (host_id, boot_id) DO UPDATE SET host_id = excluded.host_id "
-            "RETURNING last_seq, lost, floor_seq", host_id, boot_id, now)
-        keep = [i for i, e in enumerate(events) if e.seq > floor]  # at or below floor: pruned, duplicates
-        stored = 0
-        if keep:
-            columns = [[column[i] for i in keep] for column in call.columns]
-            status = await conn.execute(
-                "INSERT INTO events (host_id, boot_id, seq, wall, kind, severity, port, rail, body, stored_at) "
-                "SELECT $1, $2, e.seq, e.wall, e.kind, e.severity, e.port, e.rail, e.body, $3 "
-                "FROM unnest($4::BIGINT[], $5::FLOAT8[], $6::TEXT[], $7::TEXT[], $8::TEXT[], $9::TEXT[], "
-                "            $10::BYTEA[]) AS e(seq, wall, kind, severity, port, rail, body) "
-                "ON CONFLICT (host_id, boot_id, seq) DO NOTHING", host_id, boot_id, now, *columns)
-            stored = _count(status)
-            absorbed = [events[i] for i in keep if events[i].absorbed_gpus > 0]
-            if absorbed:
-                await conn.execute(
-                    "INSERT INTO absorbed (host_id, boot_id, seq, wall, day, gpus) "
-                    "SELECT $1, $2, a.seq, a.wall, a.day, a.gpus "
-                    "FROM unnest($3::BIGINT[], $4::FLOAT8[], $5::TEXT[], $6::BIGINT[]) AS a(seq, wall, day, gpus) "
-                    "ON CONFLICT DO NOTHING", host_id, boot_id,
-                    [e.seq for e in absorbed], [float(e.wall) for e in absorbed],
-                    [day_of(e.wall) for e in absorbed], [e.absorbed_gpus for e in absorbed])
-        top = max(events[-1].seq if events else 0, gap[1] if gap else 0)
-        above = sum(1 for e in events if e.seq > prev)
-        newly_lost = (top - prev) - above if top > prev else 0
-        filled = stored - above  # new arrivals at or below prev: holes filled late
-        lost = min(2**63 - 1, max(0, lost_before + newly_lost - filled))  # BIGINT
-        last_seq = max(prev, top)
-        await conn.execute("UPDATE boots SET last_seq = $3, lost = $4 WHERE host_id = $1 AND boot_id = $2",
-                           host_id, boot_id, last_seq, lost)
-        return AddResult(stored=stored, duplicates=len(events) - stored, last_seq=last_seq, lost=newly_lost)
+    # -- events: reading ------------------------------------------------------------
 
     async def events(self, query: EventQuery) -> list[StoredEvent]:
+        """Ids below the horizon only (see the module's docstring): a cursor
+        never passes an id that may still commit."""
         if query.limit < 1:
             raise StoreError(f"event query limit must be 1 or more, not {query.limit}")
-        where = ["id > $1"]
+        where = ["id > $1", f"id < {HORIZON}"]
         args: list[Any] = [min(query.after_id, MAX_SEQ)]  # a uint64 cursor past any id: nothing after
         for column, value in (("host_id", query.host_id), ("port", query.port), ("kind", query.kind)):
             if value:
@@ -450,10 +519,21 @@ class PgStore:
             args.append(float(query.until))
             where.append(f"wall < ${len(args)}")
         args.append(min(query.limit, MAX_SEQ))
-        sql = f"SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(where)} ORDER BY id LIMIT ${len(args)}"
-        return [StoredEvent(id=r[0], host_id=r[1], boot_id=r[2], seq=r[3], wall=r[4], kind=r[5], port=r[6],
-                            body=bytes(r[7]), stored_at=r[8])
-                for r in await self._fetch("reading events", sql, *args)]
+        # One statement, one snapshot: the page, and whether committed events
+        # wait above the horizon (one row of NULLs when the page is empty).
+        sql = (f"SELECT EXISTS (SELECT 1 FROM events WHERE id >= {HORIZON}), e.* FROM (VALUES (1)) one "
+               f"LEFT JOIN LATERAL (SELECT {_EVENT_COLUMNS} FROM events WHERE {' AND '.join(where)} "
+               f"ORDER BY id LIMIT ${len(args)}) e ON TRUE")
+        rows = await self._fetch("reading events", sql, *args)
+        page = [StoredEvent(id=r[1], host_id=r[2], boot_id=r[3], seq=r[4], wall=r[5], kind=r[6], port=r[7],
+                            body=bytes(r[8]), stored_at=r[9])
+                for r in rows if r[1] is not None]
+        held = bool(rows and rows[0][0])
+        if held and len(page) < query.limit and self._listeners.get(CHANNEL_EVENTS):
+            self._held_back()
+        elif not held:
+            self._held_delay = HELD_RETRY_S
+        return page
 
     async def day_totals(self, since: float, until: float) -> list[DayTotal]:
         rows = await self._fetch("reading day totals",
@@ -462,10 +542,8 @@ class PgStore:
         return [DayTotal(day=day, failures_absorbed=n, gpus=gpus) for day, n, gpus in rows]
 
     async def prune(self, before: float) -> int:
-        """Chunk by chunk, each its own transaction (under the events lock,
-        so a resend racing the delete is counted against the new floor), so
-        event inserts wait for one chunk at most. Commands created before
-        `before` go too."""
+        """Chunk by chunk, each its own transaction, so event inserts wait
+        for one chunk at most. Commands created before `before` go too."""
         deleted = 0
         while True:
             n = await self._run("pruning events", self._prune_chunk, float(before), PRUNE_CHUNK)
@@ -478,10 +556,19 @@ class PgStore:
     @staticmethod
     async def _prune_chunk(conn: asyncpg.Connection, before: float, chunk: int) -> int:
         async with conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", LOCK_SPACE, EVENTS_LOCK)
-            rows = await conn.fetch("DELETE FROM events WHERE id IN "
-                                    "(SELECT id FROM events WHERE wall < $1 ORDER BY id LIMIT $2) "
-                                    "RETURNING host_id, boot_id, seq", before, chunk)
+            # The chunk's boots rows first, locked in key order as a group
+            # commit locks them: a group storing a resend of an event deleted
+            # here waits, then reads the raised floor and counts it pruned.
+            ids = [r[0] for r in await conn.fetch("SELECT id FROM events WHERE wall < $1 ORDER BY id LIMIT $2",
+                                                  before, chunk)]
+            if not ids:
+                return 0
+            await conn.execute(
+                "SELECT 1 FROM boots WHERE (host_id, boot_id) IN "
+                "(SELECT DISTINCT host_id, boot_id FROM events WHERE id = ANY($1::BIGINT[])) "
+                'ORDER BY host_id COLLATE "C", boot_id COLLATE "C" FOR UPDATE', ids)
+            rows = await conn.fetch("DELETE FROM events WHERE id = ANY($1::BIGINT[]) AND wall < $2 "
+                                    "RETURNING host_id, boot_id, seq", ids, before)
             floors: dict[tuple[str, str], int] = {}
             for host_id, boot_id, seq in rows:
                 floors[(host_id, boot_id)] = max(seq, floors.get((host_id, boot_id), 0))
@@ -619,7 +706,12 @@ class PgStore:
     # -- shared: notifications ------------------------------------------------------
 
     async def notify(self, channel: str, payload: str = "") -> None:
-        await self._execute(f"notifying {channel}", "SELECT pg_notify($1, $2)", channel, payload)
+        """Not durable (synchronous_commit off for this one transaction): a
+        notification is a wake-up sent after the data it is about committed,
+        and a transaction that notifies holds a database-wide lock until it
+        ends; with a WAL flush inside, every replica's joins, commands and
+        plans queued on it one fsync each."""
+        await self._execute(f"notifying {channel}", NOTIFY_SQL, channel, payload)
 
     async def listen(self, channel: str, callback: Callable[[str], None]) -> None:
         self._open_pool()
@@ -685,6 +777,116 @@ class PgStore:
                     except Exception:
                         log.exception("store_listener_failed", channel=channel)
             return
+
+
+# One statement stores a whole group: the hosts and boots rows (locked, in key
+# order, so two replicas' groups lock shared rows in the same order), the
+# events above each boot's retention floor with their ids, and the savings
+# rows; it returns each boot's state before the group and the event keys it
+# stored. The caller then does the per-call accounting and one UPDATE.
+GROUP_SQL = f"""
+WITH h AS (
+  INSERT INTO hosts (host_id, boot_id, first_seen, last_seen)
+  SELECT * FROM unnest($1::TEXT[], $2::TEXT[], $3::FLOAT8[], $4::FLOAT8[]) AS s(host_id, boot_id, f, l)
+  ORDER BY host_id COLLATE "C"
+  ON CONFLICT (host_id) DO UPDATE SET last_seen = GREATEST(hosts.last_seen, excluded.last_seen)),
+b AS (
+  INSERT INTO boots (host_id, boot_id)
+  SELECT * FROM unnest($5::TEXT[], $6::TEXT[]) AS s(host_id, boot_id)
+  ORDER BY host_id COLLATE "C", boot_id COLLATE "C"
+  ON CONFLICT (host_id, boot_id) DO UPDATE SET host_id = excluded.host_id
+  RETURNING host_id, boot_id, last_seq, lost, floor_seq),
+e AS (
+  INSERT INTO events (id, host_id, boot_id, seq, wall, kind, severity, port, rail, body, stored_at)
+  SELECT {pg_schema.TX_ID_BASE} + $7 + x.n, x.host_id, x.boot_id, x.seq, x.wall, x.kind, x.severity,
+         x.port, x.rail, x.body, x.stored_at
+  FROM unnest($8::TEXT[], $9::TEXT[], $10::BIGINT[], $11::FLOAT8[], $12::TEXT[], $13::TEXT[], $14::TEXT[],
+              $15::TEXT[], $16::BYTEA[], $17::FLOAT8[])
+       WITH ORDINALITY AS x(host_id, boot_id, seq, wall, kind, severity, port, rail, body, stored_at, n)
+  JOIN b ON b.host_id = x.host_id AND b.boot_id = x.boot_id
+  WHERE x.seq > b.floor_seq
+  ORDER BY x.n
+  ON CONFLICT (host_id, boot_id, seq) DO NOTHING
+  RETURNING host_id, boot_id, seq),
+a AS (
+  INSERT INTO absorbed (host_id, boot_id, seq, wall, day, gpus)
+  SELECT a.host_id, a.boot_id, a.seq, a.wall, a.day, a.gpus
+  FROM unnest($18::TEXT[], $19::TEXT[], $20::BIGINT[], $21::FLOAT8[], $22::TEXT[], $23::BIGINT[])
+       AS a(host_id, boot_id, seq, wall, day, gpus)
+  JOIN b ON b.host_id = a.host_id AND b.boot_id = a.boot_id
+  WHERE a.seq > b.floor_seq
+  ON CONFLICT DO NOTHING)
+SELECT TRUE, host_id, boot_id, last_seq, lost, floor_seq FROM b
+UNION ALL SELECT FALSE, host_id, boot_id, seq, 0, 0 FROM e"""
+
+BOOTS_SQL = """UPDATE boots b SET last_seq = u.last_seq, lost = u.lost
+FROM unnest($1::TEXT[], $2::TEXT[], $3::BIGINT[], $4::BIGINT[]) AS u(host_id, boot_id, last_seq, lost)
+WHERE b.host_id = u.host_id AND b.boot_id = u.boot_id"""
+
+# After the commit, in a transaction of its own that need not wait for the
+# WAL flush (a notification is a wake-up, not data).
+NOTIFY_SQL = "SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)"
+NOTIFY_EVENTS_SQL = f"SELECT set_config('synchronous_commit', 'off', true), pg_notify('{CHANNEL_EVENTS}', '')"
+
+
+async def _store_group(conn: asyncpg.Connection, calls: list[_AddCall], rank: int = 0) -> list[AddResult]:
+    """Store `calls` in the open transaction (GROUP_SQL, then one UPDATE of
+    the boots that moved); SqliteStore._add_events' accounting, call after
+    call, as if each had run alone in the group's order. `rank`: ids of this
+    transaction already given (the old path runs one call at a time)."""
+    hosts: dict[str, list] = {}
+    for call in calls:
+        seen = hosts.setdefault(call.host_id, [call.boot_id, call.now, call.now])
+        seen[2] = max(seen[2], call.now)
+    boots = sorted({(call.host_id, call.boot_id) for call in calls})
+    ev: tuple[list, ...] = ([], [], [], [], [], [], [], [], [], [])
+    ab: tuple[list, ...] = ([], [], [], [], [], [])
+    for call in calls:
+        n = len(call.events)
+        ev[0].extend([call.host_id] * n)
+        ev[1].extend([call.boot_id] * n)
+        for column, values in zip(ev[2:9], call.columns):
+            column.extend(values)
+        ev[9].extend([call.now] * n)
+        for e in call.events:
+            if e.absorbed_gpus > 0:
+                for column, value in zip(ab, (call.host_id, call.boot_id, e.seq, float(e.wall), day_of(e.wall),
+                                              e.absorbed_gpus)):
+                    column.append(value)
+    rows = await conn.fetch(GROUP_SQL, list(hosts), [v[0] for v in hosts.values()], [v[1] for v in hosts.values()],
+                            [v[2] for v in hosts.values()], [h for h, _ in boots], [b for _, b in boots], rank,
+                            *ev, *ab)
+    state: dict[tuple[str, str], list[int]] = {}
+    stored_keys: set[tuple[str, str, int]] = set()
+    for is_boot, host_id, boot_id, a, lost, floor in rows:
+        if is_boot:
+            state[(host_id, boot_id)] = [a, lost, floor]
+        else:
+            stored_keys.add((host_id, boot_id, a))
+    before = {key: tuple(value[:2]) for key, value in state.items()}
+    results = []
+    for call in calls:
+        boot = state[(call.host_id, call.boot_id)]
+        prev, lost_before, floor = boot
+        stored = 0
+        for e in call.events:  # a seq stored by the group counts for the first call that carried it
+            key = (call.host_id, call.boot_id, e.seq)
+            if e.seq > floor and key in stored_keys:
+                stored_keys.discard(key)
+                stored += 1
+        events, gap = call.events, call.gap
+        top = max(events[-1].seq if events else 0, gap[1] if gap else 0)
+        above = sum(1 for e in events if e.seq > prev)
+        newly_lost = (top - prev) - above if top > prev else 0
+        filled = stored - above  # new arrivals at or below prev: holes filled late
+        boot[1] = min(2**63 - 1, max(0, lost_before + newly_lost - filled))  # BIGINT
+        boot[0] = max(prev, top)
+        results.append(AddResult(stored=stored, duplicates=len(events) - stored, last_seq=boot[0], lost=newly_lost))
+    moved = [(key, value) for key, value in state.items() if tuple(value[:2]) != before[key]]
+    if moved:
+        await conn.execute(BOOTS_SQL, [k[0] for k, _ in moved], [k[1] for k, _ in moved],
+                           [v[0] for _, v in moved], [v[1] for _, v in moved])
+    return results
 
 
 def _settle(future: asyncio.Future, ok: bool, value: Any) -> None:

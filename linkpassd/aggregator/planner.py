@@ -25,7 +25,8 @@ fleet, made by whichever replica holds the "mesh-planner" lead
 replica, and written to the store whole. Every replica (the planner
 included) is then told (CHANNEL_MESH) and sends its own hosts their entries
 that changed (`tell_from_store`). A replica that is not the planner still
-tells a host that joins it the standing plan's entry at once. The planner's
+tells a host that joins it the standing plan's entry at once, and does
+nothing more when a host joins or leaves another replica. The planner's
 lead is an advisory lock on its own database connection: when that replica
 dies, the next change (its hosts joining others) is planned by another.
 While shared, the plan is also redone every STALE_REPLAN_S, so a host whose
@@ -86,6 +87,7 @@ class MeshPlanner:
         self._members: dict[str, tuple[pb.Inventory, list[mesh.Member]]] = {}
         self.plans = 0  # completed plans (tests wait on it)
         self._shared_signature = b""  # shared store: what this replica's last plan was made of
+        self._changed_here = False  # shared store: a host joined, left or changed on this replica
 
     def joined(self, host_id: str) -> None:
         self._told.pop(host_id, None)  # a new stream: tell it, changed or not
@@ -99,6 +101,13 @@ class MeshPlanner:
         self.changed()
 
     def changed(self) -> None:
+        """A host of this replica joined, left or sent a new inventory."""
+        self._changed_here = True
+        self.changed_elsewhere()
+
+    def changed_elsewhere(self) -> None:
+        """Another replica's host did (CHANNEL_HOSTS): only the planner
+        replica has work to do; the others just ask whether they lead."""
         self._dirty.set()
         self._metrics.plan_pending.set(1)
 
@@ -179,7 +188,13 @@ class MeshPlanner:
         store = fleet.store
         if not await store.try_lead(LEAD_ROLE):
             self._shared_signature = b""  # another replica plans: ours is no longer the standing plan
-            await self.tell_from_store()  # joins here hear the standing plan at once
+            # Joins here hear the standing plan at once; a change on another
+            # replica costs this one nothing more (reading its hosts' entries
+            # at every join anywhere was work growing with the replicas):
+            # a new plan comes with CHANNEL_MESH.
+            if self._changed_here:
+                self._changed_here = False
+                await self.tell_from_store()
             return
         now = fleet.clock()
         members = []

@@ -18,7 +18,8 @@ that dies takes nothing with it that the others need.
   second, so a lost notification costs a second, not the command.
 - **Follow streams** of every replica see every replica's events: the store
   notifies CHANNEL_EVENTS when events commit, and each replica's fan-out
-  reads on from its cursor (event ids follow commit order in the store).
+  reads on from its cursor (the store never returns an id while a smaller
+  one may still commit, pg_store.py).
 - **The probe mesh** is planned by one replica at a time (planner.py, with
   `SharedStore.try_lead`) and each replica tells its own hosts
   (CHANNEL_MESH).
@@ -80,7 +81,7 @@ class Replicas:
     async def start(self) -> None:
         store = self.store
         await store.listen(CHANNEL_EVENTS, lambda _payload: self.fleet.fanout.notify())
-        await store.listen(CHANNEL_HOSTS, lambda _payload: self.fleet.planner.changed())
+        await store.listen(CHANNEL_HOSTS, lambda _payload: self.fleet.planner.changed_elsewhere())
         await store.listen(CHANNEL_COMMANDS, self._on_command)
         await store.listen(CHANNEL_RESULTS, self._on_result)
         await store.listen(CHANNEL_MESH, lambda _payload: self._spawn(self.fleet.planner.tell_from_store()))

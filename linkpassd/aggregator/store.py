@@ -172,10 +172,10 @@ class SharedStore(Store, Protocol):
     - **Notifications.** `listen(channel, callback)` calls back (on the
       event loop, never blocking) with the payload of every `notify` on that
       channel from any replica, this one included. `add_events` notifies
-      CHANNEL_EVENTS in its own transaction. Channel names are CHANNEL_*.
-    - **Event ids follow commit order**, so a follow stream that reads
-      `after_id` never skips an event another replica committed later with a
-      smaller id.
+      CHANNEL_EVENTS once its events committed. Channel names are CHANNEL_*.
+    - **A follow stream never skips**: `events` returns no id while an
+      event with a smaller id may still commit on any replica, so a reader
+      following `after_id` sees every event once, in one order for all.
     """
 
     shared: bool

@@ -24,6 +24,7 @@ import sys
 import time
 from contextlib import asynccontextmanager
 
+import asyncpg
 import pytest
 
 from linkpassd.aggregator import pg_schema, pg_store
@@ -457,4 +458,124 @@ def test_event_ids_follow_commit_order_so_a_following_reader_misses_nothing(pg_d
             for n in range(hosts):
                 assert [e.seq for e in seen if e.host_id == f"h{n:02d}"] == list(range(1, batches * size + 1))
             assert a.group_commits + b.group_commits < hosts * batches  # batches shared commits
+    run(scenario())
+
+
+# -- no lock on the event path (issue 29) ------------------------------------------
+
+
+def test_a_schema_1_database_keeps_its_events_and_new_ids_come_after_them(pg_cluster, pg_databases, monkeypatch):
+    """Migration 2 on a database written by schema 1 (identity ids 1..n):
+    the old events stay readable under their ids, new events get larger ids,
+    so a follower's old cursor carries on."""
+    dsn = pg_databases()
+    with monkeypatch.context() as m:
+        m.setattr(pg_schema, "MIGRATIONS", pg_schema.MIGRATIONS[:1])
+        m.setattr(pg_schema, "SCHEMA_VERSION", 1)
+
+        async def schema_1():
+            async with opened(dsn):
+                pass
+        run(schema_1())
+    pg_cluster.psql("INSERT INTO events (host_id, boot_id, seq, wall, kind, severity, port, rail, body, stored_at) "
+                    "SELECT 'old', 'b', s, s, 'verdict', 'info', 'eth1', 'rail0', '', s "
+                    "FROM generate_series(1, 50) s", database=db_name(dsn))
+
+    async def scenario():
+        async with opened(dsn) as store:
+            assert await store.schema_version() == 2
+            old = await store.events(EventQuery(limit=1000))
+            assert [e.id for e in old] == list(range(1, 51))
+            await store.add_events("new", "b", rows(range(1, 11)), None, 1.0)
+            after = await store.events(EventQuery(after_id=50, limit=1000))
+            assert [(e.host_id, e.seq) for e in after] == [("new", s) for s in range(1, 11)]
+            assert after[0].id > 50 and [e.id for e in after] == sorted(e.id for e in after)
+    run(scenario())
+
+
+def test_a_reader_never_passes_a_transaction_still_running_and_is_woken_when_it_ends(pg_databases):
+    """The skip the old lock prevented: transaction T1 takes its xid, T2
+    (a replica's group commit) commits events after it. A reader must not
+    see T2's events while T1 may still commit (they would come before them),
+    then sees T1's and T2's in that order, and is woken once T1 ends though
+    T1 notified nobody."""
+    dsn = pg_databases()
+
+    async def scenario():
+        async with opened(dsn) as store, opened(dsn) as reader:
+            seen: list = []
+            reads: list[int] = []
+            wake = asyncio.Event()
+            await reader.listen(CHANNEL_EVENTS, lambda _payload: wake.set())
+
+            async def follow():  # as the fan-out does: read from the cursor on every wake-up
+                while True:
+                    await wake.wait()
+                    wake.clear()
+                    page = await reader.events(EventQuery(after_id=seen[-1].id if seen else 0, limit=100))
+                    seen.extend(page)
+                    reads.append(len(page))
+
+            follower = asyncio.create_task(follow())
+            t1 = await asyncpg.connect(dsn)
+            try:
+                tx = t1.transaction()
+                await tx.start()
+                await t1.execute("INSERT INTO hosts (host_id, first_seen, last_seen) VALUES ('early', 1, 1)")
+                await store.add_events("late", "b", rows(range(1, 4)), None, 1.0)  # T2, committed, notified
+                await until(lambda: len(reads) >= 2, "the follower reading while T1 runs")
+                assert seen == []  # held below T1
+                await t1.execute(
+                    f"INSERT INTO events (id, host_id, boot_id, seq, wall, kind, severity, port, rail, body, "
+                    f"stored_at) VALUES ({pg_schema.TX_ID_BASE} + 1, 'early', 'b', 1, 1, 'verdict', 'info', "
+                    "'eth1', 'rail0', '', 1)")
+                await tx.commit()  # no NOTIFY: only the store's own retry wakes the follower
+            finally:
+                await t1.close()
+            try:
+                await until(lambda: len(seen) == 4, "the follower to read past the ended transaction")
+            finally:
+                follower.cancel()
+            assert [(e.host_id, e.seq) for e in seen] == [("early", 1), ("late", 1), ("late", 2), ("late", 3)]
+            assert [e.id for e in seen] == sorted(e.id for e in seen)
+    run(scenario())
+
+
+def test_one_group_is_one_statement_and_a_seq_sent_twice_in_it_counts_for_the_first_call(pg_databases):
+    """Calls queued together share one group: each (host, boot, seq) is
+    stored once and counted for the first call that carried it; the rest
+    are duplicates; a bad call among them fails alone."""
+    async def scenario():
+        async with opened(pg_databases()) as store:
+            calls = [store.add_events("h", "b", rows(range(1, 6)), None, 1.0),
+                     store.add_events("h", "b", rows(range(3, 9)), None, 2.0),
+                     store.add_events("g", "b", rows(range(1, 3)), None, 1.0),
+                     store.add_events("bad\x00host", "b", rows(range(1, 3)), None, 1.0)]
+            first, second, other, bad = await asyncio.gather(*calls, return_exceptions=True)
+            assert (first.stored, first.duplicates, first.last_seq) == (5, 0, 5)
+            assert (second.stored, second.duplicates, second.last_seq) == (3, 3, 8)
+            assert other.stored == 2
+            assert isinstance(bad, StoreError) and "bad\x00host" in str(bad)
+            (h,) = await store.hosts(["h"])
+            assert (h.last_seq, h.events_lost, h.last_seen) == (8, 0, 2.0)
+            assert [e.seq for e in await store.events(EventQuery(host_id="h", limit=100))] == list(range(1, 9))
+    run(scenario())
+
+
+def test_the_old_locked_path_stores_the_same_for_the_bench(pg_databases):
+    """PgStore(event_lock=True), the bench's baseline, gives the same results."""
+    async def scenario():
+        dsn = pg_databases()
+        store = PgStore(dsn, event_lock=True)
+        await store.open()
+        try:
+            results = await asyncio.gather(*(store.add_events(f"h{n}", "b", rows(range(1, 11)), (0, 0), 1.0)
+                                             for n in range(20)))
+            assert all(r.stored == 10 for r in results) and store.group_commits < 20
+            again = await store.add_events("h0", "b", rows(range(5, 13)), None, 2.0)
+            assert (again.stored, again.duplicates) == (2, 6)
+            seen = await store.events(EventQuery(limit=1000))
+            assert len(seen) == 202 == len({e.id for e in seen})
+        finally:
+            await store.close()
     run(scenario())

@@ -221,6 +221,8 @@ def test_serve_opens_a_postgresql_store_when_selected(pg_cluster, pg_databases) 
     cannot reach is exit status 1 (store unusable)."""
     import asyncio
 
+    from linkpassd.aggregator.pg_schema import SCHEMA_VERSION
+
     dsn = pg_databases()
     database = dsn.split("/")[3].split("?")[0]
 
@@ -237,7 +239,7 @@ def test_serve_opens_a_postgresql_store_when_selected(pg_cluster, pg_databases) 
         served = asyncio.create_task(agg_main.serve(settings_for(dsn), stop=stop))
         def migrated() -> bool:
             try:
-                return pg_cluster.psql("SELECT version FROM linkpass_schema", database=database).strip() == "1"
+                return pg_cluster.psql("SELECT version FROM linkpass_schema", database=database).strip() == str(SCHEMA_VERSION)
             except subprocess.CalledProcessError:  # no such table yet
                 return False
 
