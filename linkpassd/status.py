@@ -61,6 +61,7 @@ class StatusReport:
             reconcile_failures=self.reconcile_failures,
             boot_id=self.events.boot_id,
             last_event_seq=self.events.log.last_seq,
+            aggregator=self.agent_status(),
         )
 
     def problems(self) -> tuple[Problem, ...]:

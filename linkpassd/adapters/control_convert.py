@@ -241,6 +241,8 @@ def status_to_proto(status: DaemonStatus, *, served_at: float) -> pb.DaemonStatu
         sensors=[port_sensors_to_proto(s) for s in status.sensors],
         boot_id=status.boot_id,
         last_event_seq=status.last_event_seq,
+        aggregator=(pb.AggregatorLink(**vars(status.aggregator))
+                    if status.aggregator is not None else None),
     )
 
 

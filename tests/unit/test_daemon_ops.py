@@ -132,9 +132,62 @@ def test_the_control_api_drain_returns_after_the_pass_that_moved_the_traffic(tmp
         finally:
             loop_task.cancel()
 
-    state = asyncio.run(scenario())
+    outcome = asyncio.run(scenario())
+    state = outcome.state
     assert state.verdict is Verdict.DEGRADED and state.drain.reason == "flapping optic"
     assert state.drain.until == state.drain.at + 3600.0
+    assert outcome.replaced is None and outcome.notes == ()  # the traffic moved
+
+
+def control_drains(daemon, *calls):
+    """Each (port, reason, duration_s) through the control API's drain, in turn."""
+    async def scenario():
+        loop_task = asyncio.create_task(daemon._reconcile_loop())
+        try:
+            return [await daemon.drain(port, reason, duration_s, "root (uid 0)")
+                    for port, reason, duration_s in calls]
+        finally:
+            loop_task.cancel()
+    return asyncio.run(scenario())
+
+
+def test_a_second_drain_replaces_the_first_and_says_so(tmp_path):
+    """Issue 28: a second drain silently replaced the first's --for. The
+    newest drain wins (its --for counts from now; none: until undrain), the
+    answer and the event name the drain it replaced."""
+    daemon, clock, kernel = started(tmp_path)
+    first, second = control_drains(daemon, ("eth0", "optic swap", 1800.0),
+                                   ("eth0", "optic swap, vendor late", 7200.0))
+    assert first.replaced is None
+    assert second.replaced == first.state.drain
+    assert second.state.drain.until == second.state.drain.at + 7200.0
+    assert daemon.drains["eth0"].reason == "optic swap, vendor late"
+    event = daemon.events.log.last(10)
+    drained = [e for e in event if e.kind is EventKind.DRAIN]
+    assert "replaces the drain by root (uid 0)" in drained[-1].message
+    assert drained[-1].field("replaced_by") == "root (uid 0)"
+
+
+def test_a_drain_that_cannot_move_traffic_says_where_it_stays(tmp_path):
+    """Issue 28: a drain with no healthy alternative just said "drained".
+    Draining every port: the last one keeps the traffic, and says why."""
+    daemon, clock, kernel = started(tmp_path)
+    a, b, c = control_drains(daemon, *[(p, "rack move", None) for p in PORTS])
+    assert a.notes == () and b.notes == ()
+    assert c.notes and all("traffic stays on eth2" in n and "no healthy" in n for n in c.notes)
+    assert any("rail" in n for n in c.notes)
+
+
+def test_draining_the_backup_does_not_move_a_drained_primary_back(tmp_path):
+    """Issue 28: drain eth0 (its table moves away), then drain where it
+    went: the table must not come back to eth0."""
+    daemon, clock, kernel = started(tmp_path)
+    run(daemon.handle([drain_cmd("eth0")]))
+    moved_to = table_port(daemon, kernel, "eth0")
+    assert moved_to != "eth0"
+    others = [p for p in PORTS if p not in ("eth0", moved_to)]
+    control_drains(daemon, *[(p, "rack move", None) for p in others + [moved_to]])
+    assert table_port(daemon, kernel, "eth0") == moved_to
 
 
 def test_a_foreign_object_found_in_the_same_pass_as_a_cable_pull_holds_up_nothing(tmp_path):
