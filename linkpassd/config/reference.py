@@ -86,11 +86,18 @@ def render_reference_markdown() -> str:
 
 def check_config_main(path: str | os.PathLike[str]) -> int:
     """`linkpassd --check-config FILE`: 0 and an OK line, or 1 and the one-line error
-    on stderr. Never a traceback: it runs in ExecStartPre and in config pipelines."""
+    on stderr. Never a traceback: it runs in ExecStartPre and in config pipelines.
+    Beyond the file itself: [aggregator]'s host_id against its client
+    certificate (agent.certcheck), which the aggregator would refuse."""
     try:
         config = load_config(path)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
+        return 1
+    from linkpassd.agent.certcheck import host_id_problem  # grpc and X.509: only when checking
+    problem = host_id_problem(config.aggregator)
+    if problem is not None:
+        print(f"{_one_line(config.source)}: {problem}", file=sys.stderr)
         return 1
     print(
         f"OK: {_one_line(config.source)}: {_count(len(config.rails), 'rail')}, "
