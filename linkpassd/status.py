@@ -18,7 +18,9 @@ from linkpassd.core.model import (DaemonStatus, OpticsReading, PortSensors, Port
 class StatusReport:
     def _unix_port_states(self, now: float) -> dict[str, PortState]:
         to_wall = self.started_wall - self.started_mono
-        return {p: replace(s, since=s.since + to_wall) for p, s in self.port_states(now).items()}
+        return {p: replace(s, since=s.since + to_wall,
+                           hold_until=s.hold_until + to_wall if s.hold_until else 0.0)
+                for p, s in self.port_states(now).items()}
 
     def explain(self, port: str) -> explain.Explanation | None:
         if self.decision is None:

@@ -56,6 +56,7 @@ def port_state_to_proto(state: PortState) -> pb.PortState:
         since=state.since,
         evidence=list(state.evidence),
         drain=None if state.drain is None else drain_to_proto(state.drain),
+        hold_until=state.hold_until,
     )
 
 

@@ -304,6 +304,11 @@ def port_state(state: PortHealth, now: float, timers: Timers,
     last = state.last
     carrier = bool(last and last.healthy)
     evidence = [state.reason] if state.reason else []
+    hold_until = 0.0
+    if state.phase == "RECOVERING":
+        hold_until = state.good_since + timers.hold_down_s
+        if state.reason:  # the reason is the past: say that the port is on its way back
+            evidence = [f"in hold-down after: {state.reason}"]
     if last is not None and last.present:
         evidence.append(f"carrier {'up' if last.carrier else 'down'}, operstate {last.operstate}, "
                         f"carrier up/down counts {last.carrier_up_count}/{last.carrier_down_count}")
@@ -320,4 +325,5 @@ def port_state(state: PortHealth, now: float, timers: Timers,
     elif state.phase == "FAILING":
         evidence.append(f"failing: {state.bad_streak}/{timers.fall} bad samples")
     return PortState(port=state.port, verdict=state.verdict, carrier=carrier,
-                     phase=state.phase, since=state.since, evidence=tuple(evidence))
+                     phase=state.phase, since=state.since, evidence=tuple(evidence),
+                     hold_until=hold_until)

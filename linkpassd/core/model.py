@@ -251,6 +251,9 @@ class PortState:
     since: float  # when the verdict last changed: daemon clock in the core, unix time in DaemonStatus
     evidence: tuple[str, ...] = ()
     drain: "Drain | None" = None  # set while an operator has the port drained
+    # While RECOVERING: when the hold-down ends (same clock as `since`); 0
+    # otherwise. The verdict changes then if the rise count is also met.
+    hold_until: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -399,6 +399,10 @@ def render_explanation(e: pb.ExplainPortResponse) -> str:
              if state.verdict != pb.VERDICT_UNSPECIFIED else "-"),
             ("evidence", evidence[0]),
             *(("", line) for line in evidence[1:]),
+            *([("hold-down", f"until {wall_time(state.hold_until)} "
+                              f"(in {duration(max(0.0, state.hold_until - e.served_at))}); the "
+                              "verdict changes then if the port stays good")]
+              if state.hold_until else []),
             *([("drained", drain_text(state.drain, e.served_at))] if state.HasField("drain") else []),
         ]
     )
@@ -410,7 +414,10 @@ def render_explanation(e: pb.ExplainPortResponse) -> str:
         )
     else:
         uses = "no table or group uses this port"
-    return "\n\n".join([_one_line(e.summary), head, uses])
+    summary = _one_line(e.summary)
+    if state.hold_until:
+        summary += f" In hold-down until {wall_time(state.hold_until)}."
+    return "\n\n".join([summary, head, uses])
 
 
 # --------------------------------------------------------------------------

@@ -384,7 +384,7 @@ def test_explain_json(server, sock: Path) -> None:
     assert data["state"] == {"port": "eth0", "verdict": "VERDICT_DEGRADED", "carrier": True, "phase": "DEGRADED",
                              "since": WALL_NOW - 95, "evidence": [
                                  "optics: lane 5 RX -11.20 dBm below low alarm -10.4", "carrier up"],
-                             "drain": None}
+                             "drain": None, "hold_until": 0.0}
     assert data["consequences"][0] == {"kind": "rail-table", "name": "rail0", "table": 10100, "role": "primary",
                                        "carries_port": False,
                                        "detail": "table 10100 routes through rail1 (eth1) instead"}

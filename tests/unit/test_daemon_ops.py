@@ -258,3 +258,40 @@ def test_a_port_removed_by_a_reload_can_still_be_undrained(tmp_path):
     asyncio.run(scenario())
     assert "eth9" not in daemon.drains
     assert dataclasses.asdict(daemon.events.log.last(1)[0])["port"] == "eth9"
+
+
+def test_explain_says_hold_down_until_when_while_carrier_is_back(tmp_path, monkeypatch):
+    """Issue 28: `explain` said "no carrier" while the carrier was back and
+    the port in its hold-down. It says hold-down, and until when."""
+    import time as time_mod
+    from linkpassd.adapters import control_convert
+    from linkpassd.ctl.render import render_explanation
+    from test_daemon_faults import pull_cable
+    daemon, clock, kernel = started(tmp_path)
+    pull_cable(daemon, clock, kernel, "eth1")
+    clock.t += 0.5
+    run(daemon.handle([LinkEvent(link("eth1"))]))  # carrier back: hold-down starts now
+    back_at = clock.t
+    explained = daemon.explain("eth1")
+    state = explained.state
+    assert state.verdict is Verdict.DOWN and state.phase == "RECOVERING" and state.carrier
+    assert state.evidence[0].startswith("in hold-down after: no carrier")
+    assert state.hold_until == 1.8e9 + back_at + daemon.config.timers.hold_down_s  # unix time
+    monkeypatch.setenv("TZ", "UTC0")
+    time_mod.tzset()
+    try:
+        text = render_explanation(control_convert.explanation_to_proto(explained, served_at=1.8e9 + clock.t))
+    finally:
+        monkeypatch.undo()
+        time_mod.tzset()
+    summary = text.splitlines()[0]
+    assert "in hold-down after: no carrier" in summary
+    assert summary.endswith("In hold-down until 2027-01-15T08:16:46+00:00."), summary
+    assert any(line.startswith("hold-down") and "until 2027-01-15T08:16:46+00:00 (in 5.0s)" in line
+               for line in text.splitlines()), text
+    clock.t += daemon.config.timers.hold_down_s
+    for _ in range(daemon.config.timers.rise):
+        clock.t += 0.1
+        run(daemon.handle([Tick()]))
+    after = daemon.explain("eth1").state
+    assert after.verdict is Verdict.UP and after.hold_until == 0.0

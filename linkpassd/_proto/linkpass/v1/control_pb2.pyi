@@ -65,7 +65,7 @@ SEVERITY_WARNING: Severity
 SEVERITY_ERROR: Severity
 
 class PortState(_message.Message):
-    __slots__ = ("port", "verdict", "carrier", "phase", "since", "evidence", "drain")
+    __slots__ = ("port", "verdict", "carrier", "phase", "since", "evidence", "drain", "hold_until")
     PORT_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     CARRIER_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class PortState(_message.Message):
     SINCE_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
+    HOLD_UNTIL_FIELD_NUMBER: _ClassVar[int]
     port: str
     verdict: Verdict
     carrier: bool
@@ -80,7 +81,8 @@ class PortState(_message.Message):
     since: float
     evidence: _containers.RepeatedScalarFieldContainer[str]
     drain: DrainInfo
-    def __init__(self, port: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., carrier: _Optional[bool] = ..., phase: _Optional[str] = ..., since: _Optional[float] = ..., evidence: _Optional[_Iterable[str]] = ..., drain: _Optional[_Union[DrainInfo, _Mapping]] = ...) -> None: ...
+    hold_until: float
+    def __init__(self, port: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., carrier: _Optional[bool] = ..., phase: _Optional[str] = ..., since: _Optional[float] = ..., evidence: _Optional[_Iterable[str]] = ..., drain: _Optional[_Union[DrainInfo, _Mapping]] = ..., hold_until: _Optional[float] = ...) -> None: ...
 
 class DrainInfo(_message.Message):
     __slots__ = ("reason", "by", "since", "until")
