@@ -117,6 +117,10 @@ def restore(state: PortHealth, verdict: Verdict, reason: str, awaiting, now: flo
     if verdict is Verdict.UP:
         return state
     target = worst(verdict, state.verdict) or verdict
+    if state.last is not None and not state.last.healthy:
+        # What the link says now comes first ("no such port", "no carrier");
+        # what the last daemon knew is history.
+        reason = f"{state.reason}; before this start: {reason}"
     return replace(state, verdict=target, since=now, reason=reason, bad_streak=0, good_streak=0,
                    awaiting=tuple(sorted(set(awaiting))))
 
@@ -222,7 +226,7 @@ def observe_probe(state: PortHealth, name: str, assessment: Assessment, now: flo
 
 def describe_bad(sample: LinkSample) -> str:
     if not sample.present:
-        return "interface missing"
+        return "no such port: the interface does not exist (missing, or renamed)"
     if not sample.admin_up:
         return "interface administratively down"
     if not sample.carrier:

@@ -295,3 +295,24 @@ def test_explain_says_hold_down_until_when_while_carrier_is_back(tmp_path, monke
         run(daemon.handle([Tick()]))
     after = daemon.explain("eth1").state
     assert after.verdict is Verdict.UP and after.hold_until == 0.0
+
+
+def test_a_configured_port_that_does_not_exist_says_no_such_port(tmp_path):
+    """Issue 28: a configured port that does not exist read "found failed
+    over at start" (its table is on a backup since it never had a nexthop)."""
+    from linkpassd.adapters.links import LinkSnapshot
+    from linkpassd.core.model import LinkSample
+    snap = LinkSnapshot(samples={"eth0": link("eth0"), "eth1": LinkSample.missing("eth1"),
+                                 "eth2": link("eth2")}, reason="start")  # eth1 configured, not there
+    kernel = FakeKernel()
+    daemon, clock = make(tmp_path, kernel)
+    run(daemon.handle([snap]))
+    assert table_port(daemon, kernel, "eth1") != "eth1"
+    # A start without the verdict file finds rail1's table on a backup.
+    again, _ = make(tmp_path / "fresh", kernel)
+    again._adopt(kernel.state)
+    run(again.handle([snap]))
+    state = again.port_states(again.clock())["eth1"]
+    assert state.verdict is Verdict.DOWN
+    assert state.evidence[0].startswith("no such port: the interface does not exist"), state.evidence
+    assert "before this start: found failed over at start" in state.evidence[0]
