@@ -46,6 +46,18 @@ class PeerIdentity:
         return f"certificate {self.subject}"
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A host the aggregator refused: what its Hello said, what its
+    certificate names, and when (the page lists it under "Needs a look")."""
+
+    host_id: str  # as the Hello said
+    certificate: str  # PeerIdentity.subject
+    reason: str
+    peer: str
+    at: float  # unix time of the latest refusal
+
+
 INSECURE = PeerIdentity(host_id=None, operator=None, subject="(insecure mode)", insecure=True)
 
 

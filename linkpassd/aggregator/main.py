@@ -169,7 +169,8 @@ async def _start_web(settings: Settings, server: AggregatorServer, store):
         events = await api.events_list(EventQuery(after_id=max(0, newest - PAGE_EVENTS), limit=PAGE_EVENTS))
         return web.render_page(await api.hosts_response(), events, await api.summary(PAGE_SUMMARY_DAYS),
                                insecure=settings.tls.insecure, now=time.time(),
-                               validation=api.validations.last)
+                               validation=api.validations.last,
+                               refused=tuple(server.fleet.refused.values()))
 
     async def health() -> tuple[bool, str]:
         return True, f"ok: {len(server.fleet.sessions)} hosts connected"
