@@ -50,9 +50,12 @@ def render_reference_markdown() -> str:
         "sections and keys, wrong types and impossible values are errors: linkpassd refuses to "
         "start on a bad file, and a SIGHUP reload of one keeps the running config.",
         "",
-        "Check a file without touching the system: `linkpassd --check-config FILE`. Errors are "
+        "Check a file without touching the system: `linkpassd --check-config FILE` (or "
+        "`linkpassd --config FILE --check-config`). Errors are "
         "one line, `<file>: <key path>: <reason>`, with key paths such as "
-        "`ownership.table_min`, `rail[1].gateway` or `rail[0].backups[1]` (arrays count from 0).",
+        "`ownership.table_min`, `rail[1].gateway` or `rail[0].backups[1]` (arrays count from 0). "
+        "With `[aggregator]` (not insecure) it also reads the client certificate and checks "
+        "that it names `host_id` as the aggregator requires, naming both when they differ.",
         "",
         "IPv4 only for now. A complete example is `examples/linkpassd.toml`.",
     ]
