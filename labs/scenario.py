@@ -86,7 +86,7 @@ HANDLED_BY_LINKPASSD = ("cable-pull", "flap", "optic-degradation", "silent-black
 # its leaf: 100 ms x 3, so 300 ms to detect.
 LAB_BFD = {"interval_ms": 100, "detect_mult": 3}
 # And each host rail echo-probes the other host's same rail, end to end,
-# at the production default interval (a miss plus its burst: ~75 ms).
+# at the production defaults (50 ms interval, 30 ms tolerance: docs/probing.md).
 LAB_PROBES = {"interval_ms": 50}
 
 LINKWATCH_QUIET_S = 1.2

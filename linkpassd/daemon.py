@@ -36,7 +36,7 @@ from linkpassd import config as configmod
 from linkpassd import logs
 from linkpassd.adapters import sdnotify
 from linkpassd.adapters.bfd import BfdAgent, BfdEvent, PeerSpec
-from linkpassd.adapters.control_server import ControlServer
+from linkpassd.adapters.control_server import ControlServer, ControlSocketError
 from linkpassd.adapters.echo import EchoService
 from linkpassd.adapters.instancelock import AlreadyRunning, InstanceLock
 from linkpassd.adapters.kernel import (KernelAdapter, KernelOpError, KernelReadError,
@@ -46,6 +46,7 @@ from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.sensor import Sensor
 from linkpassd.adapters.watchdog import Watchdog
 from linkpassd.agent.link import AggregatorLink, MeshPeersChanged
+from linkpassd.config.reference import control_socket_problem
 from linkpassd.operations import DrainCommand, Operations, cause_of
 from linkpassd.persist import ECHO_SIGNAL, StateFiles
 from linkpassd.status import StatusReport
@@ -112,6 +113,8 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         self.clock = clock
         self.wallclock = wallclock
         self.queue: asyncio.Queue = asyncio.Queue()
+        self.reload_queued = False  # a Reload is in the queue (request_reload coalesces SIGHUPs)
+        self.echo_port_taken_since: float | None = None  # status: another process on the echo port
         self.links: dict[str, LinkSample] = {}
         self.health: dict[str, health.PortHealth] = {}
         self.decision: policy.Decision | None = None
@@ -161,7 +164,7 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGHUP, self.queue.put_nowait, Reload())
+        loop.add_signal_handler(signal.SIGHUP, self.request_reload)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.queue.put_nowait, Shutdown(sig.name))
         ipr = AsyncIPRoute()
@@ -288,13 +291,36 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
                     if what == "optics":
                         await self.queue.put(OpticsRead(port, Unreadable(f"sensor failed: {exc!r}")))
 
+    def request_reload(self) -> None:
+        """SIGHUP: queue one reload. Signals while one is queued and not
+        started yet are the same request (100 SIGHUPs in 2 s were 100
+        reloads, each ahead of the link events queued behind it)."""
+        if not self.reload_queued:
+            self.reload_queued = True
+            self.queue.put_nowait(Reload())
+
     async def _reconcile_loop(self) -> None:
+        """Batches of queued events. A reload waits until every other event
+        queued before it was handled, link events that arrive meanwhile
+        included, and then runs once: a failover is never behind a reload."""
         while True:
             events = [await self.queue.get()]
-            while not self.queue.empty():
-                events.append(self.queue.get_nowait())
-            await self.handle(events)
-            self.watchdog.progress(self.clock())  # systemd is pinged only while this runs
+            reload = False
+            while True:
+                while not self.queue.empty():
+                    events.append(self.queue.get_nowait())
+                rest = [e for e in events if not isinstance(e, Reload)]
+                reload = reload or len(rest) != len(events)
+                if rest:
+                    await self.handle(rest)
+                    self.watchdog.progress(self.clock())  # systemd is pinged only while this runs
+                if self.queue.empty():
+                    break
+                events = []
+            if reload:
+                self.reload_queued = False  # a SIGHUP from here on asks for another reload
+                await self.handle([Reload()])
+                self.watchdog.progress(self.clock())
 
     # ------------------------------------------------------------- decisions
 
@@ -489,7 +515,11 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
     def _log_echo_counters(self, why: str) -> None:
         assert self.echo is not None
         for path, prober in self.echo.probers.items():
-            log.info("echo_counters", why=why, path=str(path), **vars(prober.counters))
+            state = prober.state
+            log.info("echo_counters", why=why, path=str(path), **vars(prober.counters),
+                     longest_silence_ms=round(state.longest_silence_s * 1e3, 1),
+                     peer_held_max_ms=round(state.held_max_s * 1e3, 1),
+                     stall_max_ms=round(state.stall_max_s * 1e3, 1))
         log.info("echo_loop_lag", stalls=self.echo.lag.stalls,
                  max_lag_ms=round(self.echo.lag.max_lag_s * 1e3, 1), **self.echo.batching(),
                  **({"responder_" + k: v for k, v in vars(self.echo.responder.counters).items()}
@@ -528,6 +558,10 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         if self.echo.responder_error:
             log.error("echo_responder_failed", error=self.echo.responder_error,
                       note="probing goes on; binding is retried every second")
+        taken = self.echo_port_problems()
+        if taken:
+            log.error("echo_port_taken", port=spec.port, detail=taken[0].detail,
+                      note="shown in status until that process lets go of the port")
         log.info("echo_probing", paths=len(spec.paths), port=spec.port,
                  interval_ms=self.config.probes.interval_ms)
         if not spec.responder.fabric_prefixes:
@@ -791,6 +825,34 @@ Exit status: 0 stopped by a signal; 1 --check-config found a problem, or
 another linkpassd is running; 2 the config is bad at start."""
 
 
+FD_RESERVE = 256  # state files, netlink and ethtool sockets, logs, the responder, grpc's own
+FDS_PER_RAIL = 16  # a rail's probe sockets (echo, BFD sessions) with room
+
+
+def fds_needed(config: Config) -> int:
+    """Open files the configuration needs: the control socket's and the
+    metrics endpoint's connection caps, probe sockets per rail, a reserve."""
+    from linkpassd.adapters import metrics_http
+    from linkpassd.adapters.control_access import MAX_CONNECTIONS
+    return (MAX_CONNECTIONS + (metrics_http.MAX_CONNECTIONS if config.metrics_listen else 0)
+            + FDS_PER_RAIL * len(config.rails) + FD_RESERVE)
+
+
+def check_fd_limit(daemon: Daemon, config: Config) -> None:
+    """Raise the soft open-file limit to the hard one; below what the config
+    needs, warn and show it in `status` as a problem (the host is still
+    protected: linkpassd never refuses to start over it)."""
+    from linkpassd.adapters import fdlimit
+    limit = fdlimit.raise_nofile(fds_needed(config))
+    if limit.enough:
+        log.info("fd_limit", limit=limit.soft, hard=limit.hard, needed=limit.needed, raised_from=limit.before)
+        return
+    log.warning("fd_limit_too_low", limit=limit.soft, hard=limit.hard, needed=limit.needed,
+                detail=limit.describe())
+    daemon.state_problems["open-file limit"] = Problem("fd_limit", "open-file limit", limit.describe(),
+                                                       daemon.wallclock())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="linkpassd", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -813,6 +875,9 @@ def main(argv: list[str] | None = None) -> int:
     config_path = args.config or DEFAULT_CONFIG
     try:
         config = configmod.load_config(config_path)
+        socket_problem = control_socket_problem(config.control_socket)
+        if socket_problem:  # exit 2: the unit does not restart it in a loop
+            raise configmod.ConfigError(config.source, "daemon.control_socket", socket_problem)
     except configmod.ConfigError as exc:
         print(f"linkpassd: {exc}", file=sys.stderr)
         return 2
@@ -833,10 +898,16 @@ def main(argv: list[str] | None = None) -> int:
     # microseconds per reply; hand it over within 1 ms rather than 5, so a
     # busy loop does not make our replies look like loss to our peers.
     sys.setswitchinterval(0.001)
+    daemon = Daemon(config, config_path)
+    check_fd_limit(daemon, config)
     try:
-        asyncio.run(Daemon(config, config_path).run())
+        asyncio.run(daemon.run())
     except KeyboardInterrupt:
         pass
+    except ControlSocketError as exc:  # one line, not a traceback
+        log.error("control_socket_failed", error=str(exc))
+        print(f"linkpassd: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -58,7 +58,10 @@ def _probe(path, prober, rail_of: dict[str, str]) -> ProbeMetrics:
                         peer=path.peer, state=state.phase, loss_ratio=state.loss_ratio,
                         last_rtt_s=state.rtt_s, sent=c.sent, received=c.received, lost=c.lost,
                         late=c.late, rtt_buckets=RTT_BUCKETS_S, rtt_counts=counts,
-                        rtt_sum_s=float(getattr(prober, "rtt_sum_s", 0.0)))
+                        rtt_sum_s=float(getattr(prober, "rtt_sum_s", 0.0)),
+                        tolerance_s=state.config.tolerance_s,
+                        longest_silence_s=state.longest_silence_s,
+                        peer_held_max_s=state.held_max_s, silences=c.silences)
 
 
 def from_status(status: DaemonStatus, rail_of: dict[str, str],

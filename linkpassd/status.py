@@ -10,6 +10,7 @@ import socket
 from dataclasses import replace
 
 import linkpassd
+from linkpassd.adapters import udpholders
 from linkpassd.core import apply, explain
 from linkpassd.core.model import (DaemonStatus, OpticsReading, PortSensors, PortState, Problem,
                                   Unreadable)
@@ -37,7 +38,12 @@ class StatusReport:
                 optics=reading if isinstance(reading, OpticsReading) else None,
                 optics_unreadable=reading.reason if isinstance(reading, Unreadable) else "",
                 counters=sig.counters.samples[-1][1] if sig.counters.samples else None,
-                assessments=sig.assessments(self.config.health)))
+                # Each echo path's own judgement after the rail's: its tolerance,
+                # longest silence (the margin), the peer's hold and our stalls.
+                assessments=sig.assessments(self.config.health)
+                + tuple(prober.assessment() for path, prober in
+                        (self.echo.probers.items() if self.echo is not None else ())
+                        if path.port == port)))
         return tuple(out)
 
     def status(self) -> DaemonStatus:
@@ -77,4 +83,23 @@ class StatusReport:
         out += list(self.state_problems.values())
         out += [Problem("foreign", f.description, f"protocol {f.protocol}, inside an owned range",
                         since) for f, since in self.foreign]
+        out += self.echo_port_problems()
         return tuple(out)
+
+    def echo_port_problems(self) -> list[Problem]:
+        """Another process bound to the echo responder's UDP port: it receives
+        the peers' probes meant for this daemon (issue 30 item 9)."""
+        if self.echo_spec is None:
+            self.echo_port_taken_since = None
+            return []
+        port = self.echo_spec.port
+        others = udpholders.foreign(port)
+        if not others:
+            self.echo_port_taken_since = None
+            return []
+        if self.echo_port_taken_since is None:
+            self.echo_port_taken_since = self.wallclock()
+        error = getattr(self.echo, "responder_error", "") if self.echo is not None else ""
+        detail = ("another process holds it and receives the peers' probes: "
+                  + ", ".join(h.describe() for h in others[:4]) + (f"; {error}" if error else ""))
+        return [Problem("echo_port", f"echo responder UDP port {port}", detail, self.echo_port_taken_since)]

@@ -78,10 +78,8 @@ def echo_spec(config: Config,
              for r in config.rails}
     paths = tuple(ProbePath(port=r.port, source=r.address, peer=peer)
                   for r in config.rails for peer in peers[r.name])
-    probe = ProbeConfig(interval_s=p.interval_ms / 1e3, timeout_s=p.timeout_ms / 1e3,
-                        suspect_after_s=p.suspect_ms / 1e3,
-                        order_margin_s=p.order_margin_ms / 1e3 if p.order_margin_ms > 0 else None,
-                        burst_count=p.burst_count, burst_interval_s=p.burst_interval_ms / 1e3,
+    probe = ProbeConfig(interval_s=p.interval_ms / 1e3, tolerance_s=p.tolerance_ms / 1e3,
+                        suspect_after_s=p.suspect_ms / 1e3, confirm_probes=p.confirm_probes,
                         rise=p.rise, loss_window=p.loss_window, max_loss_ratio=p.max_loss_ratio,
                         clear_loss_ratio=p.clear_loss_ratio)
     responder = ResponderPolicy.build(

@@ -68,6 +68,7 @@ from linkpassd.adapters.control_convert import (  # noqa: F401 - re-exported: te
     status_to_proto,
 )
 from linkpassd.adapters.feeds import EventFeed, Latest
+from linkpassd.adapters.grpc_decode import add_servicer
 from linkpassd.core.drain import DrainError, DrainNotTaken, DrainPending, NotDrained, UnknownPort
 from linkpassd.core.explain import Explanation
 from linkpassd.core.healthdoc import HealthDoc
@@ -379,7 +380,7 @@ class ControlServer:
             log.warning("control_admin_group_missing", group=self.admin_group,
                         consequence="only root may drain or undrain")
         server = grpc.aio.server()
-        pb_grpc.add_ControlServiceServicer_to_server(self._servicer, server)
+        add_servicer(pb_grpc.add_ControlServiceServicer_to_server, self._servicer, server)
         self._health = grpc_health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
@@ -468,13 +469,15 @@ def _prepare_socket_path(path: Path) -> None:
     socket).
     """
     parent = path.parent
-    if not parent.exists():
-        parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(parent, SOCKET_DIR_MODE)  # mkdir's mode is subject to umask
     try:
+        if not parent.exists():
+            parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(parent, SOCKET_DIR_MODE)  # mkdir's mode is subject to umask
         st = os.lstat(path)
     except FileNotFoundError:
         return
+    except OSError as exc:  # a parent that is a regular file, no permission: said, not a traceback
+        raise ControlSocketError(f"cannot make the control socket {path}: {exc.strerror or exc}") from None
     if not stat.S_ISSOCK(st.st_mode):
         raise ControlSocketError(f"{path} exists and is not a socket; not removing it")
     if _socket_is_live(path):

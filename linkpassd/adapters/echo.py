@@ -40,44 +40,22 @@ same physical path back; it too reads and answers in batches.
 
 Time: probers use the event loop's monotonic clock; the service's one timer
 is a timerfd (adapters.timerfd) with a quarter-millisecond grain, since
-asyncio's timers fire up to a millisecond late and a confirmation is a
-chain of wake-ups. Replies carry the kernel's receive time (SO_TIMESTAMPNS),
-so a busy loop does not make them late, and the daemon's loop-lag meter
-(adapters.looplag, shared with BFD) says how late the loop runs; both feed
-the core, which refuses to count a miss that a stall of ours could explain.
+asyncio's timers fire up to a millisecond late. What makes a stall of ours
+harmless (core.probe has the contract): replies carry the kernel's receive
+time (SO_TIMESTAMPNS); every rail's socket is read before anything is
+judged, with `now` taken before the read; and a batch of probes that left
+late is restamped with the time it left (adapters.echorail). How late the
+loop ran is recorded for operators, never used as evidence.
 
-Confirmation (core.probe): a steady probe unanswered for 3 ms raises a
-suspicion, whose burst's first probe leaves at once; after the burst's last
-probe, another path to the same peer daemon (by the responder id its replies
-carry, core.peerwatch; another rail first) is probed; with ordering evidence
-on (`order_margin_ms` > 0, off by default: it misreads one rail's queueing
-as loss), once the peer has answered that one, the burst's probes still
-unanswered a margin later are lost. Otherwise the timeouts decide.
-
-Cost per probe is constant, whatever the number of paths (issue 11). What
-made it grow faster than the paths, and what replaced it:
-- a stall was told to every path, each re-sorting its own list: now one
-  stall log (core.stalls) that a path consults when it judges a probe;
-- an asyncio timer per path, re-created at every send and reply: now one
-  timer for the service (adapters.wakeups), paths due in the same grain run
-  in one wake-up, at most 32 per wake-up, so a backlog is worked off in
-  slices with carrier and BFD events in between;
-- all paths probing in the same instant (and re-aligned by any stall): the
-  service spreads them over one interval and each keeps its phase; with 16
-  paths or more, those due within one send slot (a tenth of the interval, at
-  most 5 ms) leave together at its start, each keeping its own cadence
-  (core.schedule.send_slot);
-- a suspicion poking every live path, every reply pushed to every suspect:
-  now a few witnesses (other rails first) and two numbers per reply;
-- a rail blackhole making each of the rail's paths confirm on its own: now
-  at most two paths of a rail confirm at once, and a rail silent on every
-  path takes all its live paths DOWN (core.railwatch);
-- a connected socket per path (an epoll event, a callback and two receives
-  per reply, a send per probe): one socket per rail, batched both ways;
-- a frozen prober record copied several times per probe (with its
-  200-outcome window): the core's prober now changes in place.
-What is left, and why the 10 %-of-a-core target at 256 paths is not met,
-is in the README ("Measured", probe_scale).
+Cost per probe is constant, whatever the number of paths: one timer for the
+service (adapters.wakeups), paths due in the same grain run in one wake-up,
+at most 32 per wake-up, so a backlog is worked off in slices with carrier and
+BFD events in between; the service spreads its paths over one interval and
+each keeps its phase; with 16 paths or more, those due within one send slot
+(a tenth of the interval, at most 5 ms) leave together at its start
+(core.schedule.send_slot); one socket per rail, batched both ways; and the
+core's prober changes in place. A path's confirmation probes (core.probe)
+are `confirm_probes` spread over the tolerance, only while it is silent.
 
 Why UDP to a responder and not ICMP echo answered by the peer's kernel: the
 kernel would answer at no userspace cost on the far side (the responder costs
@@ -114,14 +92,11 @@ from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.wakeups import SharedTimer
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.model import Assessment, ResponderCounters
-from linkpassd.core.peerwatch import PeerWatch
-from linkpassd.core.probe import PathState, ProbeConfig, Prober, Send
-from linkpassd.core.railwatch import RailWatch
+from linkpassd.core.probe import ProbeConfig, Prober, Send
 from linkpassd.core.schedule import send_slot
 
 _MAX_KERNEL_DELAY_S = 1.0  # beyond this a receive timestamp is a clock step, not a delay
 _RETRY_S = 1.0  # reopen a rail's socket this long after it failed (port or address missing)
-_WITNESS_POKES = 4  # live paths that probe at once when another starts confirming a loss
 _MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: the enum's & costs more than the rest of a check
 # Upper bounds of the probe RTT histogram (seconds; +Inf is implied), for metrics:
 # each reply costs one bisect and one integer increment (see docs/metrics.md).
@@ -155,29 +130,26 @@ ChangeCallback = Callable[["EchoProber", Assessment], None]
 
 
 class EchoProber:
-    """One path: sends what the core asks, feeds back what comes in and how late
-    the loop ran. `on_change` hears every change of the path's verdict.
+    """One path: sends what the core asks and feeds back what comes in.
+    `on_change` hears every change of the path's verdict.
 
     `rail`: the socket of the path's rail, shared with the rail's other paths
     (adapters.echorail); a prober without one has its own. `timer`: the
     service's one timer for all its paths (adapters.wakeups); a prober
-    without one makes its own. `read_first(now)`: reads every socket the
-    judgement depends on, before a deadline is judged (default: its rail's).
-    `lag`: the loop-lag meter, whose one stall log every path consults when
-    it judges a probe. `others_heard`: the last time another path of the
-    service received a reply (for a suspect's confirmation, core.probe:
-    Prober.witnessed), read when it is needed rather than pushed at every reply."""
+    without one makes its own. `read_first(now)`: reads every socket, before
+    anything is judged (default: its rail's), and returns the time as of
+    which every reply the kernel held has been read: the judgement is made
+    as of then, so a reply that arrived after it is never judged missing. `lag`: the loop-lag meter; how
+    late the loop ran is recorded for operators (Prober.stall_max_s), never
+    used as evidence."""
 
     def __init__(self, path: ProbePath, config: ProbeConfig | None = None, *,
                  echo_port: int = ECHO_PORT, tos: int = 0, netns: str | None = None,
                  lag: LoopLag | None = None, on_change: ChangeCallback | None = None,
                  prober_id: int | None = None,
-                 on_reply_heard: Callable[["EchoProber", float, float, int], None] | None = None,
                  timer: SharedTimer | None = None,
-                 others_heard: Callable[["EchoProber"], float | None] | None = None,
-                 on_lost: Callable[["EchoProber", float], None] | None = None,
                  rail: RailSocket | None = None,
-                 read_first: Callable[[float], None] | None = None):
+                 read_first: Callable[[float], float] | None = None):
         self.path = path
         self.peer4 = socket.inet_aton(path.peer)
         self.state = Prober(path.peer, config or ProbeConfig())
@@ -185,19 +157,12 @@ class EchoProber:
         self.tos = tos
         self.netns = netns
         self.lag = lag
-        self._stall_log = lag.stall_log if lag is not None else None
         self.on_change = on_change
-        # (prober, kernel receive time, our send time, responder id): any reply of ours
-        self.on_reply_heard = on_reply_heard
-        self.on_burst_sent: Callable[["EchoProber"], None] | None = None  # the last probe of one
         self.prober_id = prober_id or _random_id()
         self.icmp_errors = 0  # ICMP errors other than port unreachable (e.g. no ARP answer)
         self.rtt_counts = [0] * (len(RTT_BUCKETS_S) + 1)  # replies per RTT bucket, last: +Inf
         self.rtt_sum_s = 0.0
-        self.others_heard = others_heard
-        self.on_lost = on_lost  # (prober, send time): a probe of ours was judged lost
         self.send_slot_s = 0.0  # the steady probe goes at the start of its slot (core.probe: poll)
-        self._lost_seen: float | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._owns_rail = rail is None
         if rail is None:
@@ -264,56 +229,36 @@ class EchoProber:
 
     # ---- the loop's callbacks ------------------------------------------------
 
-    def _current_lag(self, now: float) -> float:
-        return self.lag.current(now) if self.lag is not None else 0.0
-
-    def _own_lag(self, now: float, lag: float) -> float:
-        """A stall of `lag` up to `now`, seen by this path: with a meter it
-        goes into the meter's one stall log (the loop's stall is every
-        path's; once there, each path finds it when it judges), and the
-        core is told 0; without one it is this path's own."""
-        if self.lag is None:
-            return lag
-        if lag >= self.lag.tolerance_s:
-            self.lag.stall_log.add(now - lag, now)
-        return 0.0
-
     def due(self, now: float, lag: float) -> None:
-        """The timer's call: a send is due or a deadline passed (`lag`: how late
-        the loop woke, already recorded in the meter by the timer)."""
-        now = self._loop.time()  # not the wake-up's: a probe is stamped when it leaves
+        """The timer's call: a send is due or a judgement (`lag`: how late the
+        loop woke, recorded for operators)."""
+        now = self._loop.time()  # taken before the sockets are read: see read_first
         rail = self.rail
         if rail is not None and rail.sock is None and (
                 rail.opened_at is None or now - rail.opened_at >= _RETRY_S):
             rail.open(self._loop)
-        overdue = self._current_lag(now)  # a stall still going on: not in the meter yet
-        # Replies already here are read before any deadline is judged (only
-        # then: a wake-up that only sends has nothing to read first).
-        if self.state.deadline_passed(now):
-            self.read_first(now)
         state = self.state
-        if self.others_heard is not None and state.state is PathState.SUSPECT:
-            state.witnessed(state.others_live, self.others_heard(self))
-        # With a meter, the timer's lag is in its stall log (consulted by poll); without, ours.
-        host = self._stall_log
-        own = self._own_lag(now, overdue) if host is not None else max(lag, overdue)
-        _, sends = state.poll(now, own, host, self.send_slot_s)
+        if lag > state.stall_max_s:
+            state.note_stall(lag)
+        # Replies already here are read before anything is judged (only then:
+        # a wake-up that only sends has nothing to read first), and the
+        # judgement is as of that read, which may have been a moment ago.
+        judged_at = self.read_first(now) if state.deadline_passed(now) else now
+        _, sends = state.poll(now, self.send_slot_s, judged_at)
         for send in sends:
             self._send(send, now)
-        if (self.on_burst_sent is not None and sends and sends[-1].burst and not state.burst_due
-                and state.state is PathState.SUSPECT):
-            self.on_burst_sent(self)  # its confirmation's last probe is out
         self._after()
 
-    def _read_rail(self, now: float) -> None:
+    def _read_rail(self, now: float) -> float:
         if self.rail is not None:
-            self._handle(self.rail.drain(now, time.time(), self._current_lag(now)))
+            self._handle(self.rail.drain(now, time.time(), 0.0))
+        return now
 
     def _readable(self, rail: RailSocket) -> None:
         """The loop's reader callback, for a prober with its own rail socket."""
         now = self._loop.time()
         with rail.outbox:
-            self._handle(rail.drain(now, time.time(), self._current_lag(now), readable=True))
+            self._handle(rail.drain(now, time.time(), 0.0, readable=True))
 
     @staticmethod
     def _handle(touched: list["EchoProber"]) -> None:
@@ -325,7 +270,7 @@ class EchoProber:
         """A datagram from our peer's echo port, unpacked (PACKET), with the
         kernel's receive time `rx` (unix time) if known: the hot path of
         every reply (the rail checked its size and source)."""
-        magic, version, kind, _r, seq, sent_ns, prober_id, responder_id, held_us = fields
+        magic, version, kind, _r, seq, sent_ns, prober_id, _responder_id, held_us = fields
         if magic != MAGIC or version != VERSION or kind != KIND_REPLY:
             self.state.count_malformed()
             return
@@ -341,12 +286,7 @@ class EchoProber:
             rtt = 0.0
         self.rtt_counts[bisect_left(RTT_BUCKETS_S, rtt)] += 1
         self.rtt_sum_s += rtt
-        # The reply sat in our socket for `waited`: this path's own stall (the
-        # timer's lateness, by contrast, is the host's and is in the meter's log).
-        self.state.on_reply(seq, received, now, lag if lag > waited else waited, sent_at, held,
-                            self._stall_log)
-        if self.on_reply_heard is not None:
-            self.on_reply_heard(self, received, sent_at, responder_id)
+        self.state.on_reply(seq, received, sent_at, held)
 
     def _received(self, data: bytes, ancdata, flags: int, now: float, wall: float,
                   lag: float) -> None:
@@ -369,12 +309,9 @@ class EchoProber:
         """The kernel refused to send probe `seq` (stamped `at`): no evidence either way."""
         self.state.on_send_error(seq, at)
 
-    def poke(self, witness: bool = True) -> None:
-        """Send a probe now: a witness's, or a steady one (see Prober.poke)."""
-        now = self._loop.time()
-        _, send = self.state.poke(now, witness)
-        self._send(send, now)
-        self._schedule()
+    def sent_late(self, seq: int, at: float) -> None:
+        """Probe `seq` left the host at `at`, later than it was stamped."""
+        self.state.restamp(seq, at)
 
     def _send(self, send: Send, now: float) -> None:
         rail = self.rail
@@ -383,25 +320,8 @@ class EchoProber:
             return
         rail.queue(self, send.seq, now)
 
-    def start_burst(self) -> None:
-        """Confirm the held suspicion now (its rail's turn: core.railwatch):
-        its first probe goes at once (a timer wake-up later would cost up to
-        two milliseconds: the timer's grain and epoll's), the others on time."""
-        now = self._loop.time()
-        state = self.state.start_burst(now)
-        if self.rail is not None and self.rail.sock is not None:
-            _, sends = state.poll(now, 0.0, self._stall_log, self.send_slot_s)
-            for send in sends:
-                self._send(send, now)
-        self._schedule()
-
     def _after(self) -> None:
         state = self.state
-        lost_at = state.lost_sent_at
-        if lost_at is not None and lost_at != self._lost_seen:
-            self._lost_seen = lost_at
-            if self.on_lost is not None:
-                self.on_lost(self, lost_at)
         # What the verdict depends on; the assessment (text) is built only on a change.
         key = (state.state, state.degraded, bool(self.socket_error))
         if key != self._reported:
@@ -467,7 +387,8 @@ class EchoService:
         self.outbox = Outbox()
         self.timer = SharedTimer(self.lag, batch=self.outbox)
         self.sockets: dict[tuple[str, str], RailSocket] = {}  # (port, source): the rail's socket
-        self._read_at = -1  # the timer wake-up at which every rail was last read
+        self._read_at = -1  # the timer wake-up at which every rail was last read...
+        self._read_now = 0.0  # ...and the time as of which it was
         self._loop: asyncio.AbstractEventLoop | None = None
         self._prober_id = _random_id()
         self.probers: dict[ProbePath, EchoProber] = {p: self._prober(p) for p in self.paths}
@@ -478,15 +399,7 @@ class EchoService:
                                         on_heard=self._heard) if self.respond else None)
         self.responder_error = ""
         self._retry: asyncio.TimerHandle | None = None
-        # Witness bookkeeping, O(1) per reply: the live paths (UP or SUSPECT)
-        # by port, and the two latest replies from different paths (so any
-        # path can be told the latest reply of another).
-        self._live: dict[str, set[EchoProber]] = {}
-        self.rails = RailWatch()  # one confirmation per rail at a time, and rail verdicts
-        self.peers = PeerWatch()  # which paths each peer daemon answers (ordering evidence)
         self._assessed: dict[ProbePath, Assessment] = {}  # as of each path's last change
-        self._latest: tuple[float, EchoProber | None] = (float("-inf"), None)
-        self._second: float = float("-inf")
         self._started = False
 
     def _prober(self, path: ProbePath) -> EchoProber:
@@ -496,14 +409,10 @@ class EchoService:
             rail = self.sockets[key] = RailSocket(path.port, path.source, self.echo_port,
                                                   self.tos, self.netns, self.outbox,
                                                   on_readable=self._readable)
-        prober = EchoProber(path, self.config, echo_port=self.echo_port, tos=self.tos,
-                            netns=self.netns, lag=self.lag, prober_id=self._prober_id,
-                            on_change=self._changed, on_reply_heard=self._reply_heard,
-                            timer=self.timer, others_heard=self._others_heard,
-                            on_lost=self._lost, rail=rail, read_first=self._read_all)
-        prober.state.coordinated = True  # bursts by the rail's turn
-        prober.on_burst_sent = self._burst_sent
-        return prober
+        return EchoProber(path, self.config, echo_port=self.echo_port, tos=self.tos,
+                          netns=self.netns, lag=self.lag, prober_id=self._prober_id,
+                          on_change=self._changed, timer=self.timer, rail=rail,
+                          read_first=self._read_all)
 
     def _set_send_slot(self) -> None:
         slot = send_slot(self.config.interval_s, len(self.probers))
@@ -513,22 +422,24 @@ class EchoService:
     def _readable(self, rail: RailSocket) -> None:
         """A rail's socket has replies (or an ICMP error): read them all."""
         now = self._loop.time()
-        # What the replies make us send (witness probes) leaves together, and
-        # the timer is re-armed once for all the paths they moved.
+        # The timer is re-armed once for all the paths the replies moved.
         with self.outbox, self.timer.held():
-            for prober in rail.drain(now, time.time(), self.lag.current(now), readable=True):
+            for prober in rail.drain(now, time.time(), 0.0, readable=True):
                 prober.after_change()
 
-    def _read_all(self, now: float) -> None:
-        """Before a wake-up judges a deadline: every rail's replies so far
-        (a suspect's witnesses are on other rails), once per wake-up."""
+    def _read_all(self, now: float) -> float:
+        """Before a wake-up judges anything: every rail's replies up to `now`,
+        once per wake-up (the rails share one timer). Returns the time as of
+        which they were read: a later path of the same wake-up is judged as
+        of that first read, not of its own (later) now."""
         if self._read_at == self.timer.wakeups:
-            return
-        self._read_at = self.timer.wakeups
-        wall, lag = time.time(), self.lag.current(now)
+            return self._read_now
+        self._read_at, self._read_now = self.timer.wakeups, now
+        wall = time.time()
         for rail in list(self.sockets.values()):
-            for prober in rail.drain(now, wall, lag):
+            for prober in rail.drain(now, wall, 0.0):
                 prober.after_change()
+        return now
 
     def start(self) -> None:
         if self._owns_lag or not self.lag.started:
@@ -582,10 +493,6 @@ class EchoService:
                 rail.close()
                 del self.sockets[(path.port, path.source)]
             self._assessed.pop(path, None)
-            self._live.get(path.port, set()).discard(prober)
-            self.peers.forget(prober)
-            for other in self.rails.forget(path.port, prober):
-                self._begin_burst(other)
             if self.on_change is not None:
                 self.on_change(path, prober.assessment())  # the owner re-reads that port
         added = [p for p in wanted if p not in self.probers]
@@ -662,129 +569,10 @@ class EchoService:
         return tuple(out)
 
     def _changed(self, prober: EchoProber, assessment: Assessment) -> None:
-        """Each path's other paths are its witnesses. When one starts
-        confirming a loss, it is told whether any other path is live, and a
-        few live witnesses (`_WITNESS_POKES`, other rails first) probe at
-        once, so its confirmation can tell a dead path from a silent host
-        (core.probe: Prober.witnessed); with many paths, their steady probes'
-        replies witness too. A few, not all: a rail blackhole makes every
-        path of the rail suspect within one interval, and each poking every
-        other path was O(paths^2) probes. Replies elsewhere are not pushed to
-        the suspects: a suspect reads the latest (`_others_heard`) when it
-        judges, so a reply costs O(1) whatever the number of paths."""
-        state, port = prober.state.state, prober.path.port
-        live = self._live.setdefault(port, set())
-        if state in (PathState.UP, PathState.SUSPECT):
-            live.add(prober)
-        else:
-            live.discard(prober)
-        was_bursting = self.rails.bursting(port, prober)
-        if state is PathState.SUSPECT:
-            others_live = any(ps for p, ps in self._live.items()
-                              if ps and (p != port or len(ps) > 1))
-            prober.state.witnessed(others_live, self._others_heard(prober))
+        """A path's verdict changed: remember its assessment, tell the owner."""
         self._assessed[prober.path] = assessment
         if self.on_change is not None:
             self.on_change(prober.path, assessment)
-        # The rail's turn (core.railwatch), once the change is reported: what
-        # follows may change this path again, or others of its rail.
-        if state is PathState.SUSPECT:
-            if prober.state.burst_held and self.rails.suspect(port, prober):
-                self._begin_burst(prober)
-            return
-        self.peers.confirming(prober, False)
-        for other in self.rails.settled(port, prober):
-            self._begin_burst(other)
-        if state is PathState.DOWN and was_bursting:  # DOWN by its own confirmation
-            self.rails.burst_lost(port, prober.state.suspect_since)
-            self._judge_rail(port, poke=True)
-
-    def _begin_burst(self, prober: EchoProber) -> None:
-        """`prober` confirms its suspicion now, and a few witnesses probe at once."""
-        if prober.state.state is not PathState.SUSPECT or not prober.state.burst_held:
-            return
-        prober.start_burst()
-        self.peers.confirming(prober, True)
-        for other in self._witnesses(prober):
-            other.poke()
-
-    def _burst_sent(self, prober: EchoProber) -> None:
-        """`prober`'s last confirmation probe is out: a probe now, on another
-        path to the same peer daemon (another rail first), is answered after
-        them unless they were lost (core.peerwatch), so the confirmation
-        ends a round trip and a margin from now, not a timeout."""
-        other = self.peers.witness(prober, lambda p: p.path.port, self._can_witness)
-        if other is not None:
-            other.poke()
-
-    @staticmethod
-    def _can_witness(prober: EchoProber) -> bool:
-        return prober.state.state is PathState.UP and prober.sock is not None
-
-    def _lost(self, prober: EchoProber, sent_at: float) -> None:
-        port = prober.path.port
-        self.rails.lost(port, prober, sent_at)
-        if self.rails.silent(port):
-            self._judge_rail(port)
-
-    def _judge_rail(self, port: str, poke: bool = False) -> None:
-        """Take every live path of `port` DOWN if its rail is dead (core.railwatch);
-        if it may be but some live paths have not lost a probe in its silence
-        yet, and `poke`, probe those now rather than wait for their turn."""
-        live = self._live.get(port) or set()
-        if not self.rails.dead(port, live):
-            if poke:
-                # On a rail too small for a verdict the probe is a steady one
-                # (its loss raises suspicion): each path confirms on its own.
-                witness = self.rails.judges(live)
-                for other in self.rails.unconfirmed(port, live):
-                    if other.state.state is PathState.UP and other.sock is not None:
-                        other.poke(witness)
-            return
-        victims = list(live)
-        self.rails.concluded(port)
-        now = self._loop.time() if self._loop is not None else victims[0]._loop.time()
-        why = (f"no reply on any path of {port} since a path of it lost a probe and its "
-               f"confirmation, and {self.rails.evidence} or more of its "
-               f"{len(victims)} live paths lost probes too: the rail, not the peers")
-        for other in victims:
-            other.state.rail_down(now, why)
-        for other in victims:
-            other._after()
-
-    def _witnesses(self, suspect: EchoProber) -> list[EchoProber]:
-        """Up to `_WITNESS_POKES` UP paths other than `suspect`, those on other ports first."""
-        chosen: list[EchoProber] = []
-        ports = sorted(self._live, key=lambda port: port == suspect.path.port)
-        for port in ports:
-            for other in self._live[port]:
-                if (other is not suspect and other.state.state is PathState.UP
-                        and other.sock is not None):
-                    chosen.append(other)
-                    if len(chosen) >= _WITNESS_POKES:
-                        return chosen
-        return chosen
-
-    def _reply_heard(self, prober: EchoProber, received_at: float, sent_at: float,
-                     responder_id: int) -> None:
-        self.rails.heard(prober.path.port, received_at)
-        for other in self.peers.answered(prober, responder_id):
-            # The same peer daemon answered a probe of ours sent at `sent_at`.
-            other.state.peer_answered(sent_at, received_at)
-            other._schedule()
-        latest, latest_by = self._latest
-        if prober is latest_by:
-            self._latest = (max(latest, received_at), prober)
-        elif received_at >= latest:
-            self._second, self._latest = latest, (received_at, prober)
-        else:
-            self._second = max(self._second, received_at)
-
-    def _others_heard(self, prober: EchoProber) -> float | None:
-        """The latest reply any path but `prober` received (None: none yet)."""
-        latest, latest_by = self._latest
-        at = self._second if prober is latest_by else latest
-        return None if at == float("-inf") else at
 
     def _heard(self, heard: dict[tuple[str, str], float]) -> None:
         """The responder's batch: which peers' probes reached which of our addresses, when."""

@@ -2,12 +2,11 @@
 
 Every timer of either reports how late it fired (`record`); a heartbeat
 (`heartbeat(period)`) covers the gaps between their timers. Each stall goes
-into one log (`stall_log`, core.stalls) that every echo path consults when it
-judges a probe (once, not once per path: telling each of hundreds of paths
-about each stall was most of the daemon's CPU at fleet scale, issue 11), and
-to any listener; BFD asks for the worst lag over a detection time
-(`worst_since`). One meter, so a stall that one of them saw is known to the
-other. The arithmetic is in core.looplag and core.stalls.
+to any listener and into the counts operators read (metrics, status); BFD
+asks for the worst lag over a detection time (`worst_since`). The echo
+probes need no stall as evidence (core.probe): they record the worst for
+operators. One meter, so a stall that one of them saw is known to the other.
+The arithmetic is in core.looplag.
 
 A heartbeat costs CPU at every beat (measured in a 2-vCPU VM: 0.6 % of a core
 at 25 ms, 3.8 % at 4 ms), hence the slow default, and none unless asked for.
@@ -19,7 +18,6 @@ import asyncio
 from collections.abc import Callable
 
 from linkpassd.core.looplag import LAG_WINDOW_S, STALL_TOLERANCE_S, LagHistory
-from linkpassd.core.stalls import StallLog
 
 Listener = Callable[[float, float], None]  # (now, lag): the loop stalled over [now - lag, now]
 
@@ -31,7 +29,6 @@ class LoopLag:
                  window_s: float = LAG_WINDOW_S):
         self.period_s = period_s
         self.history = LagHistory(window_s, tolerance_s)
-        self.stall_log = StallLog()  # every stall, merged: what the echo paths consult
         self.listeners: list[Listener] = []
         self.beats = 0
         self._due: float | None = None
@@ -86,7 +83,6 @@ class LoopLag:
     def record(self, now: float, lag: float) -> None:
         """A handler ran `lag` late: remember it, and tell every listener of a stall."""
         if self.history.record(now, lag):
-            self.stall_log.add(now - lag, now)
             for listener in list(self.listeners):
                 listener(now, lag)
 

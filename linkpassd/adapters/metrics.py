@@ -39,9 +39,9 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
                                     Metric)
-from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
+from linkpassd.adapters import metrics_http
 from linkpassd.core.events import reason_class  # noqa: F401 - re-exported for tests
 from linkpassd.core.events import Event, EventKind
 from linkpassd.core.model import AgentLinkStatus, CounterSample, ResponderCounters
@@ -120,6 +120,13 @@ class ProbeMetrics:
     rtt_buckets: tuple[float, ...] = ()  # upper bounds, +Inf implied
     rtt_counts: tuple[int, ...] = ()  # replies per bucket (not cumulative), +Inf last
     rtt_sum_s: float = 0.0
+    # The detection contract (core.probe): the tolerance, the longest silence
+    # that ended by itself (its margin is the difference), the longest the
+    # peer's responder held a request, and suspicions raised.
+    tolerance_s: float | None = None
+    longest_silence_s: float = 0.0
+    peer_held_max_s: float = 0.0
+    silences: int = 0
 
 
 @dataclass(frozen=True)
@@ -319,7 +326,7 @@ class Metrics:
             raise RuntimeError("metrics are already served")
         host, port = parse_listen(listen)
         try:
-            server, thread = start_http_server(port, host, registry=self.registry)
+            server, thread = metrics_http.serve(host, port, self.registry)
         except OSError as exc:
             raise OSError(exc.errno, f"metrics: cannot listen on {listen}: "
                                      f"{exc.strerror or exc}") from exc
@@ -638,13 +645,27 @@ def _probes(snap: MetricsSnapshot) -> Iterator[Metric]:
                      "one.", PROBE, "state", PROBE_STATES, [(k, p.state) for k, p in rows])
     yield _gauge("linkpass_probe_loss_ratio", "Share of steady probes lost over the loss window "
                  "(0..1).", [(k, p.loss_ratio) for k, p in rows if p.loss_ratio is not None], PROBE)
-    yield _gauge("linkpass_probe_last_rtt_seconds", "Round trip of the latest on-time reply.",
+    yield _gauge("linkpass_probe_last_rtt_seconds", "Round trip of the latest reply.",
                  [(k, p.last_rtt_s) for k, p in rows if p.last_rtt_s is not None], PROBE)
+    yield _gauge("linkpass_probe_tolerance_seconds", "The path's tolerance: no silence, delay "
+                 "or pause shorter than this fails it over.",
+                 [(k, p.tolerance_s) for k, p in rows if p.tolerance_s is not None], PROBE)
+    yield _gauge("linkpass_probe_longest_silence_seconds", "The longest silence of the path "
+                 "that ended with a reply (the tolerance minus it is the margin).",
+                 [(k, p.longest_silence_s) for k, p in rows], PROBE)
+    yield _gauge("linkpass_probe_peer_held_max_seconds", "The longest time the peer's "
+                 "responder said it held one of our requests.",
+                 [(k, p.peer_held_max_s) for k, p in rows], PROBE)
+    yield _counter("linkpass_probe_silences_total", "Probes unanswered for the reply wait "
+                   "(each starts confirmation probes; most end with a reply).",
+                   [(k, p.silences) for k, p in rows], PROBE)
     for name, doc, attr in (
             ("linkpass_probes_sent_total", "Echo probes sent.", "sent"),
-            ("linkpass_probe_replies_total", "Replies received by the deadline.", "received"),
-            ("linkpass_probes_lost_total", "Probes judged lost (no reply, path was up).", "lost"),
-            ("linkpass_probe_late_replies_total", "Replies after their deadline.", "late")):
+            ("linkpass_probe_replies_total", "Replies received.", "received"),
+            ("linkpass_probes_lost_total", "Steady probes judged lost (no reply within the "
+             "tolerance, path up).", "lost"),
+            ("linkpass_probe_late_replies_total", "Replies later than the tolerance, or to a "
+             "probe already given up.", "late")):
         yield _counter(name, doc, [(k, getattr(p, attr)) for k, p in rows], PROBE)
     yield histogram("linkpass_probe_rtt_seconds", "Round trip of every reply to our probes "
                     "(kernel timestamps, the peer's holding time taken out).", PROBE,

@@ -24,10 +24,10 @@ from google.protobuf import timestamp_pb2
 from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
-from linkpassd.aggregator import savings
+from linkpassd.aggregator import bounds, savings
 from linkpassd.aggregator.identity import peer_identity
 from linkpassd.aggregator.replicas import status_code
-from linkpassd.aggregator.store import EventQuery, StoredEvent, StoreError
+from linkpassd.aggregator.store import EventQuery, HostRow, StoredEvent, StoreError
 from linkpassd.aggregator.validation import Validations
 
 if TYPE_CHECKING:
@@ -38,6 +38,12 @@ log = structlog.get_logger("linkpassd.aggregator.fleet")
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10_000
 MAX_SUMMARY_DAYS = 366
+# WatchFleetEvents streams open at once: per identity (a certificate's host
+# or operator; in insecure mode the peer's address), and in all. 2,000
+# watchers on one host certificate pinned the aggregator's CPU: every new
+# event is matched and encoded once per watcher.
+MAX_WATCHERS_PER_IDENTITY = 16
+MAX_WATCHERS = 512
 
 
 def timestamp(unix: float) -> timestamp_pb2.Timestamp:
@@ -71,11 +77,40 @@ def _verdict_name(value: int) -> str:
         return f"VERDICT_{value}"
 
 
+def _host_views(rows: Sequence[HostRow], connected: Sequence[bool], served_at: float) -> pb.ListHostsResponse:
+    views = []
+    for row, up in zip(rows, connected):
+        view = pb.HostView(host_id=row.host_id, boot_id=row.boot_id, version=row.version, connected=up,
+                           last_seen=timestamp(row.last_seen), last_seq=row.last_seq,
+                           events_lost=min(row.events_lost, 2**64 - 1))
+        try:
+            if row.inventory:
+                view.rails.extend(pb.Inventory.FromString(row.inventory).rails)
+            if row.report:
+                view.report.CopyFrom(pb.PortReport.FromString(row.report))
+        except Exception as exc:  # one bad stored blob must not hide the fleet
+            log.warning("host_row_undecodable", host=row.host_id, error=str(exc))
+        views.append(view)
+    return pb.ListHostsResponse(hosts=views, served_at=timestamp(served_at))
+
+
 class FleetServicer(pb_grpc.FleetServiceServicer):
     def __init__(self, fleet: Fleet) -> None:
         self.fleet = fleet
         self.stopping = asyncio.Event()
         self.validations = Validations(fleet, budget_pps=fleet.settings.validation_host_budget_pps)
+        self.watchers: dict[str, int] = {}  # identity -> WatchFleetEvents streams open
+
+    def _watcher_identity(self, context: grpc.aio.ServicerContext) -> str:
+        identity = peer_identity(context, self.fleet.settings.tls.insecure)
+        if identity.insecure:
+            peer = context.peer()  # "ipv4:127.0.0.1:5555": the address without the port
+            return "peer " + peer.rsplit(":", 1)[0]
+        if identity.operator is not None:
+            return f"operator {identity.operator}"
+        if identity.host_id is not None:
+            return f"host {identity.host_id}"
+        return f"certificate {identity.subject}"
 
     # -- queries, shared with the web page ---------------------------------
 
@@ -83,21 +118,11 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
         fleet = self.fleet
         rows = await fleet.store.hosts(list(host_ids))
         now = fleet.clock()
-        views = []
-        for row in rows:
-            view = pb.HostView(host_id=row.host_id, boot_id=row.boot_id, version=row.version,
-                               connected=fleet.connected(row, now),
-                               last_seen=timestamp(row.last_seen), last_seq=row.last_seq,
-                               events_lost=row.events_lost)
-            try:
-                if row.inventory:
-                    view.rails.extend(pb.Inventory.FromString(row.inventory).rails)
-                if row.report:
-                    view.report.CopyFrom(pb.PortReport.FromString(row.report))
-            except Exception as exc:  # one bad stored blob must not hide the fleet
-                log.warning("host_row_undecodable", host=row.host_id, error=str(exc))
-            views.append(view)
-        return pb.ListHostsResponse(hosts=views, served_at=timestamp(fleet.clock()))
+        connected = [fleet.connected(row, now) for row in rows]  # on the loop: it reads the sessions
+        # Decoding every host's stored inventory and report is the bulk of a
+        # fleet read: in a thread, so a big fleet view never holds the agents'
+        # acks on the loop.
+        return await asyncio.to_thread(_host_views, rows, connected, fleet.clock())
 
     async def events_list(self, query: EventQuery) -> list[pb.FleetEvent]:
         return [fleet_event(e) for e in await self.fleet.store.events(query)]
@@ -132,6 +157,12 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
         limit = request.limit or DEFAULT_LIMIT
         if limit > MAX_LIMIT:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"limit {limit}: at most {MAX_LIMIT}")
+        for name in ("since", "until"):
+            if request.HasField(name):
+                try:
+                    bounds.timestamp(f"ListFleetEventsRequest.{name}", getattr(request, name))
+                except bounds.Refused as exc:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         query = EventQuery(
             host_id=request.host_id, port=request.port, kind=kind_filter(request.kind),
             since=request.since.ToNanoseconds() / 1e9 if request.HasField("since") else None,
@@ -142,7 +173,28 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
     async def WatchFleetEvents(self, request: pb.WatchFleetEventsRequest,
                                context: grpc.aio.ServicerContext) -> AsyncIterator[pb.WatchFleetEventsResponse]:
         host, port, kind = request.host_id, request.port, kind_filter(request.kind)
+        who = self._watcher_identity(context)
+        if self.watchers.get(who, 0) >= MAX_WATCHERS_PER_IDENTITY:
+            log.warning("watch_refused", identity=who, open=self.watchers[who], peer=context.peer())
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{who} already has {MAX_WATCHERS_PER_IDENTITY} WatchFleetEvents streams open "
+                                "(the most one identity may hold)")
+        if sum(self.watchers.values()) >= MAX_WATCHERS:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"the aggregator already serves {MAX_WATCHERS} WatchFleetEvents streams")
+        self.watchers[who] = self.watchers.get(who, 0) + 1
+        try:
+            async for response in self._watch(request, context, host, port, kind):
+                yield response
+        finally:
+            left = self.watchers.get(who, 1) - 1
+            if left > 0:
+                self.watchers[who] = left
+            else:
+                self.watchers.pop(who, None)
 
+    async def _watch(self, request: pb.WatchFleetEventsRequest, context: grpc.aio.ServicerContext,
+                     host: str, port: str, kind: str) -> AsyncIterator[pb.WatchFleetEventsResponse]:
         def match(e: StoredEvent) -> bool:
             return (not host or e.host_id == host) and (not port or e.port == port) and (not kind or e.kind == kind)
 

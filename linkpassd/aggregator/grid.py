@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2
 
+MAX_COLUMNS = 64  # rails shown as columns; a fleet with more shows the most common ones
 NO_REPORT = "NONE"  # no inventory port for the rail, or the port's state was never reported / judged
 VERDICTS = ("UP", "DEGRADED", "DOWN", NO_REPORT)
 
@@ -45,6 +46,7 @@ class Row:
 class Grid:
     rails: tuple[str, ...]
     rows: tuple[Row, ...]
+    hidden_rails: int = 0  # rails some host has that are not columns (over MAX_COLUMNS)
 
     def cell(self, host_id: str, rail: str) -> Cell:
         for row in self.rows:
@@ -71,11 +73,17 @@ def verdict_word(verdict: int) -> str:
     return NO_REPORT  # unspecified (not judged yet) or a value newer than this release
 
 
-def build(hosts: fleet_pb2.ListHostsResponse) -> Grid:
-    """Hosts and rails in natural order; a rail any host has is a column."""
-    rails = sorted({r.rail for h in hosts.hosts for r in h.rails if r.rail}
-                   | {rail for h in hosts.hosts for rail in h.report.rail_paths if rail},
-                   key=natural_key)
+def build(hosts: fleet_pb2.ListHostsResponse, max_columns: int = MAX_COLUMNS) -> Grid:
+    """Hosts and rails in natural order; a rail any host has is a column, up
+    to `max_columns` (the rails most hosts have): the page and `linkpassctl
+    fleet` cost hosts x columns, and one host must not make that unbounded."""
+    count: dict[str, int] = {}
+    for h in hosts.hosts:
+        for rail in {r.rail for r in h.rails if r.rail} | {rail for rail in h.report.rail_paths if rail}:
+            count[rail] = count.get(rail, 0) + 1
+    hidden = max(0, len(count) - max_columns)
+    shown = count if not hidden else sorted(count, key=lambda r: (-count[r], natural_key(r)))[:max_columns]
+    rails = sorted(shown, key=natural_key)
     rows = []
     for host in sorted(hosts.hosts, key=lambda h: natural_key(h.host_id)):
         port_of = {r.rail: r.port for r in host.rails}
@@ -93,4 +101,4 @@ def build(hosts: fleet_pb2.ListHostsResponse) -> Grid:
                 evidence=(state.evidence[0] if state is not None and state.evidence else ""),
             ))
         rows.append(Row(host=host, cells=tuple(cells)))
-    return Grid(rails=tuple(rails), rows=tuple(rows))
+    return Grid(rails=tuple(rails), rows=tuple(rows), hidden_rails=hidden)

@@ -27,7 +27,7 @@ import structlog
 
 import linkpassd
 from linkpassd import logs
-from linkpassd.adapters import sdnotify
+from linkpassd.adapters import fdlimit, sdnotify
 from linkpassd.aggregator.metrics import AggregatorMetrics
 from linkpassd.aggregator.server import AggregatorServer
 from linkpassd.aggregator.settings import DEFAULT_PATH, Settings, load_settings, redacted_dsn
@@ -41,6 +41,18 @@ PRUNE_INTERVAL_S = 3600.0
 STOP_GRACE_S = 5.0
 PAGE_EVENTS = 50
 PAGE_SUMMARY_DAYS = 7
+# Descriptors beyond one per host: the store, logs, the worker's pipes,
+# grpc's own, operators' and linkpassctl's connections.
+FD_RESERVE = 256
+
+
+def fds_needed(settings: Settings) -> int:
+    """Open files the configuration needs: a connection per host, the web
+    page's and the metrics endpoint's connection caps, and a reserve."""
+    from linkpassd.adapters import metrics_http
+    from linkpassd.aggregator import web
+    return (settings.max_hosts + (web.MAX_CONNECTIONS if settings.web_listen else 0)
+            + (metrics_http.MAX_CONNECTIONS if settings.metrics_listen else 0) + FD_RESERVE)
 
 
 def check_config(path: str) -> int:
@@ -103,6 +115,14 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> int
         log.warning("INSECURE_MODE", listen=settings.listen,
                     warning="tls.insecure = true: NO TLS, NO CLIENT AUTHENTICATION; any client may report "
                             "as any host and drain any port. For labs only.")
+    limit = fdlimit.raise_nofile(fds_needed(settings))
+    if not limit.enough:
+        # Refused, not warned: below it real agents are locked out by the
+        # first flood of idle connections, with nothing else logged.
+        log.error("fd_limit_too_low", limit=limit.soft, hard=limit.hard, needed=limit.needed,
+                  max_hosts=settings.max_hosts, detail=limit.describe())
+        return 1
+    log.info("fd_limit", limit=limit.soft, hard=limit.hard, needed=limit.needed, raised_from=limit.before)
     store = build_store(settings)
     try:
         await store.open()
@@ -153,6 +173,7 @@ async def serve(settings: Settings, *, stop: asyncio.Event | None = None) -> int
         await server.stop(STOP_GRACE_S)
         if metrics_http is not None:
             metrics_http[0].shutdown()
+            metrics_http[0].server_close()
         await store.close()
 
 
@@ -167,10 +188,13 @@ async def _start_web(settings: Settings, server: AggregatorServer, store):
         nonlocal newest
         newest = await newest_event_id(store, newest)
         events = await api.events_list(EventQuery(after_id=max(0, newest - PAGE_EVENTS), limit=PAGE_EVENTS))
-        return web.render_page(await api.hosts_response(), events, await api.summary(PAGE_SUMMARY_DAYS),
-                               insecure=settings.tls.insecure, now=time.time(),
-                               validation=api.validations.last,
-                               refused=tuple(server.fleet.refused.values()))
+        hosts, summary = await api.hosts_response(), await api.summary(PAGE_SUMMARY_DAYS)
+        # In a thread: a page of a big fleet is tens of milliseconds of
+        # string work that would otherwise hold every agent's acks.
+        return await asyncio.to_thread(web.render_page, hosts, events, summary,
+                                       insecure=settings.tls.insecure, now=time.time(),
+                                       validation=api.validations.last,
+                                       refused=tuple(server.fleet.refused.values()))
 
     async def health() -> tuple[bool, str]:
         return True, f"ok: {len(server.fleet.sessions)} hosts connected"

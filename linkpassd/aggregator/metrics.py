@@ -12,9 +12,9 @@ from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
-from prometheus_client.exposition import start_http_server
 from prometheus_client.registry import Collector
 
+from linkpassd.adapters import metrics_http
 from linkpassd.aggregator.settings import split_listen
 
 WRITE_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -164,7 +164,7 @@ class AggregatorMetrics:
         self._stages[name].observe(seconds)
 
     def serve(self, listen: str):
-        """Start the HTTP endpoint (prometheus_client's own thread); returns
-        (server, thread) for shutdown."""
+        """Start the HTTP endpoint (adapters/metrics_http: a thread, bounded
+        connections and timeouts); returns (server, thread) for shutdown."""
         host, port = split_listen(listen)
-        return start_http_server(port, addr=host, registry=self.registry)
+        return metrics_http.serve(host, port, self.registry)

@@ -305,7 +305,9 @@ class PgStore:
     async def hosts(self, host_ids: Sequence[str] = ()) -> list[HostRow]:
         sql = ("SELECT h.host_id, h.boot_id, h.version, h.first_seen, h.last_seen, h.inventory, h.report, "
                "COALESCE(b.last_seq, 0), "
-               "(SELECT COALESCE(SUM(l.lost), 0)::BIGINT FROM boots l WHERE l.host_id = h.host_id), h.replica "
+               # SUM of BIGINT is NUMERIC (no overflow); clamped before the cast back.
+               "(SELECT LEAST(COALESCE(SUM(l.lost), 0), 9223372036854775807)::BIGINT "
+               "FROM boots l WHERE l.host_id = h.host_id), h.replica "
                "FROM hosts h LEFT JOIN boots b ON b.host_id = h.host_id AND b.boot_id = h.boot_id")
         args: tuple[Any, ...] = ()
         if host_ids:
@@ -426,7 +428,7 @@ class PgStore:
         above = sum(1 for e in events if e.seq > prev)
         newly_lost = (top - prev) - above if top > prev else 0
         filled = stored - above  # new arrivals at or below prev: holes filled late
-        lost = max(0, lost_before + newly_lost - filled)
+        lost = min(2**63 - 1, max(0, lost_before + newly_lost - filled))  # BIGINT
         last_seq = max(prev, top)
         await conn.execute("UPDATE boots SET last_seq = $3, lost = $4 WHERE host_id = $1 AND boot_id = $2",
                            host_id, boot_id, last_seq, lost)
@@ -455,7 +457,7 @@ class PgStore:
 
     async def day_totals(self, since: float, until: float) -> list[DayTotal]:
         rows = await self._fetch("reading day totals",
-                                 "SELECT day, COUNT(*), SUM(gpus)::BIGINT FROM absorbed WHERE wall >= $1 AND wall < $2 "
+                                 "SELECT day, COUNT(*), LEAST(SUM(gpus), 9223372036854775807)::BIGINT FROM absorbed WHERE wall >= $1 AND wall < $2 "
                                  'GROUP BY day ORDER BY day COLLATE "C"', float(since), float(until))
         return [DayTotal(day=day, failures_absorbed=n, gpus=gpus) for day, n, gpus in rows]
 

@@ -36,7 +36,8 @@ import structlog
 
 from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
-from linkpassd.aggregator import savings
+from linkpassd.adapters.grpc_decode import add_servicer
+from linkpassd.aggregator import bounds, savings
 from linkpassd.aggregator.fleet_api import FleetServicer
 from linkpassd.aggregator.identity import Refusal, peer_identity
 from linkpassd.aggregator.metrics import AggregatorMetrics
@@ -53,7 +54,8 @@ HELLO_TIMEOUT_S = 10.0  # a stream that says nothing this long after opening is 
 MAX_EVENTS_PER_BATCH = 1000  # agents send <= 500
 INBOX_MAX = 64  # messages read but not handled yet, per stream (agents keep <= 8 batches unacked)
 OUTBOX_MAX = 1024  # responses not written yet, per stream
-MAX_RAILS = 256
+MAX_RAILS = bounds.MAX_RAILS
+MAX_PATHS = bounds.MAX_PATHS
 MAX_ID_CHARS = 253
 # Streams grpc core holds before this server's loop has taken them (a new
 # stream waits there until grpc.aio asks core for the next call, one at a
@@ -66,6 +68,8 @@ MAX_ID_CHARS = 253
 # drops a stream left waiting past grpc.server_max_unrequested_time_in_server
 # (30 s), and an agent gives up on its Welcome after 10 s.
 MAX_PENDING_STREAMS = 65536
+HANDSHAKE_TIMEOUT_MS = 10_000
+MAX_STREAMS_PER_CONNECTION = 1024
 LAG_TICK_S = 0.05  # the loop-lag probe's timer
 HEARTBEAT_FLUSH_S = 1.0  # heartbeats are written together at most this often (Fleet.heartbeat)
 MAX_REFUSALS = 1000  # refused hosts remembered for the page (Fleet.refuse)
@@ -287,7 +291,7 @@ class AgentServicer:
         outcome: StreamEnd | None = None
         try:
             session = await self._accept(requests, context)
-            reader = asyncio.create_task(self._read(session, requests))
+            reader = asyncio.create_task(self._read(session, requests, context))
             outcome = await self._write(session, context)
         except StreamEnd as end:
             outcome = end
@@ -372,7 +376,8 @@ class AgentServicer:
                 return None
         return None
 
-    async def _read(self, session: HostSession, requests: AsyncIterator[pb.ConnectRequest]) -> None:
+    async def _read(self, session: HostSession, requests: AsyncIterator[pb.ConnectRequest],
+                    context: grpc.aio.ServicerContext) -> None:
         """Read the stream and take each message at once (`_take`, which
         never waits): heartbeats and command results are done with here,
         what needs the store joins the stream's pending work. A bad message
@@ -385,12 +390,31 @@ class AgentServicer:
                 except StreamEnd as end:
                     self._pend(session, (END, end))
                     return
+                except bounds.Refused as exc:
+                    self._pend(session, (END, StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, str(exc))))
+                    return
+                except Exception as exc:  # our bug on this host's input: say so, keep serving the others
+                    log.exception("agent_message_failed", host=session.host_id, error=str(exc))
+                    self._pend(session, (END, StreamEnd(grpc.StatusCode.INTERNAL,
+                                                        f"aggregator error on a {request.WhichOneof('body')}: {exc}")))
+                    return
                 if not session.open:
                     return
             self._pend(session, (END, None))  # the agent half-closed: finish what was read, then end
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # the call went away (the agent cancelled, a reset): nobody to answer
+        except Exception as exc:
+            if not context.done():
+                # The call is still up, so it did not go away: grpc could not
+                # decode what the agent sent (bytes that are not a
+                # ConnectRequest). Say so; a status OK would have the agent
+                # resend the same bytes for ever.
+                log.warning("agent_message_undecodable", host=session.host_id, error=str(exc))
+                self._pend(session, (END, StreamEnd(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"a message after Hello is not a ConnectRequest: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")))
+                return
+            # the call went away (the agent cancelled, a reset): nobody to answer
             log.info("agent_stream_gone", host=session.host_id, error=str(exc).splitlines()[0] if str(exc) else "")
             session.finish(None)
             session.gone = True
@@ -407,10 +431,12 @@ class AgentServicer:
         elif which == "events":
             self._pend(session, (EVENTS, *self._event_rows(session, request.events), time.perf_counter()))
         elif which == "ports":
+            bounds.port_report(request.ports)
             self._pend(session, (PORTS, request.ports, fleet.clock(), time.perf_counter()))
         elif which == "inventory":
             inventory = request.inventory
             _check_inventory(inventory)
+            bounds.inventory(inventory)
             session.gpus = savings.gpus_by_rail(inventory.rails)  # for the events read after it
             self._pend(session, (INVENTORY, inventory, fleet.clock(), time.perf_counter()))
         elif which == "command_result":
@@ -540,12 +566,17 @@ class AgentServicer:
             if not 0 < batch.gap_first <= batch.gap_last:
                 raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"EventBatch gap [{batch.gap_first}, {batch.gap_last}] is not a range of seqs")
+            bounds.batch_gap(batch)
             gap = (batch.gap_first, batch.gap_last)
+        if len(boot) > bounds.MAX_NAME_CHARS:
+            raise bounds.Refused(f"EventBatch.boot_id is {len(boot)} characters: at most {bounds.MAX_NAME_CHARS}")
         previous = session.last_seq.get(boot, 0)
         rows = []
         gpus = session.gpus
-        for event in events:
+        check_event = bounds.event
+        for index, event in enumerate(events):
             seq = event.seq
+            check_event(index, event)
             if seq < 1:
                 raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, f"event seq {seq} of boot {boot}: seqs start at 1")
             event_boot = event.boot_id
@@ -595,6 +626,13 @@ def server_options(max_message_bytes: int) -> list[tuple[str, Any]]:
         ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
         ("grpc.server.max_pending_requests", MAX_PENDING_STREAMS),
         ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_STREAMS),
+        # A connection that has not finished its TLS handshake in 10 s is
+        # closed (grpc's default is 120 s): idle unauthenticated connections
+        # cannot pile up to the open-file limit (issue 30 item 3).
+        ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
+        # Streams at once on one connection: an agent uses one, linkpassctl a
+        # few; labs/bench/agg_load.py multiplexes up to 1,024 hosts on one.
+        ("grpc.max_concurrent_streams", MAX_STREAMS_PER_CONNECTION),
     ]
 
 
@@ -642,8 +680,8 @@ class AggregatorServer:
         if self._server is not None:
             raise RuntimeError("aggregator server already started")
         server = grpc.aio.server(options=server_options(self.settings.max_message_bytes))
-        pb_grpc.add_AgentServiceServicer_to_server(self.agent, server)
-        pb_grpc.add_FleetServiceServicer_to_server(self.fleet_api, server)
+        add_servicer(pb_grpc.add_AgentServiceServicer_to_server, self.agent, server)
+        add_servicer(pb_grpc.add_FleetServiceServicer_to_server, self.fleet_api, server)
         self._health = grpc_health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         agent_name = pb.DESCRIPTOR.services_by_name["AgentService"].full_name

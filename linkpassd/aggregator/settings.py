@@ -52,6 +52,7 @@ class Settings:
     restart_cost_min: float = 30.0
     heartbeat_s: float = 5.0
     max_message_bytes: int = 4 * 1024 * 1024
+    max_hosts: int = 2048  # hosts one process serves: what its open-file limit must allow (fdlimit)
     log_format: str = "kv"
     log_level: str = "info"
     tls: TlsSettings = field(default_factory=TlsSettings)
@@ -203,6 +204,7 @@ SCHEMA: dict[str, dict[str, tuple[str, Any]]] = {
         "restart_cost_min": ("restart_cost_min", _number_range(0, 7 * 24 * 60)),
         "heartbeat_s": ("heartbeat_s", _number_range(0.5, 300)),
         "max_message_bytes": ("max_message_bytes", _int_range(64 * 1024, 64 * 1024 * 1024)),
+        "max_hosts": ("max_hosts", _int_range(1, 1_000_000)),
         "log_format": ("log_format", _choice(LOG_FORMATS)),
         "log_level": ("log_level", _choice(LOG_LEVELS)),
     },

@@ -62,6 +62,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+from linkpassd.aggregator import bounds
 from linkpassd.aggregator.savings import day_of
 from linkpassd.aggregator.store import (
     AddResult, DayTotal, EventQuery, EventRow, HostRow, OutOfOrder, StoredEvent, StoreError, StoreStats,
@@ -71,7 +72,8 @@ T = TypeVar("T")
 
 PRUNE_CHUNK = 2000  # events deleted per transaction by prune
 BUSY_TIMEOUT_MS = 5000  # another process holding the file (a backup, sqlite3 CLI)
-MAX_SEQ = 2**63 - 1  # SQLite INTEGER; proto seqs are uint64
+MAX_SEQ = bounds.MAX_SEQ  # far below SQLite's INTEGER (2**63 - 1); proto seqs are uint64
+INT64_MAX = 2**63 - 1  # sums and counts are clamped here: a lost count can never overflow a read
 WRITE_SECONDS_KEPT = 1024  # StoreStats.write_seconds keeps the newest this many
 GROUP_MAX = 500  # write calls per group commit: bounds the loop's time in one group's statements
 
@@ -488,7 +490,10 @@ class SqliteStore:
     def _hosts(conn: sqlite3.Connection, host_ids: list[str]) -> list[HostRow]:
         sql = ("SELECT h.host_id, h.boot_id, h.version, h.first_seen, h.last_seen, h.inventory, "
                "h.report, COALESCE(b.last_seq, 0), "
-               "(SELECT COALESCE(SUM(lost), 0) FROM boots l WHERE l.host_id = h.host_id) "
+               # TOTAL, not SUM: a float that cannot overflow (SUM raised "integer
+               # overflow" on two boots of 2**63 lost, and every read of the fleet failed).
+               "(SELECT CAST(MIN(TOTAL(lost), 9223372036854775807.0) AS INTEGER) FROM boots l "
+               "WHERE l.host_id = h.host_id) "
                "FROM hosts h LEFT JOIN boots b ON b.host_id = h.host_id AND b.boot_id = h.boot_id")
         params: tuple[Any, ...] = ()
         if host_ids:
@@ -558,7 +563,7 @@ class SqliteStore:
             above = sum(1 for e in events if e.seq > prev)
             newly_lost = (top - prev) - above if top > prev else 0
             filled = stored - above  # new arrivals at or below prev: holes filled late
-            lost = max(0, lost_before + newly_lost - filled)
+            lost = min(INT64_MAX, max(0, lost_before + newly_lost - filled))
             last_seq = max(prev, top)
             conn.execute("UPDATE boots SET last_seq = ?, lost = ? WHERE host_id = ? AND boot_id = ?",
                          (last_seq, lost, host_id, boot_id))
@@ -599,7 +604,7 @@ class SqliteStore:
 
     @staticmethod
     def _day_totals(conn: sqlite3.Connection, since: float, until: float) -> list[DayTotal]:
-        rows = conn.execute("SELECT day, COUNT(*), SUM(gpus) FROM absorbed WHERE wall >= ? AND wall < ? "
+        rows = conn.execute("SELECT day, COUNT(*), CAST(MIN(TOTAL(gpus), 9223372036854775807.0) AS INTEGER) FROM absorbed WHERE wall >= ? AND wall < ? "
                             "GROUP BY day ORDER BY day", (since, until))
         return [DayTotal(day=day, failures_absorbed=n, gpus=gpus) for day, n, gpus in rows]
 

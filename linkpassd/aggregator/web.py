@@ -129,8 +129,10 @@ def _grid_html(g: grid.Grid, now: float) -> str:
     legend = ('<p class="legend"><span class="v-up">UP</span><span class="v-degraded">DEG degraded</span>'
               '<span class="v-down">DOWN</span><span class="v-up drained">drained</span>'
               '<span class="v-none">– no report</span> ⇢ the rail routes through another path</p>')
+    hidden = (f'<p class="meta" id="hidden-rails">{g.hidden_rails} more rails, reported by fewer hosts, '
+              'are not shown as columns</p>' if g.hidden_rails else "")
     return (f'{legend}<table id="grid"><thead><tr><th>host</th>{head}</tr></thead>'
-            f'<tbody>{"".join(rows)}</tbody></table>')
+            f'<tbody>{"".join(rows)}</tbody></table>{hidden}')
 
 
 def _problems_html(g: grid.Grid) -> str:

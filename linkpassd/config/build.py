@@ -279,12 +279,9 @@ class _Builder:
                       f"flap_max_penalty ({health['flap_max_penalty']:g}): it could never be reached")
 
     def check_probes(self, probes: dict[str, Any]) -> None:
-        if not probes["timeout_ms"] < probes["interval_ms"]:
-            self.fail("probes.timeout_ms", f"{probes['timeout_ms']:g} must be below interval_ms "
-                      f"({probes['interval_ms']:g}): a probe must be judged before the next leaves")
-        if not probes["suspect_ms"] <= probes["timeout_ms"]:
-            self.fail("probes.suspect_ms", f"{probes['suspect_ms']:g} must be at most timeout_ms "
-                      f"({probes['timeout_ms']:g}): a miss is suspected before it is judged")
+        if not probes["suspect_ms"] < probes["tolerance_ms"]:
+            self.fail("probes.suspect_ms", f"{probes['suspect_ms']:g} must be below tolerance_ms "
+                      f"({probes['tolerance_ms']:g}): a silence is noticed before it is judged")
         if not probes["clear_loss_ratio"] < probes["max_loss_ratio"]:
             self.fail("probes.clear_loss_ratio", f"{probes['clear_loss_ratio']:g} must be below "
                       f"max_loss_ratio ({probes['max_loss_ratio']:g}), or a degraded path "

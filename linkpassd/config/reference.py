@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -87,6 +88,37 @@ def render_reference_markdown() -> str:
 # --------------------------------------------------------------------------
 
 
+def control_socket_problem(socket_path: str) -> str | None:
+    """What on this machine would stop linkpassd from making its control
+    socket (None: nothing): an existing ancestor of the socket that is not a
+    directory, or the socket's own path taken by something that is not a
+    socket. Read-only; `--check-config` and the daemon's start both ask."""
+    path = os.path.abspath(socket_path)
+    parent = os.path.dirname(path)
+    ancestor = parent
+    while True:
+        try:
+            st = os.stat(ancestor)
+        except (FileNotFoundError, NotADirectoryError):  # look further up for what is in the way
+            ancestor = os.path.dirname(ancestor)
+            continue
+        except OSError as exc:
+            return f"{socket_path!r}: cannot check {ancestor}: {exc.strerror}"
+        if not stat.S_ISDIR(st.st_mode):
+            return (f"{socket_path!r}: {ancestor} is not a directory (it is a "
+                    f"{'regular file' if stat.S_ISREG(st.st_mode) else 'non-directory'}), "
+                    "so the control socket cannot be made under it")
+        break
+    if ancestor == parent:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+        if not stat.S_ISSOCK(st.st_mode):
+            return f"{socket_path!r} exists and is not a socket; linkpassd will not remove it"
+    return None
+
+
 def check_config_main(path: str | os.PathLike[str]) -> int:
     """`linkpassd --check-config FILE`: 0 and an OK line, or 1 and the one-line error
     on stderr. Never a traceback: it runs in ExecStartPre and in config pipelines.
@@ -94,6 +126,9 @@ def check_config_main(path: str | os.PathLike[str]) -> int:
     certificate (agent.certcheck), which the aggregator would refuse."""
     try:
         config = load_config(path)
+        socket_problem = control_socket_problem(config.control_socket)
+        if socket_problem:
+            raise ConfigError(config.source, "daemon.control_socket", socket_problem)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1

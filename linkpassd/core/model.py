@@ -112,11 +112,9 @@ class ProbeSettings:
     enabled: bool = False
     port: int = 4793
     interval_ms: float = 50.0
-    timeout_ms: float = 8.0
+    tolerance_ms: float = 30.0
     suspect_ms: float = 3.0
-    order_margin_ms: float = 0.0  # ordering evidence off (see config.schema); 0: wait for timeout_ms
-    burst_count: int = 8
-    burst_interval_ms: float = 0.5
+    confirm_probes: int = 8
     rise: int = 3
     loss_window: int = 200
     max_loss_ratio: float = 0.20

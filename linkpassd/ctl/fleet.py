@@ -28,7 +28,9 @@ from linkpassd.aggregator import grid
 from linkpassd.core.drain import DrainError, parse_duration
 from linkpassd.ctl.exitcodes import ExitCode
 from linkpassd.ctl.rpc import STATUS_EXIT, RpcTarget, status_of
+from linkpassd.ctl import terminal
 from linkpassd.ctl.render import _one_line, duration, event_line, table, to_json, unix
+from linkpassd.ctl.terminal import safe
 
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -45,7 +47,7 @@ class FleetError(click.ClickException):
         self.exit_code = int(code)
 
     def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
-        click.echo(f"linkpassctl: fleet: {self.format_message()}", err=True)
+        terminal.echo(f"linkpassctl: fleet: {self.format_message()}", err=True)
 
 
 MAX_RECEIVE_BYTES = 256 << 20
@@ -210,6 +212,9 @@ def render_grid(resp: pb.ListHostsResponse) -> str:
     parts = [table(["HOST", "CONNECTED", *g.rails], rows) if g.rails else
              table(["HOST", "CONNECTED", "RAILS"], [[*r[:2], "no inventory"] for r in rows]),
              LEGEND]
+    if g.hidden_rails:
+        parts.append(f"{g.hidden_rails} more rails, reported by fewer hosts, are not shown as columns "
+                     "(-o json has every one)")
     problems = g.problems()
     if problems:
         parts.append(table(["HOST", "RAIL", "PORT", "VERDICT", "PATH NOW", "WHY"], [
@@ -225,13 +230,13 @@ def render_grid(resp: pb.ListHostsResponse) -> str:
 
 
 def fleet_event_line(fe: pb.FleetEvent, host_width: int = 16) -> str:
-    return f"{fe.host_id:<{host_width}}  {event_line(fe.event)}"
+    return f"{safe(fe.host_id, one_line=True):<{host_width}}  {event_line(fe.event)}"
 
 
 def render_fleet_events(events: list[pb.FleetEvent]) -> str:
     if not events:
         return "no events"
-    width = max(len(fe.host_id) for fe in events)
+    width = max(len(safe(fe.host_id, one_line=True)) for fe in events)
     return "\n".join(fleet_event_line(fe, width) for fe in events)
 
 
@@ -285,7 +290,7 @@ def fleet(ctx: click.Context, address: str | None, ca: str | None, cert: str | N
     ctx.obj = Connect(ctx, address, ca, cert, key, insecure, server_name, output)
     if ctx.invoked_subcommand is None:
         resp = ctx.obj().call(lambda stub: stub.ListHosts, pb.ListHostsRequest())
-        click.echo(to_json(resp) if output == "json" else render_grid(resp))
+        terminal.echo(to_json(resp) if output == "json" else render_grid(resp))
 
 
 def _duration_option(text: str | None, hint: str) -> float:
@@ -329,18 +334,18 @@ def fleet_events(connect: Connect, host_id: str, port: str, kind: str | None, si
             request.since.FromNanoseconds(int((time.time() - since_s) * 1e9))
         resp = agg.call(lambda stub: stub.ListFleetEvents, request)
         if output == "json":
-            click.echo(to_json(resp))
+            terminal.echo(to_json(resp))
             return
-        click.echo(render_fleet_events(list(resp.events)))
+        terminal.echo(render_fleet_events(list(resp.events)))
         if resp.events and limit is None and len(resp.events) >= 1000:
-            click.echo(f"linkpassctl: fleet: more events follow; --after {resp.events[-1].id} shows them", err=True)
+            terminal.echo(f"linkpassctl: fleet: more events follow; --after {resp.events[-1].id} shows them", err=True)
         return
     shown = 0
     stream = agg.stream(lambda stub: stub.WatchFleetEvents,
                         pb.WatchFleetEventsRequest(host_id=host_id, port=port, kind=kind_value, after_id=after))
     try:
         for msg in stream:
-            click.echo(to_json(msg.event, indent=None) if output == "json" else fleet_event_line(msg.event))
+            terminal.echo(to_json(msg.event, indent=None) if output == "json" else fleet_event_line(msg.event))
             shown += 1
             if limit is not None and shown >= limit:
                 return
@@ -371,7 +376,7 @@ def fleet_drain(connect: Connect, host: str, port: str, reason: str, for_: str |
     resp = connect().call(lambda stub: stub.FleetDrain,
                     pb.FleetDrainRequest(host_id=host, port=port, reason=reason, duration_s=duration_s),
                     at_least=COMMAND_TIMEOUT_S)
-    click.echo(to_json(resp) if output == "json" else f"{host} {port}: {_one_line(resp.message or 'drained')}")
+    terminal.echo(to_json(resp) if output == "json" else f"{host} {port}: {_one_line(resp.message or 'drained')}")
 
 
 @fleet.command("undrain")
@@ -384,7 +389,7 @@ def fleet_undrain(connect: Connect, host: str, port: str, output: str) -> None:
     output = output or connect.output
     resp = connect().call(lambda stub: stub.FleetUndrain, pb.FleetUndrainRequest(host_id=host, port=port),
                     at_least=COMMAND_TIMEOUT_S)
-    click.echo(to_json(resp) if output == "json" else f"{host} {port}: {_one_line(resp.message or 'undrained')}")
+    terminal.echo(to_json(resp) if output == "json" else f"{host} {port}: {_one_line(resp.message or 'undrained')}")
 
 
 @fleet.command("summary")
@@ -396,5 +401,5 @@ def fleet_summary(connect: Connect, days: int, output: str) -> None:
     """Failures absorbed and GPU-hours saved per day, hosts, ports by verdict."""
     output = output or connect.output
     resp = connect().call(lambda stub: stub.GetSummary, pb.GetSummaryRequest(days=days))
-    click.echo(to_json(resp) if output == "json" else render_summary(resp))
+    terminal.echo(to_json(resp) if output == "json" else render_summary(resp))
 

@@ -26,6 +26,7 @@ from linkpassd import __version__  # noqa: E402
 from linkpassd._proto.linkpass.v1 import control_pb2 as pb  # noqa: E402
 from linkpassd._proto.linkpass.v1 import control_pb2_grpc as pb_grpc  # noqa: E402
 from linkpassd.core.drain import DrainError, parse_duration  # noqa: E402
+from linkpassd.ctl import terminal  # noqa: E402
 from linkpassd.ctl.exitcodes import ExitCode, epilog  # noqa: E402
 from linkpassd.ctl.rpc import STATUS_EXIT, RpcTarget, status_of  # noqa: E402
 from linkpassd.ctl.render import (  # noqa: E402 - the renderers (to_json is also used by tests)
@@ -54,7 +55,7 @@ class CtlError(click.ClickException):
         self.exit_code = int(code)
 
     def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
-        click.echo(f"linkpassctl: {self.format_message()}", err=True)
+        terminal.echo(f"linkpassctl: {self.format_message()}", err=True)
 
 
 @dataclass(frozen=True)
@@ -163,7 +164,7 @@ def cli(ctx: click.Context, socket_path: str, timeout: float) -> None:
 def status(target: Target, output: str) -> None:
     """Daemon summary, the path each rail's table uses, multipath groups."""
     resp = target.call(lambda stub: stub.GetStatus, pb.GetStatusRequest())
-    click.echo(to_json(resp.status) if output == "json" else render_status(resp.status))
+    terminal.echo(to_json(resp.status) if output == "json" else render_status(resp.status))
 
 
 @cli.command()
@@ -173,7 +174,7 @@ def links(target: Target, output: str) -> None:
     """Per port: link state, flap counters, health verdict with evidence, optics
     against the module's levels, error counters and each health signal."""
     resp = target.call(lambda stub: stub.ListLinks, pb.ListLinksRequest())
-    click.echo(to_json(resp) if output == "json" else render_links(resp))
+    terminal.echo(to_json(resp) if output == "json" else render_links(resp))
 
 
 @cli.command()
@@ -183,7 +184,7 @@ def links(target: Target, output: str) -> None:
 def explain(target: Target, port: str, output: str) -> None:
     """Why PORT has its verdict, and what that did to every table and group using it."""
     resp = target.call(lambda stub: stub.ExplainPort, pb.ExplainPortRequest(port=port))
-    click.echo(to_json(resp) if output == "json" else render_explanation(resp))
+    terminal.echo(to_json(resp) if output == "json" else render_explanation(resp))
 
 
 @cli.command()
@@ -207,11 +208,11 @@ def events(target: Target, after: int | None, limit: int | None, follow: bool, b
         resp = target.call(lambda stub: stub.ListEvents,
                            pb.ListEventsRequest(after_seq=after or 0, limit=limit or 0, boot_id=boot_id))
         if output == "json":
-            click.echo(to_json(resp))
+            terminal.echo(to_json(resp))
             return
         if resp.missed:
-            click.echo(f"linkpassctl: {missed_warning(resp.missed)}", err=True)
-        click.echo(render_events(resp))
+            terminal.echo(f"linkpassctl: {missed_warning(resp.missed)}", err=True)
+        terminal.echo(render_events(resp))
         return
     if after is None:  # from now on: after the newest event held
         after = target.call(lambda stub: stub.ListEvents, pb.ListEventsRequest(limit=1, boot_id=boot_id)).last_seq
@@ -220,8 +221,8 @@ def events(target: Target, after: int | None, limit: int | None, follow: bool, b
     try:
         for msg in stream:
             if msg.missed:
-                click.echo(f"linkpassctl: {missed_warning(msg.missed)}", err=True)
-            click.echo(to_json(msg, indent=None) if output == "json" else event_line(msg.event))
+                terminal.echo(f"linkpassctl: {missed_warning(msg.missed)}", err=True)
+            terminal.echo(to_json(msg, indent=None) if output == "json" else event_line(msg.event))
             shown += 1
             if limit is not None and shown >= limit:
                 return
@@ -259,7 +260,7 @@ def drain(target: Target, port: str, reason: str, for_: str | None, output: str)
             raise click.BadParameter(str(exc), param_hint="'--for'") from None
     resp = target.call(lambda stub: stub.Drain, pb.DrainRequest(port=port, reason=reason, duration_s=duration_s),
                        at_least=DRAIN_TIMEOUT_S)
-    click.echo(to_json(resp) if output == "json" else render_drain_change(
+    terminal.echo(to_json(resp) if output == "json" else render_drain_change(
         resp.state, replaced=resp.replaced if resp.HasField("replaced") else None, notes=resp.notes))
 
 
@@ -271,7 +272,7 @@ def undrain(target: Target, port: str, output: str) -> None:
     """End PORT's drain: it is judged on its health again.  Needs root or
     linkpassd's admin_group."""
     resp = target.call(lambda stub: stub.Undrain, pb.UndrainRequest(port=port), at_least=DRAIN_TIMEOUT_S)
-    click.echo(to_json(resp) if output == "json" else render_drain_change(resp.state, undrained=True))
+    terminal.echo(to_json(resp) if output == "json" else render_drain_change(resp.state, undrained=True))
 
 
 from linkpassd.ctl.nccl import nccl_env  # noqa: E402 - reads health.json, not the socket
@@ -301,7 +302,7 @@ def completion(shell: str) -> None:
     complete_var = f"_{PROG_NAME.replace('-', '_').upper()}_COMPLETE"
     script_class = get_completion_class(shell)
     assert script_class is not None, shell  # click.Choice admits only shells click knows
-    click.echo(script_class(cli, {}, PROG_NAME, complete_var).source())
+    terminal.echo(script_class(cli, {}, PROG_NAME, complete_var).source())
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ import click
 
 from linkpassd.adapters.healthfile import HealthFile, HealthFileError, own_pid_namespace
 from linkpassd.core import healthdoc
+from linkpassd.ctl import terminal
 from linkpassd.ctl.exitcodes import ExitCode
 from linkpassd.timefmt import local_iso
 
@@ -33,7 +34,7 @@ class NcclEnvError(click.ClickException):
         self.exit_code = int(exit_code)
 
     def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
-        click.echo(f"linkpassctl: nccl-env: {self.format_message()}", err=True)
+        terminal.echo(f"linkpassctl: nccl-env: {self.format_message()}", err=True)
 
 
 def pid_alive(pid: int) -> bool | None:
@@ -96,4 +97,4 @@ def nccl_env(path: str, fmt: str, no_pid_check: bool) -> None:
     env = healthdoc.nccl_env(doc)
     if not env:
         raise NcclEnvError(healthdoc.nccl_env_refusal(doc) or "no usable port", ExitCode.NO_USABLE)
-    click.echo(render(env, doc, fmt))
+    terminal.echo(render(env, doc, fmt))

@@ -15,11 +15,12 @@ from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
 from linkpassd._proto.linkpass.v1 import control_pb2 as pb
+from linkpassd.ctl.terminal import safe
 from linkpassd.timefmt import local_iso
 
 
 def _one_line(text: str) -> str:
-    return " ".join(text.split()) or "(no details)"
+    return safe(" ".join(text.split())) or "(no details)"
 
 
 # --------------------------------------------------------------------------
@@ -71,6 +72,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Columns padded to their widest cell; the last one is left ragged so a
     long evidence string does not pad every line. A row with fewer cells than
     headers is a note: its last cell runs on across the remaining columns."""
+    headers = [safe(h, one_line=True) for h in headers]
+    rows = [[safe(c, one_line=True) for c in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in rows:
         if not 0 < len(row) <= len(headers):
@@ -86,7 +89,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def key_values(pairs: Sequence[tuple[str, str]]) -> str:
     width = max(len(k) for k, _ in pairs)
-    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in pairs)
+    return "\n".join(f"{safe(k, one_line=True).ljust(width)}  {safe(v)}" for k, v in pairs)
 
 
 def duration(seconds: float) -> str:
@@ -476,7 +479,10 @@ def render_drain_change(state: pb.PortState, *, undrained: bool = False,
 
 
 def _enum_word(enum_type: object, value: int, prefix: str) -> str:
-    return enum_type.Name(value).removeprefix(prefix).lower()  # type: ignore[attr-defined]
+    try:
+        return enum_type.Name(value).removeprefix(prefix).lower()  # type: ignore[attr-defined]
+    except ValueError:  # a value newer than this release (or a host's invention)
+        return str(value)
 
 
 def event_line(e: pb.Event) -> str:
@@ -485,7 +491,7 @@ def event_line(e: pb.Event) -> str:
     without knowing what comes next."""
     t = unix(e.time)
     stamp = local_iso(t, ms=True)
-    where = "/".join(x for x in (e.port, e.rail) if x) or "-"
+    where = safe("/".join(x for x in (e.port, e.rail) if x), one_line=True) or "-"
     severity = _enum_word(pb.Severity, e.severity, "SEVERITY_")
     kind = _enum_word(pb.EventKind, e.kind, "EVENT_KIND_")
     return f"{stamp}  #{e.seq:<6} {severity:<7}  {kind:<16}  {where:<14}  {_one_line(e.message or e.name)}"

@@ -25,6 +25,7 @@ import grpc
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
+from linkpassd.ctl import terminal
 from linkpassd.ctl.exitcodes import ExitCode
 from linkpassd.ctl.fleet import Aggregator, FleetError, aggregator_from_options
 from linkpassd.ctl.fleet import fleet as fleet_group
@@ -86,7 +87,7 @@ def run_validation(agg: Aggregator, request: pb.ValidateRequest) -> pb.Validatio
                     progress = response.progress
                     if bar is None:
                         bar = click.progressbar(length=max(progress.hosts_total, 1), label="validating",
-                                                file=sys.stderr, show_pos=True, item_show_func=lambda h: h)
+                                                file=sys.stderr, show_pos=True, item_show_func=lambda h: terminal.safe(h, one_line=True) if h else h)
                         bar.__enter__()
                     bar.update(progress.hosts_done - bar.pos, progress.last_host or None)
             finally:
@@ -128,7 +129,7 @@ def validate(ctx: click.Context, plan_path: str, hosts: str, rails: str, duratio
     request = pb.ValidateRequest(plan=[cabling.to_proto(p) for p in loaded.ports], hosts=host_names,
                                  rails=rail_names, duration_s=duration or 0.0)
     report = run_validation(agg, request)
-    click.echo(reporting.to_json(report) if output == "json" else reporting.render_text(report))
+    terminal.echo(reporting.to_json(report) if output == "json" else reporting.render_text(report))
     if png:
         try:
             reporting.write_png(report, png, plan=loaded)

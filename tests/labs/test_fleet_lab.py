@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import time
-import warnings
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -33,7 +32,6 @@ HOSTS, RAILS = 4, 2
 MESH_S = 60.0  # every host's paths handed out and up (generous: 4 daemons + aggregator, 2 cores)
 DETECT_S = 10.0  # a blackhole found and routed around (measured well under 1 s)
 PAGE_S = 30.0
-QUIET_S = 5.0  # no rail path change on any host for this long before the fault
 RESULTS = Path(__file__).resolve().parents[2] / "labs" / "bench" / "results"
 
 
@@ -42,12 +40,9 @@ def needs_lab() -> None:
         pytest.skip("needs root and mnexec (apt-get install mininet)")
 
 
-# Echo probes as an operator would set them on hosts whose CPUs are shared:
-# on this 2-core VM, with four daemons, the aggregator and a browser, a
-# healthy peer's reply often comes later than the default 8 ms, and with
-# three peers per rail such a lost burst beside the dead victim is a
-# majority (bystanders failed over with no fault in 3 of 5 runs at 8 ms).
-FLEET_PROBES = {"interval_ms": 50, "timeout_ms": 30}
+# Echo probes with the defaults (docs/probing.md): on this 2-core VM with four
+# daemons, the aggregator and a browser, the contract must hold as it is.
+FLEET_PROBES = {"interval_ms": 50}
 
 
 @pytest.fixture(scope="module")
@@ -163,12 +158,19 @@ def absorbed_today(lab) -> int:
     return sum(day.failures_absorbed for day in summary.days)
 
 
-def rail_path_events(lab) -> list[str]:
+def rail_path_events(lab) -> list[tuple[str, int, str, dict[str, str]]]:
+    """Every rail path event the aggregator holds: (host, seq, message, fields)."""
     with lab.aggregator.channel() as channel:
         events = fleet_pb2_grpc.FleetServiceStub(channel).ListFleetEvents(
             fleet_pb2.ListFleetEventsRequest(kind=control_pb2.EVENT_KIND_RAIL_PATH), timeout=10)
-    return [f"{fe.host_id} seq {fe.event.seq}: {fe.event.message} {dict(fe.event.fields)}"
+    return [(fe.host_id, fe.event.seq, fe.event.message, dict(fe.event.fields))
             for fe in events.events]
+
+
+def failovers(events) -> list[str]:
+    """The events that put a rail on a path other than its own."""
+    return [f"{host} seq {seq}: {message} {fields}" for host, seq, message, fields in events
+            if fields.get("path") != fields.get("rail")]
 
 
 def routed_dev(lab, host: str, dst: str, src: str) -> str | None:
@@ -218,23 +220,11 @@ def test_a_silent_blackhole_is_found_through_the_mesh_and_the_page_shows_it(flee
     wait_no_problems("every host's every rail UP before the fault",
                      lambda: not_up(api_cells(lab)), PAGE_S)
     page_shows(lab, "every cell UP", lambda cells: cells and not not_up(cells))
-    # Counted from here: the fault must add exactly one. A start-up failover
-    # on these 2 loaded cores (about 1 run in 6, in the first seconds after
-    # the mesh is handed out: a host misses its bursts to every peer on both
-    # rails at once) is not this test's subject: the trial starts once the
-    # fleet has been quiet, no rail path change for QUIET_S, bounded.
-    events_before = set(rail_path_events(lab))
-    deadline, quiet_since = time.monotonic() + MESH_S, time.monotonic()
-    while time.monotonic() - quiet_since < QUIET_S:
-        if time.monotonic() > deadline:
-            moved = sorted({e.split(" ", 1)[0] for e in rail_path_events(lab)})
-            pytest.fail(f"no quiet {QUIET_S:g} s within {MESH_S:g} s; rail path changes:\n  "
-                        + "\n  ".join(rail_path_events(lab))
-                        + "".join(probe_log(lab, h) for h in moved))
-        time.sleep(0.5)
-        now_events = set(rail_path_events(lab))
-        if now_events != events_before or not_up(api_cells(lab)):
-            events_before, quiet_since = now_events, time.monotonic()
+    # No failover at all so far: a start-up failover (a host failing over as
+    # the mesh is handed out, on a healthy fabric) is a false one.
+    events_before = rail_path_events(lab)
+    assert not failovers(events_before), "failovers with no fault:\n  " + "\n  ".join(
+        failovers(events_before)) + "".join(probe_log(lab, h.name) for h in lab.hosts)
     absorbed_before = absorbed_today(lab)
     fault = SilentBlackhole(lab, victim.name, 0)
     fault.inject()
@@ -251,11 +241,8 @@ def test_a_silent_blackhole_is_found_through_the_mesh_and_the_page_shows_it(flee
         cell = fault_held(page_shows(lab, "the faulted port DOWN", fault_held))
         assert cell["data-port"] == rail0.port
         # The fault is the victim's alone: a bystander's rail0 loses one of its
-        # three peers (the victim) and stays UP (core.probe.rail_assessment).
-        # Read until every bystander shows UP, bounded, and never DOWN on the
-        # way: a burst lost to a starved responder on 2 busy cores (4 daemons,
-        # the aggregator and a browser) can show a bystander DEGRADED for a
-        # moment, but a bystander judged DOWN would be a fault misplaced.
+        # three peers (the victim) and stays UP (core.railverdict), and is
+        # never DOWN on the way.
         bystanders = [(h.name, "rail0") for h in lab.hosts if h is not victim]
         seen_down: list[str] = []
 
@@ -275,24 +262,16 @@ def test_a_silent_blackhole_is_found_through_the_mesh_and_the_page_shows_it(flee
         wait_for("the failover counted as absorbed",
                  lambda: absorbed_today(lab) >= absorbed_before + 1, PAGE_S)
         after = [e for e in rail_path_events(lab) if e not in events_before]
-        mine = [e for e in after if e.startswith(f"{victim.name} ")]
-        if len(mine) != 1:
-            pytest.fail(f"not exactly one failover of {victim.name} by the fault:\n  "
-                        + "\n  ".join(rail_path_events(lab)))
-        # Bystanders: every one back on its own rail-0 path (and never DOWN on
-        # the page, above). A bystander's brief failover as the fault goes in
-        # is a known open fault (issue 11: about 1 run in 2 on this VM, a burst
-        # to another bystander lost at that moment): it is reported here as a
-        # warning with the logs, not hidden, but it does not fail the fleet view.
-        for host in lab.hosts[1:]:
+        moved = failovers(after)
+        mine = [e for e in moved if e.startswith(f"{victim.name} ")]
+        assert len(mine) == 1 and len(moved) == 1, (
+            f"the fault must fail over exactly {victim.name}'s rail0, once:\n  "
+            + "\n  ".join(moved)
+            + "".join(probe_log(lab, h.name) for h in lab.hosts if h is not victim))
+        for host in lab.hosts[1:]:  # every bystander on its own rail-0 path
             src = host.rail(0)
             other = next(h for h in lab.hosts[1:] if h is not host).rail(0).address
-            wait_for(f"{host.name} rail0 on its own path again",
-                     lambda: routed_dev(lab, host.name, other, src.address) == src.port, PAGE_S)
-        if len(after) != len(mine):
-            warnings.warn("bystander failovers during the fault (issue 11):\n  "
-                          + "\n  ".join(e for e in after if e not in mine)
-                          + "".join(probe_log(lab, h.name) for h in lab.hosts if h is not victim))
+            assert routed_dev(lab, host.name, other, src.address) == src.port, host.name
         shot = screenshot(lab.aggregator.web_url, RESULTS / "fleet-page-fault.png")
         assert shot.stat().st_size > 10_000  # a rendered page, not a blank one
     finally:

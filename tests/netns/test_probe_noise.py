@@ -37,8 +37,8 @@ def failovers(log: str) -> list[str]:
 
 
 def suspicions(log: str) -> list[int]:
-    """Bursts raised per path, from the counters the daemon logs when it stops."""
-    return [int(m.group(1)) for m in re.finditer(r" event=echo_counters .*\bbursts=(\d+)", log)]
+    """Suspicions (silences) raised per path, from the counters the daemon logs when it stops."""
+    return [int(m.group(1)) for m in re.finditer(r" event=echo_counters .*\bsilences=(\d+)", log)]
 
 
 

@@ -193,8 +193,11 @@ MALFORMED = [
                                   'destinations = ["0.0.0.0/0"]\n'
                                   'probe_peers = ["198.18.3.1", "198.18.3.1"]'),
      "rail[0].probe_peers[1]", "listed twice"),
-    ("probe-timeout-not-below-interval", edit("interval_ms = 50.0", "interval_ms = 50.0\ntimeout_ms = 50"),
-     "probes.timeout_ms", "must be below interval_ms (50)"),
+    ("probe-suspect-not-below-tolerance", edit("interval_ms = 50.0",
+                                                "interval_ms = 50.0\nsuspect_ms = 30"),
+     "probes.suspect_ms", "must be below tolerance_ms (30)"),
+    ("probe-removed-timeout", edit("interval_ms = 50.0", "interval_ms = 50.0\ntimeout_ms = 8"),
+     "probes.timeout_ms", "unknown"),
     ("probe-clear-above-max", edit("interval_ms = 50.0", "interval_ms = 50.0\nclear_loss_ratio = 0.3"),
      "probes.clear_loss_ratio", "must be below max_loss_ratio (0.2)"),
     ("probe-port-out-of-range", edit("interval_ms = 50.0", "interval_ms = 50.0\nport = 70000"),

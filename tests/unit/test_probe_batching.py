@@ -69,18 +69,17 @@ def test_a_probe_goes_at_its_slots_start_and_keeps_its_own_cadence():
     assert r.poll(9.9999, send_slot_s=slot)[1] == []
 
 
-def test_a_burst_and_its_deadlines_are_never_slotted():
+def test_confirmations_and_judgements_are_never_slotted():
     cfg, slot = ProbeConfig(interval_s=0.050), 0.005
     p = _up(cfg, 10.0)
     p, (send,) = p.poll(10.0, send_slot_s=slot)
-    p, _ = p.poll(10.0 + cfg.timeout_s, send_slot_s=slot)  # the steady probe is lost
-    assert p.state is PathState.SUSPECT and p.burst_due
-    assert p.next_wakeup(slot) == pytest.approx(p.burst_due[0])
-    p, sends = p.poll(p.burst_due[0], send_slot_s=slot)
-    assert sends and all(s.burst for s in sends)
-    # Its probes and their deadlines are on time, not at a slot's start.
-    due = [f.deadline for f in p.inflight] + list(p.burst_due[:1])
-    assert p.next_wakeup(slot) == pytest.approx(min(due))
+    # The reply wait is judged on time, not at a slot's start.
+    assert p.next_wakeup(slot) == pytest.approx(10.0 + cfg.suspect_after_s)
+    p, sends = p.poll(10.0 + cfg.suspect_after_s, send_slot_s=slot)  # unanswered: silent
+    assert p.state is PathState.SUSPECT and sends and all(s.burst for s in sends)
+    assert p.next_wakeup(slot) == pytest.approx(p.next_confirm)
+    assert p.next_confirm == pytest.approx(10.0 + cfg.suspect_after_s
+                                           + cfg.tolerance_s / cfg.confirm_probes)
 
 
 # ---------------------------------------------------------------- a mutable prober
@@ -103,7 +102,7 @@ def test_a_prober_changes_in_place_and_a_copy_is_independent():
         probe(i)
     assert (snapshot.counters.sent, p.counters.sent) == (30, 60)
     assert (len(snapshot.window), len(p.window)) == (30, 60)
-    assert len(snapshot.judged) == 30 and snapshot.next_send < p.next_send
+    assert snapshot.next_send < p.next_send
     # dataclasses.replace() builds a new prober with counters of its own.
     other = replace(p, reason="x")
     other.counters.sent += 1
