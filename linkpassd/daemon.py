@@ -1,4 +1,4 @@
-"""linkpassd: the asyncio shell around the pure core.
+"""linkpassd's process: the asyncio shell around the pure core.
 
 The only module with tasks. Reader tasks (link events, ticks, signals) feed one
 queue; one reconcile loop drains it, updates port health, asks the policy for
@@ -38,6 +38,7 @@ from linkpassd.adapters import sdnotify
 from linkpassd.adapters.bfd import BfdAgent, BfdEvent, PeerSpec
 from linkpassd.adapters.control_server import ControlServer, ControlSocketError
 from linkpassd.adapters.echo import EchoService
+from linkpassd.adapters.instancelock import AlreadyRunning, InstanceLock
 from linkpassd.adapters.kernel import (KernelAdapter, KernelOpError, KernelReadError,
                                        KernelReadTimeout, KernelSocketError)
 from linkpassd.adapters.links import LinkEvent, LinkMonitor, LinkSnapshot
@@ -804,6 +805,26 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
                    config=new.source, rails=len(new.rails))
 
 
+DESCRIPTION = """\
+linkpassd keeps this host's GPU-cluster traffic on healthy links. It watches
+every rail's NIC, optic and cable (carrier, error counters, module readings,
+BFD and echo probes), moves a rail's routing table and multipath groups off a
+port that fails or degrades (within the detection time the config sets, and
+never below it), moves them back after the port has proved itself again, and
+reports each decision to linkpass-aggregator. Stopping it leaves the routes as
+they are (fail-static)."""
+
+EPILOG = """\
+Query it and drain ports with linkpassctl (status, links, explain PORT,
+drain PORT --reason TEXT, events). Signals: SIGHUP re-reads the config (a bad
+one is refused and the running one kept); SIGTERM stops. One linkpassd per
+run directory (run_dir/linkpassd.lock). The config is documented in
+docs/config.md.
+
+Exit status: 0 stopped by a signal; 1 --check-config found a problem, or
+another linkpassd is running; 2 the config is bad at start."""
+
+
 FD_RESERVE = 256  # state files, netlink and ethtool sockets, logs, the responder, grpc's own
 FDS_PER_RAIL = 16  # a rail's probe sockets (echo, BFD sessions) with room
 
@@ -833,28 +854,51 @@ def check_fd_limit(daemon: Daemon, config: Config) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="linkpassd", description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="config file (TOML)")
-    parser.add_argument("--check-config", metavar="FILE",
-                        help="validate FILE without touching the system, then exit")
+    parser = argparse.ArgumentParser(prog="linkpassd", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help=f"the config file (TOML) [default: {DEFAULT_CONFIG}]")
+    parser.add_argument("--check-config", metavar="FILE", nargs="?", const=True, default=None,
+                        help="check the config (FILE, or the --config file) and that the "
+                             "aggregator would accept this host's certificate, without touching "
+                             "the system; print OK or the problem, then exit")
     parser.add_argument("--version", action="version", version=linkpassd.__version__)
     args = parser.parse_args(argv)
-    if args.check_config:
-        return configmod.check_config_main(args.check_config)
+    if args.check_config is not None:
+        path = args.config or DEFAULT_CONFIG
+        if isinstance(args.check_config, str):
+            if args.config is not None and args.config != args.check_config:
+                parser.error(f"--config {args.config} and --check-config {args.check_config} "
+                             "name two files; give the file once")
+            path = args.check_config
+        return configmod.check_config_main(path)
+    config_path = args.config or DEFAULT_CONFIG
     try:
-        config = configmod.load_config(args.config)
+        config = configmod.load_config(config_path)
         socket_problem = control_socket_problem(config.control_socket)
         if socket_problem:  # exit 2: the unit does not restart it in a loop
             raise configmod.ConfigError(config.source, "daemon.control_socket", socket_problem)
     except configmod.ConfigError as exc:
         print(f"linkpassd: {exc}", file=sys.stderr)
         return 2
+    # Before anything is touched: a second daemon on this run directory
+    # would fight the first over every route, socket and state file.
+    lock = InstanceLock(config.run_dir)
+    try:
+        lock.acquire()
+    except AlreadyRunning as exc:
+        print(f"linkpassd: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"linkpassd: cannot take the lock {lock.path}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 1
     logs.configure(config.log_format, config.log_level)
     # The echo responder answers on its own thread and needs the GIL for
     # microseconds per reply; hand it over within 1 ms rather than 5, so a
     # busy loop does not make our replies look like loss to our peers.
     sys.setswitchinterval(0.001)
-    daemon = Daemon(config, args.config)
+    daemon = Daemon(config, config_path)
     check_fd_limit(daemon, config)
     try:
         asyncio.run(daemon.run())

@@ -46,7 +46,8 @@ def take(daemon) -> MetricsSnapshot:
     lag = daemon.looplag
     loop_lag = LoopLagMetrics(recent_max_s=lag.worst_since(daemon.clock() - lag.history.window_s),
                               max_s=lag.max, stalls=lag.stalls, measurements=lag.count)
-    return from_status(status, rail_of, candidates, bfd=bfd, probes=probes, loop_lag=loop_lag)
+    return from_status(status, rail_of, candidates, bfd=bfd, probes=probes, loop_lag=loop_lag,
+                       now=daemon.wallclock())
 
 
 def _probe(path, prober, rail_of: dict[str, str]) -> ProbeMetrics:
@@ -66,9 +67,10 @@ def _probe(path, prober, rail_of: dict[str, str]) -> ProbeMetrics:
 def from_status(status: DaemonStatus, rail_of: dict[str, str],
                 candidates: dict[str, tuple[str, ...]] | None = None, *,
                 bfd: tuple[BfdMetrics, ...] = (), probes: tuple[ProbeMetrics, ...] = (),
-                loop_lag: LoopLagMetrics | None = None) -> MetricsSnapshot:
+                loop_lag: LoopLagMetrics | None = None, now: float | None = None) -> MetricsSnapshot:
     """The snapshot a status report gives, plus what status does not carry
-    (BFD sessions, probe paths, loop lag). Pure."""
+    (BFD sessions, probe paths, loop lag). `now` (wall clock): for the age
+    of the last ack. Pure."""
     candidates = candidates or {}
     links = {link.port: link for link in status.links}
     ports = []
@@ -108,7 +110,11 @@ def from_status(status: DaemonStatus, rail_of: dict[str, str],
         optics=tuple(optics), optics_unreadable=tuple(unreadable), optic_flags=tuple(flags),
         counters=tuple(counters), loop_lag=loop_lag, reconciles=status.reconciles,
         last_reconcile_at=status.last_reconcile_at, problems=tuple(sorted(problems.items())),
-        responder=status.responder, last_event_seq=status.last_event_seq)
+        responder=status.responder, last_event_seq=status.last_event_seq,
+        agent=status.aggregator,
+        last_ack_age_s=(max(0.0, now - status.aggregator.last_ack_at)
+                        if now is not None and status.aggregator is not None
+                        and status.aggregator.last_ack_at else None))
 
 
 def _optic_values(port: str, rail: str, reading: OpticsReading) -> list[OpticValue]:

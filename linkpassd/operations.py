@@ -32,7 +32,8 @@ from linkpassd.adapters.healthfile import HealthFile, own_pid_namespace
 from linkpassd.adapters.statefile import StateFileError, read_json, write_json_atomic
 from linkpassd.core import drain, healthdoc
 from linkpassd.core.events import Event, EventKind, EventLog, Severity, reason_class
-from linkpassd.core.model import Drain, PortState, Problem
+from linkpassd.core.model import Drain, DrainOutcome, PortState, Problem
+from linkpassd.timefmt import local_iso
 
 log = structlog.get_logger("linkpassd")
 
@@ -55,6 +56,7 @@ class DrainCommand:
     by: str
     done: asyncio.Future = field(compare=False)
     taken: bool = False
+    replaced: Drain | None = None  # the port's drain this one replaced, when it was drained
 
 
 def cause_of(reason: str, drained: bool) -> str:
@@ -150,10 +152,16 @@ class Operations:
         self.saved_drains = dict(self.drains)
         self.state_problems.pop(path, None)
 
-    async def drain(self, port: str, reason: str, duration_s: float | None, by: str) -> PortState:
-        """For the control API: drain `port`; returns its state after the pass."""
+    async def drain(self, port: str, reason: str, duration_s: float | None,
+                    by: str) -> DrainOutcome:
+        """For the control API: drain `port`; returns its state after the
+        pass, the drain it replaced, and why traffic is still on it."""
         d = drain.request(port, reason, by, self.wallclock(), duration_s, tuple(self.ports()))
-        return await self._command(port, d, by)
+        cmd = await self._command(port, d, by)
+        decision = self.decision
+        notes = () if decision is None else drain.still_carried(
+            port, self._rail_of(port) or None, decision.rails, decision.groups)
+        return DrainOutcome(self._state_after(port), cmd.replaced, notes)
 
     async def undrain(self, port: str, by: str) -> PortState:
         """A drained port may be undrained even when a reload removed it from
@@ -163,13 +171,15 @@ class Operations:
                 raise drain.UnknownPort(f"port {port!r} is not a rail's port; rail ports: "
                                         f"{', '.join(self.ports()) or 'none'}")
             raise drain.NotDrained(f"port {port!r} is not drained")
-        return await self._command(port, None, by)
+        await self._command(port, None, by)
+        return self._state_after(port)
 
-    async def _command(self, port: str, d: Drain | None, by: str) -> PortState:
+    async def _command(self, port: str, d: Drain | None, by: str) -> DrainCommand:
         """Queue the change and wait for the pass that applies it: the answer
         says whether the routes moved (see _answer_commands)."""
         done = asyncio.get_running_loop().create_future()
-        await self.queue.put(DrainCommand(port, d, by, done))
+        cmd = DrainCommand(port, d, by, done)
+        await self.queue.put(cmd)
         what = "drain" if d is not None else "undrain"
         try:
             async with asyncio.timeout(COMMAND_TIMEOUT_S):
@@ -179,6 +189,9 @@ class Operations:
                 f"{what} of {port} is queued, but linkpassd's reconcile loop did not get to it "
                 f"within {COMMAND_TIMEOUT_S:g} s; it applies when the loop does (see "
                 "`linkpassctl events`)") from None
+        return cmd
+
+    def _state_after(self, port: str) -> PortState:
         states = self._unix_port_states(self.clock())
         return states.get(port) or PortState(port=port, verdict=None, carrier=False, phase="",
                                              since=0.0, drain=self.drains.get(port))
@@ -209,10 +222,19 @@ class Operations:
         rail = self._rail_of(cmd.port)
         cmd.taken = True
         if cmd.drain is not None:
+            cmd.replaced = self.drains.get(cmd.port)
             self.drains[cmd.port] = cmd.drain
+            message = f"{cmd.port} {cmd.drain.describe(local_iso)}"
+            replaced = {}
+            if cmd.replaced is not None:
+                message += f"; replaces the drain by {cmd.replaced.by} " \
+                           f"(until {'undrained' if cmd.replaced.until is None else local_iso(cmd.replaced.until)})"
+                replaced = dict(replaced_by=cmd.replaced.by,
+                                replaced_until=cmd.replaced.until or "undrain")
             self._emit(EventKind.DRAIN, "port_drained", port=cmd.port, rail=rail,
-                       severity=Severity.WARNING, message=f"{cmd.port} {cmd.drain.describe()}",
-                       by=cmd.by, reason=cmd.drain.reason, until=cmd.drain.until or "undrain")
+                       severity=Severity.WARNING, message=message,
+                       by=cmd.by, reason=cmd.drain.reason, until=cmd.drain.until or "undrain",
+                       **replaced)
         elif self.drains.pop(cmd.port, None) is not None:
             self._emit(EventKind.UNDRAIN, "port_undrained", port=cmd.port, rail=rail,
                        message=f"{cmd.port} undrained by {cmd.by}", by=cmd.by, how="undrain")

@@ -19,7 +19,9 @@ from linkpassd.core.model import (DaemonStatus, OpticsReading, PortSensors, Port
 class StatusReport:
     def _unix_port_states(self, now: float) -> dict[str, PortState]:
         to_wall = self.started_wall - self.started_mono
-        return {p: replace(s, since=s.since + to_wall) for p, s in self.port_states(now).items()}
+        return {p: replace(s, since=s.since + to_wall,
+                           hold_until=s.hold_until + to_wall if s.hold_until else 0.0)
+                for p, s in self.port_states(now).items()}
 
     def explain(self, port: str) -> explain.Explanation | None:
         if self.decision is None:
@@ -67,6 +69,7 @@ class StatusReport:
             reconcile_failures=self.reconcile_failures,
             boot_id=self.events.boot_id,
             last_event_seq=self.events.log.last_seq,
+            aggregator=self.agent_status(),
         )
 
     def problems(self) -> tuple[Problem, ...]:

@@ -56,6 +56,7 @@ def port_state_to_proto(state: PortState) -> pb.PortState:
         since=state.since,
         evidence=list(state.evidence),
         drain=None if state.drain is None else drain_to_proto(state.drain),
+        hold_until=state.hold_until,
     )
 
 
@@ -241,6 +242,8 @@ def status_to_proto(status: DaemonStatus, *, served_at: float) -> pb.DaemonStatu
         sensors=[port_sensors_to_proto(s) for s in status.sensors],
         boot_id=status.boot_id,
         last_event_seq=status.last_event_seq,
+        aggregator=(pb.AggregatorLink(**vars(status.aggregator))
+                    if status.aggregator is not None else None),
     )
 
 

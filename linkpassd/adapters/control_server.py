@@ -59,6 +59,7 @@ from linkpassd.adapters.control_access import (
     private_dir_for,
 )
 from linkpassd.adapters.control_convert import (  # noqa: F401 - re-exported: tests and callers use them here
+    drain_to_proto,
     event_to_proto,
     explanation_to_proto,
     health_to_proto,
@@ -71,7 +72,7 @@ from linkpassd.adapters.grpc_decode import add_servicer
 from linkpassd.core.drain import DrainError, DrainNotTaken, DrainPending, NotDrained, UnknownPort
 from linkpassd.core.explain import Explanation
 from linkpassd.core.healthdoc import HealthDoc
-from linkpassd.core.model import DaemonStatus, PortState
+from linkpassd.core.model import DaemonStatus, DrainOutcome, PortState
 
 log = structlog.get_logger("linkpassd.control")
 
@@ -93,7 +94,8 @@ class DrainControl(Protocol):
     UnknownPort or NotDrained (answered NOT_FOUND) or DrainError
     (INVALID_ARGUMENT), with a message that names the bad input."""
 
-    async def drain(self, port: str, reason: str, duration_s: float | None, by: str) -> PortState: ...
+    async def drain(self, port: str, reason: str, duration_s: float | None,
+                    by: str) -> DrainOutcome: ...
 
     async def undrain(self, port: str, by: str) -> PortState: ...
 
@@ -235,7 +237,7 @@ class _ControlServicer(pb_grpc.ControlServiceServicer):
         raise AssertionError("unreachable: abort raises")
 
     async def _drain_call(self, context: grpc.aio.ServicerContext, port: str,
-                          change: Callable[[], Awaitable[PortState]]) -> PortState:
+                          change: Callable[[], Awaitable[T]]) -> T:
         try:
             return await change()
         except (UnknownPort, NotDrained) as exc:
@@ -271,9 +273,11 @@ class _ControlServicer(pb_grpc.ControlServiceServicer):
         if not math.isfinite(d) or d < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 f"duration_s must be 0 (until undrained) or more, not {d!r}")
-        state = await self._drain_call(context, request.port, lambda: drains.drain(
+        outcome = await self._drain_call(context, request.port, lambda: drains.drain(
             request.port, request.reason, d or None, by))
-        return pb.DrainResponse(state=port_state_to_proto(state))
+        return pb.DrainResponse(
+            state=port_state_to_proto(outcome.state), notes=list(outcome.notes),
+            replaced=None if outcome.replaced is None else drain_to_proto(outcome.replaced))
 
     async def Undrain(self, request: pb.UndrainRequest, context: grpc.aio.ServicerContext) -> pb.UndrainResponse:
         drains, by = await self._drain_request(context, "undrain", request.port)

@@ -74,6 +74,9 @@ class LinkMonitor:
         self.rcvbuf = rcvbuf
         self.netns = netns
         self.resyncs = 0  # full re-reads after lost events
+        # Watched port -> the ifindex it had when last seen present: a rename
+        # comes as an RTM_NEWLINK of that ifindex under its new name only.
+        self.index_of: dict[str, int] = {}
 
     def watch(self, ports: Iterable[str]) -> None:
         """Change the watched ports (config reload); the next snapshot covers them."""
@@ -91,7 +94,27 @@ class LinkMonitor:
             if sample.port in self.ports:
                 seen[sample.port] = sample
         samples = {p: seen.get(p, LinkSample.missing(p)) for p in self.ports}
+        self.index_of = {p: s.ifindex for p, s in samples.items() if s.present and s.ifindex}
         return LinkSnapshot(samples=samples, reason=reason)
+
+    def samples_of(self, msg) -> list[LinkSample]:
+        """The watched ports an RTM_NEWLINK/RTM_DELLINK message tells about:
+        its own (when watched), and a watched port renamed away (its ifindex
+        now carries another name: from the port's side it is gone)."""
+        sample = sample_from_ifinfmsg(msg)
+        index = int(msg.get("index") or 0)
+        out = []
+        for port, known in list(self.index_of.items()):
+            if index and known == index and port != sample.port:
+                del self.index_of[port]
+                out.append(LinkSample.missing(port))
+        if sample.port in self.ports:
+            if sample.present and index:
+                self.index_of[sample.port] = index
+            else:
+                self.index_of.pop(sample.port, None)
+            out.append(sample)
+        return out
 
     async def run(self) -> None:
         reason = "start"
@@ -103,8 +126,7 @@ class LinkMonitor:
                     async for msg in ipr.get():
                         if msg.get("event") not in ("RTM_NEWLINK", "RTM_DELLINK"):
                             continue
-                        sample = sample_from_ifinfmsg(msg)
-                        if sample.port in self.ports:
+                        for sample in self.samples_of(msg):
                             await self.emit(LinkEvent(sample))
             except Exception as exc:  # noqa: BLE001 - only ENOBUFS is recoverable here
                 if not _is_enobufs(exc):

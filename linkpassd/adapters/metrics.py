@@ -44,7 +44,7 @@ from prometheus_client.registry import Collector
 from linkpassd.adapters import metrics_http
 from linkpassd.core.events import reason_class  # noqa: F401 - re-exported for tests
 from linkpassd.core.events import Event, EventKind
-from linkpassd.core.model import CounterSample, ResponderCounters
+from linkpassd.core.model import AgentLinkStatus, CounterSample, ResponderCounters
 
 log = structlog.get_logger("linkpassd.metrics")
 
@@ -174,6 +174,8 @@ class MetricsSnapshot:
     problems: tuple[tuple[str, int], ...] = ()  # (kind, how many now)
     responder: ResponderCounters | None = None
     last_event_seq: int = 0
+    agent: AgentLinkStatus | None = None  # None: standalone (no [aggregator])
+    last_ack_age_s: float | None = None  # seconds since the last ack at the snapshot; None: never
 
 
 # --------------------------------------------------------------------------
@@ -567,6 +569,7 @@ def render(snap: MetricsSnapshot) -> Iterator[Metric]:
     yield _gauge("linkpass_group_min_paths", "A group's configured capacity floor.",
                  [((g.group,), g.min_paths) for g in snap.groups], ("group",))
 
+    yield from _agent(snap)
     yield from _bfd(snap.bfd)
     yield from _probes(snap)
     yield from _optics(snap)
@@ -579,6 +582,38 @@ def render(snap: MetricsSnapshot) -> Iterator[Metric]:
                      [((), lag.max_s)])
         yield _counter("linkpass_event_loop_stalls_total", "Timer runs late by more than the "
                        "stall tolerance (1 ms).", [((), lag.stalls)])
+
+
+def _agent(snap: MetricsSnapshot) -> Iterator[Metric]:
+    """The link to linkpass-aggregator (none for a standalone daemon)."""
+    a = snap.agent
+    if a is None:
+        return
+    yield _gauge("linkpass_agent_info", "The aggregator link: the host_id this host reports as "
+                 "and the address in use or tried next (1).", [((a.host_id, a.address), 1)],
+                 ("host_id", "address"))
+    yield _gauge("linkpass_agent_connected", "1 while a stream to the aggregator is open and "
+                 "welcomed.", [((), int(a.connected))])
+    yield _gauge("linkpass_agent_refused", "1 while the aggregator (or the TLS handshake) refuses "
+                 "this host: it does not report until its certificate or host_id is fixed.",
+                 [((), int(a.refused))])
+    yield _gauge("linkpass_agent_spool_events", "Events in the spool not acknowledged yet.",
+                 [((), a.spool_events)])
+    yield _gauge("linkpass_agent_spool_bytes", "Size of the spool on disk.",
+                 [((), a.spool_bytes)])
+    yield _counter("linkpass_agent_events_sent_total", "Events sent to the aggregator (again "
+                   "on a new stream).", [((), a.events_sent)])
+    yield _counter("linkpass_agent_events_acked_total", "Events the aggregator acknowledged.",
+                   [((), a.events_acked)])
+    yield _counter("linkpass_agent_events_dropped_total", "Events lost before the aggregator "
+                   "got them (spool bound, hand-off full).", [((), a.events_dropped)])
+    yield _gauge("linkpass_agent_last_ack_timestamp_seconds", "When the aggregator last "
+                 "acknowledged events (unix time; 0: never since the agent started).",
+                 [((), a.last_ack_at)])
+    if snap.last_ack_age_s is not None:
+        yield _gauge("linkpass_agent_last_ack_age_seconds", "Seconds since the aggregator last "
+                     "acknowledged events (absent: never since the agent started).",
+                     [((), snap.last_ack_age_s)])
 
 
 def _rail_paths(rails: tuple[RailMetrics, ...]) -> Metric:

@@ -144,6 +144,23 @@ class _InFlight:
     last_seq: int  # the batch's last event; a gap-only batch: the last sent before it
     gap: Gap | None
     gap_only: bool
+    events: int = 0  # how many events it carried
+
+
+# Failures that mean the aggregator will not take this host as it is (its
+# certificate, or the host_id it says in Hello): retrying does not help.
+REFUSED_STATUSES = ("PERMISSION_DENIED", "UNAUTHENTICATED")
+_HANDSHAKE_WORDS = ("handshake", "certificate", "ssl", "tls")
+
+
+def is_refusal(status: str, message: str) -> bool:
+    """Whether a failed stream was a refusal of this host (not an
+    aggregator that is away): a status the aggregator refuses with, or a
+    TLS handshake that failed."""
+    if status in REFUSED_STATUSES:
+        return True
+    low = message.lower()
+    return status == "UNAVAILABLE" and any(word in low for word in _HANDSHAKE_WORDS)
 
 
 def _status_of(exc: BaseException) -> tuple[str, str]:
@@ -183,6 +200,11 @@ class AgentClient:
         self.failures = 0  # failures in a row since the last healthy stream
         self.sessions = 0  # streams that got a Welcome
         self.last_failure: tuple[str, str] | None = None
+        self.last_failure_at = 0.0  # wall clock; 0: no failure yet
+        self.connected_at = 0.0  # wall clock: the current stream's Welcome
+        self.last_ack_at = 0.0  # wall clock of the last ack; 0: none yet
+        self.events_sent = 0  # events written on streams (again on a new stream)
+        self.events_acked = 0  # events in batches the aggregator acknowledged
         self.delays: list[float] = []  # the backoff waits taken (the last 64), for status/tests
         self._wake = asyncio.Event()
         self._poked = False
@@ -230,6 +252,7 @@ class AgentClient:
                 failure = exc
             was_connected, self.connected = self.connected, False
             self.last_failure = what = _status_of(failure)
+            self.last_failure_at = self.wallclock()
             delay = backoff_s(self.attempts, self.rng, self.backoff_base_s, self.backoff_cap_s)
             self.failures += 1
             self.index = (self.index + 1) % len(self.addresses)
@@ -309,6 +332,7 @@ class AgentClient:
                  pending=await self.spool.call(lambda: self.spool.pending))
         # Not `failures` (reset only once the stream is healthy: _Session._heartbeat).
         self.connected, self.last_failure, self.last_worked = True, None, address
+        self.connected_at = self.wallclock()
         self._unreachable.pop(address, None)
         self.sessions += 1
         session = _Session(self, call, heartbeat_s, max_message)
@@ -407,8 +431,9 @@ class _Session:
             if batch.events:
                 self.sent[batch.boot_id] = batch.last_seq
             self.in_flight.append(_InFlight(batch.boot_id, batch.last_seq or before, batch.gap,
-                                            not batch.events))
+                                            not batch.events, len(batch.events)))
             await self.client._write(self.call, fleet_pb2.ConnectRequest(events=message))
+            self.client.events_sent += len(batch.events)
 
     async def _send_inventory(self) -> None:
         inventory = self.client.host.inventory()
@@ -464,8 +489,10 @@ class _Session:
             return
         await self.spool.call(self.spool.ack, ack.boot_id, ack.seq)
         done = [f for f in self.in_flight if f.boot_id == ack.boot_id and f.last_seq <= ack.seq]
+        self.client.last_ack_at = self.client.wallclock()
         for flight in done:
             self.in_flight.remove(flight)
+            self.client.events_acked += flight.events
             if flight.gap_only and flight.gap is not None:
                 await self.spool.call(self.spool.settle_gap, flight.gap)
         self.client._wake.set()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+import socket
 from dataclasses import dataclass
 
 import grpc
@@ -35,10 +36,10 @@ import structlog
 from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.adapters.feeds import Latest
 from linkpassd.agent import reports
-from linkpassd.agent.client import AgentClient
+from linkpassd.agent.client import AgentClient, is_refusal
 from linkpassd.agent.spool import Spool, SpoolWriter
 from linkpassd.core.drain import DrainError, DrainNotTaken, DrainPending, NotDrained, UnknownPort
-from linkpassd.core.model import Config
+from linkpassd.core.model import AgentLinkStatus, Config
 from linkpassd.validate import hostcheck
 
 log = structlog.get_logger("linkpassd")
@@ -115,6 +116,30 @@ class AggregatorLink:
     def _agent_after_pass(self) -> None:
         if self.agent is not None:
             self.agent.poke()
+
+    def agent_status(self) -> AgentLinkStatus | None:
+        """Whether this host reports to the fleet, and if not, why (status,
+        metrics). None when no [aggregator] is configured. Reads plain
+        attributes only: never waits for the spool's thread."""
+        settings = self.config.aggregator
+        if settings is None:
+            return None
+        agent = self.agent
+        pending, size = self.spool.counts if self.spool is not None else (0, 0)
+        dropped = (self.spool.dropped if self.spool is not None else 0) + \
+            (self.spool_writer.dropped if self.spool_writer is not None else 0)
+        if agent is None:  # starting, or restarting after a reload
+            return AgentLinkStatus(host_id=settings.host_id or socket.gethostname(),
+                                   address=settings.addresses[0], spool_events=pending,
+                                   spool_bytes=size, events_dropped=dropped)
+        status, error = agent.last_failure or ("", "")
+        return AgentLinkStatus(
+            host_id=agent.host_id, address=agent.address, connected=agent.connected,
+            refused=not agent.connected and bool(status) and is_refusal(status, error),
+            last_status=status, last_error=error, connected_at=agent.connected_at,
+            last_failure_at=agent.last_failure_at, last_ack_at=agent.last_ack_at,
+            spool_events=pending, spool_bytes=size, events_sent=agent.events_sent,
+            events_acked=agent.events_acked, events_dropped=dropped)
 
     def _close_agent(self) -> None:
         """At shutdown: what waits in the hand-off (the `stopped` event) is written."""
@@ -248,8 +273,11 @@ class AggregatorLink:
                 if not math.isfinite(d.duration_s) or d.duration_s < 0:
                     return (_code(grpc.StatusCode.INVALID_ARGUMENT),
                             f"duration_s must be 0 (until undrained) or more, not {d.duration_s!r}")
-                await self.drain(d.port, d.reason[:MAX_REASON], d.duration_s or None, by)
-                return _code(grpc.StatusCode.OK), f"{d.port} drained"
+                outcome = await self.drain(d.port, d.reason[:MAX_REASON], d.duration_s or None, by)
+                said = [f"{d.port} drained"]
+                if outcome.replaced is not None:
+                    said.append(f"replaces the drain by {outcome.replaced.by}")
+                return _code(grpc.StatusCode.OK), "; ".join(said + list(outcome.notes))
             if action == "undrain":
                 if not command.undrain.port:
                     return _code(grpc.StatusCode.INVALID_ARGUMENT), "no port given"

@@ -153,6 +153,10 @@ class Spool:
         self._next_number = 1
         self._lock = threading.RLock()
         self._io: ThreadPoolExecutor | None = None
+        # (events pending, bytes on disk) as of the last change: read by
+        # status and metrics on the loop's thread without taking the lock
+        # (a tuple is replaced whole).
+        self.counts: tuple[int, int] = (0, 0)
 
     # ------------------------------------------------------------- threads
 
@@ -187,6 +191,7 @@ class Spool:
                 log.warning("spool_damaged", directory=self.directory, torn=self.torn,
                             corrupt=self.corrupt, note="the damaged records are skipped")
             self._enforce_bound()
+            self._count()
 
     def _path(self, number: int) -> str:
         return os.path.join(self.directory, f"{number:016d}{SUFFIX}")
@@ -268,6 +273,7 @@ class Spool:
                     self._close_active()
             self._write(chunk)
             self._enforce_bound()
+            self._count()
 
     def _writable(self) -> _Segment:
         if self._active is None:
@@ -377,6 +383,7 @@ class Spool:
                     if segment is self._active:
                         self._close_active()
                     self._remove(number)
+            self._count()
 
     def settle_gap(self, gap: Gap) -> None:
         """The aggregator took a batch that carried only this gap."""
@@ -384,6 +391,9 @@ class Spool:
             if gap in self.gaps:
                 self.gaps.remove(gap)
                 self._save_gaps()
+
+    def _count(self) -> None:
+        self.counts = (self.pending, sum(seg.size for seg in self.segments.values()))
 
     @property
     def pending(self) -> int:

@@ -46,6 +46,18 @@ class PeerIdentity:
         return f"certificate {self.subject}"
 
 
+@dataclass(frozen=True)
+class Refusal:
+    """A host the aggregator refused: what its Hello said, what its
+    certificate names, and when (the page lists it under "Needs a look")."""
+
+    host_id: str  # as the Hello said
+    certificate: str  # PeerIdentity.subject
+    reason: str
+    peer: str
+    at: float  # unix time of the latest refusal
+
+
 INSECURE = PeerIdentity(host_id=None, operator=None, subject="(insecure mode)", insecure=True)
 
 
@@ -60,9 +72,31 @@ def _one(values: list[str]) -> str | None:
 
 def from_auth_context(auth: Mapping[str, Iterable[bytes]]) -> PeerIdentity:
     """The identity a verified certificate's names give (see the module doc)."""
-    uris = _texts(auth.get("peer_uri"))
-    dns = _texts(auth.get("peer_dns"))
-    cn = _texts(auth.get("x509_common_name"))
+    return from_names(uris=_texts(auth.get("peer_uri")), dns=_texts(auth.get("peer_dns")),
+                      cn=_texts(auth.get("x509_common_name")))
+
+
+def from_certificate(pem: bytes) -> PeerIdentity:
+    """The identity the aggregator will see for this PEM certificate, by the
+    same rules (for `linkpassd --check-config`, before any connection).
+    ValueError when the data is not a PEM certificate."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    cert = x509.load_pem_x509_certificate(pem)
+    cn = [str(a.value) for a in cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        uris, dns = [], []
+    else:
+        uris = san.get_values_for_type(x509.UniformResourceIdentifier)
+        dns = san.get_values_for_type(x509.DNSName)
+    return from_names(uris=uris, dns=dns, cn=cn)
+
+
+def from_names(*, uris: list[str], dns: list[str], cn: list[str]) -> PeerIdentity:
+    """The identity a certificate with these names gets (see the module doc)."""
     uri_hosts = [u[len(HOST_URI_PREFIX):] for u in uris if u.startswith(HOST_URI_PREFIX)]
     operators = [u[len(OPERATOR_URI_PREFIX):] for u in uris if u.startswith(OPERATOR_URI_PREFIX)]
     host = _one(uri_hosts)

@@ -1,7 +1,8 @@
 """Entry point of `linkpass-aggregator`: the fleet's gRPC server (server.py),
 its store (SQLite, or PostgreSQL shared by replicas), the web page (web.py) and the metrics endpoint.
 
-    linkpass-aggregator --config /etc/linkpass/aggregator.toml [--check-config]
+    linkpass-aggregator --config /etc/linkpass/aggregator.toml
+    linkpass-aggregator --check-config /etc/linkpass/aggregator.toml   (or --config FILE --check-config)
 
 Exit status: 0 after SIGTERM/SIGINT (a graceful stop: health NOT_SERVING,
 streams ended, calls answered for up to 5 s, store closed); 1 when
@@ -192,7 +193,8 @@ async def _start_web(settings: Settings, server: AggregatorServer, store):
         # string work that would otherwise hold every agent's acks.
         return await asyncio.to_thread(web.render_page, hosts, events, summary,
                                        insecure=settings.tls.insecure, now=time.time(),
-                                       validation=api.validations.last)
+                                       validation=api.validations.last,
+                                       refused=tuple(server.fleet.refused.values()))
 
     async def health() -> tuple[bool, str]:
         return True, f"ok: {len(server.fleet.sessions)} hosts connected"
@@ -203,15 +205,24 @@ async def _start_web(settings: Settings, server: AggregatorServer, store):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="linkpass-aggregator",
                                      description="linkpass fleet aggregator (gRPC, mTLS)")
-    parser.add_argument("--config", default=DEFAULT_PATH, help=f"config file (TOML; default {DEFAULT_PATH})")
-    parser.add_argument("--check-config", action="store_true",
-                        help="validate the config (and read its TLS files), then exit")
+    parser.add_argument("--config", metavar="FILE", default=None,
+                        help=f"config file (TOML; default {DEFAULT_PATH})")
+    # As linkpassd takes it: `--check-config FILE`, or `--config FILE --check-config`.
+    parser.add_argument("--check-config", metavar="FILE", nargs="?", const=True, default=None,
+                        help="validate the config (FILE, or the --config file) and read its TLS "
+                             "files, then exit")
     parser.add_argument("--version", action="version", version=linkpassd.__version__)
     args = parser.parse_args(argv)
-    if args.check_config:
-        return check_config(args.config)
+    if args.check_config is not None:
+        path = args.config or DEFAULT_PATH
+        if isinstance(args.check_config, str):
+            if args.config is not None and args.config != args.check_config:
+                parser.error(f"--config {args.config} and --check-config {args.check_config} "
+                             "name two files; give the file once")
+            path = args.check_config
+        return check_config(path)
     try:
-        settings = load_settings(args.config)
+        settings = load_settings(args.config or DEFAULT_PATH)
     except ConfigError as exc:
         print(f"linkpass-aggregator: {exc}", file=sys.stderr)
         return 2

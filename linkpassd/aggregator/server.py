@@ -39,7 +39,7 @@ from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd.adapters.grpc_decode import add_servicer
 from linkpassd.aggregator import bounds, savings
 from linkpassd.aggregator.fleet_api import FleetServicer
-from linkpassd.aggregator.identity import peer_identity
+from linkpassd.aggregator.identity import Refusal, peer_identity
 from linkpassd.aggregator.metrics import AggregatorMetrics
 from linkpassd.aggregator.planner import MeshPlanner
 from linkpassd.aggregator.settings import Settings
@@ -72,6 +72,7 @@ HANDSHAKE_TIMEOUT_MS = 10_000
 MAX_STREAMS_PER_CONNECTION = 1024
 LAG_TICK_S = 0.05  # the loop-lag probe's timer
 HEARTBEAT_FLUSH_S = 1.0  # heartbeats are written together at most this often (Fleet.heartbeat)
+MAX_REFUSALS = 1000  # refused hosts remembered for the page (Fleet.refuse)
 MERGED_EVENTS_MAX = 4000  # events of waiting batches stored in one call (8 agent batches of 500)
 
 
@@ -182,6 +183,9 @@ class Fleet:
         self.clock = clock
         self.command_timeout_s = command_timeout_s
         self.sessions: dict[str, HostSession] = {}
+        # Hosts refused since this process started, newest last, by the
+        # host_id their Hello said; forgotten when that host is taken.
+        self.refused: dict[str, Refusal] = {}
         self.fanout = EventFanout(store, queue_size=watcher_queue, on_drop=metrics.watchers_dropped.inc)
         # One worker process for the big pure-Python jobs (mesh plans,
         # validation plans and localisation), off the event loop.
@@ -246,7 +250,16 @@ class Fleet:
     def command_id(self) -> str:
         return f"{self._instance}-{next(self._command_ids)}"
 
+    def refuse(self, refusal: Refusal) -> None:
+        """Remember a refused host for the page (at most MAX_REFUSALS, the
+        oldest forgotten first: a flood of bad Hellos cannot grow it)."""
+        self.refused.pop(refusal.host_id, None)
+        self.refused[refusal.host_id] = refusal
+        while len(self.refused) > MAX_REFUSALS:
+            del self.refused[next(iter(self.refused))]
+
     def register(self, session: HostSession) -> None:
+        self.refused.pop(session.host_id, None)
         old = self.sessions.get(session.host_id)
         self.sessions[session.host_id] = session
         if old is not None:
@@ -328,8 +341,10 @@ class AgentServicer:
                      "no host (it needs URI SAN linkpass://host/<id> and that id as DNS SAN)")
             log.warning("agent_refused", hello_host=hello.host_id, certificate=identity.subject,
                         peer=context.peer())
-            raise StreamEnd(grpc.StatusCode.PERMISSION_DENIED,
-                            f"Hello says host {hello.host_id!r} but the certificate {identity.subject} names {named}")
+            reason = f"Hello says host {hello.host_id!r} but the certificate {identity.subject} names {named}"
+            self.fleet.refuse(Refusal(hello.host_id, identity.subject, reason, context.peer(),
+                                      self.fleet.clock()))
+            raise StreamEnd(grpc.StatusCode.PERMISSION_DENIED, reason)
         session = HostSession(hello.host_id, hello.boot_id, hello.version[:200], context.peer())
         try:
             stored = await self.fleet.store.hello(hello.host_id, hello.boot_id, session.version, self.fleet.clock())

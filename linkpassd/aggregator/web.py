@@ -27,6 +27,7 @@ import structlog
 from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.aggregator import grid
+from linkpassd.aggregator.identity import Refusal
 
 log = structlog.get_logger("linkpassd.aggregator.web")
 
@@ -50,6 +51,7 @@ td.cell{text-align:center;min-width:3.5em;font-weight:600}
 .drained{background-image:repeating-linear-gradient(45deg,rgba(0,0,0,.18) 0 4px,transparent 4px 8px)}
 .offline td{opacity:.5}.offline th{color:#999}
 .legend span{display:inline-block;padding:1px 8px;margin-right:6px;border:1px solid #ccc}
+.refused td{background:#ffcdd2}.offline-host td{background:#eeeeee}
 .sev-warning{color:#8a5a00}.sev-error{color:#b71c1c;font-weight:600}
 """
 
@@ -147,6 +149,29 @@ def _problems_html(g: grid.Grid) -> str:
             f'<th>path now</th><th>why</th></tr></thead><tbody>{rows}</tbody></table>{more}')
 
 
+def _hosts_not_reporting_html(hosts: fleet_pb2.ListHostsResponse, refused: Sequence[Refusal],
+                              now: float) -> str:
+    """Hosts the fleet does not hear from: refused ones (their certificate
+    does not name the host they say they are: they never appear in the grid)
+    and offline ones (their stream is gone); "" when there is none."""
+    rows = [f'<tr class="refused" data-host="{_e(r.host_id)}"><td>{_e(r.host_id)}</td><td>refused</td>'
+            f'<td>{_e(_ago(now - r.at))}</td><td>{_e(r.reason)} (from {_e(r.peer)}); fix the host\'s '
+            'certificate or its [aggregator] host_id (linkpassd --check-config compares them)</td></tr>'
+            for r in sorted(refused, key=lambda r: -r.at)]
+    for h in sorted((h for h in hosts.hosts if not h.connected), key=lambda h: h.host_id):
+        seen = _unix(h.last_seen)
+        rows.append(f'<tr class="offline-host" data-host="{_e(h.host_id)}"><td>{_e(h.host_id)}</td>'
+                    f'<td>offline</td><td>{_e(_ago(now - seen) if seen else "never")}</td>'
+                    '<td>its stream to the aggregator is gone: linkpassd stopped, or the host or its '
+                    'network is down (its cells show the last report)</td></tr>')
+    if not rows:
+        return ""
+    shown = rows[:PROBLEMS_SHOWN]
+    more = (f'<p class="meta">… and {len(rows) - PROBLEMS_SHOWN} more</p>' if len(rows) > PROBLEMS_SHOWN else "")
+    return ('<table id="not-reporting"><thead><tr><th>host</th><th>state</th><th>since</th><th>why</th>'
+            f'</tr></thead><tbody>{"".join(shown)}</tbody></table>{more}')
+
+
 def _enum_word(enum_type, value: int, prefix: str) -> str:  # noqa: ANN001 - a proto enum wrapper
     try:
         return enum_type.Name(value).removeprefix(prefix).lower()
@@ -212,10 +237,12 @@ def _validation_html(report: fleet_pb2.ValidationReport | None, now: float) -> s
 
 def render_page(hosts: fleet_pb2.ListHostsResponse, events: Sequence[fleet_pb2.FleetEvent],
                 summary: fleet_pb2.GetSummaryResponse, *, insecure: bool, now: float,
-                validation: fleet_pb2.ValidationReport | None = None) -> str:
+                validation: fleet_pb2.ValidationReport | None = None,
+                refused: Sequence[Refusal] = ()) -> str:
     """The whole page. `events` in any order (the newest 50 are shown);
     `now` only for 'last seen ... ago' of offline hosts; `validation` the
-    last validation report (None: none yet)."""
+    last validation report (None: none yet); `refused` the hosts this
+    aggregator refused (identity.Refusal)."""
     g = grid.build(hosts)
     connected = sum(1 for h in hosts.hosts if h.connected)
     banner = ('<div class="insecure" id="insecure-banner">WARNING: INSECURE MODE — no TLS, hosts are not '
@@ -229,7 +256,7 @@ def render_page(hosts: fleet_pb2.ListHostsResponse, events: Sequence[fleet_pb2.F
         f'<p class="meta">{len(hosts.hosts)} hosts, {connected} connected · served {_e(_utc(now))} · '
         f'refreshes every {REFRESH_S}s</p>'
         f'<h2>Hosts × rails</h2>{_grid_html(g, now)}'
-        f'<h2>Needs a look</h2>{_problems_html(g)}'
+        f'<h2>Needs a look</h2>{_hosts_not_reporting_html(hosts, refused, now)}{_problems_html(g)}'
         f'<h2>What it saved</h2>{_summary_html(summary)}'
         f'<h2>Last validation</h2>{_validation_html(validation, now)}'
         f'<h2>Latest events</h2>{_events_html(events)}'

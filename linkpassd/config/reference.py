@@ -51,9 +51,12 @@ def render_reference_markdown() -> str:
         "sections and keys, wrong types and impossible values are errors: linkpassd refuses to "
         "start on a bad file, and a SIGHUP reload of one keeps the running config.",
         "",
-        "Check a file without touching the system: `linkpassd --check-config FILE`. Errors are "
+        "Check a file without touching the system: `linkpassd --check-config FILE` (or "
+        "`linkpassd --config FILE --check-config`). Errors are "
         "one line, `<file>: <key path>: <reason>`, with key paths such as "
-        "`ownership.table_min`, `rail[1].gateway` or `rail[0].backups[1]` (arrays count from 0).",
+        "`ownership.table_min`, `rail[1].gateway` or `rail[0].backups[1]` (arrays count from 0). "
+        "With `[aggregator]` (not insecure) it also reads the client certificate and checks "
+        "that it names `host_id` as the aggregator requires, naming both when they differ.",
         "",
         "IPv4 only for now. A complete example is `examples/linkpassd.toml`.",
     ]
@@ -118,7 +121,9 @@ def control_socket_problem(socket_path: str) -> str | None:
 
 def check_config_main(path: str | os.PathLike[str]) -> int:
     """`linkpassd --check-config FILE`: 0 and an OK line, or 1 and the one-line error
-    on stderr. Never a traceback: it runs in ExecStartPre and in config pipelines."""
+    on stderr. Never a traceback: it runs in ExecStartPre and in config pipelines.
+    Beyond the file itself: [aggregator]'s host_id against its client
+    certificate (agent.certcheck), which the aggregator would refuse."""
     try:
         config = load_config(path)
         socket_problem = control_socket_problem(config.control_socket)
@@ -126,6 +131,11 @@ def check_config_main(path: str | os.PathLike[str]) -> int:
             raise ConfigError(config.source, "daemon.control_socket", socket_problem)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
+        return 1
+    from linkpassd.agent.certcheck import host_id_problem  # grpc and X.509: only when checking
+    problem = host_id_problem(config.aggregator)
+    if problem is not None:
+        print(f"{_one_line(config.source)}: {problem}", file=sys.stderr)
         return 1
     print(
         f"OK: {_one_line(config.source)}: {_count(len(config.rails), 'rail')}, "

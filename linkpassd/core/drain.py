@@ -18,11 +18,11 @@ import re
 from dataclasses import replace
 from typing import Mapping
 
-from linkpassd.core.model import Drain, PortState, Verdict
+from linkpassd.core.model import Drain, GroupStatus, PortState, RailStatus, Verdict
 
 __all__ = ["Drain", "DrainError", "UnknownPort", "NotDrained", "DrainPending", "DrainNotTaken",
            "MAX_DURATION_S", "parse_duration", "request", "active", "apply",
-           "encode", "decode"]
+           "encode", "decode", "still_carried"]
 
 FILE_VERSION = 1
 MAX_REASON = 400
@@ -162,3 +162,19 @@ def decode(doc: object) -> dict[str, Drain]:
         out[port] = Drain(port=port, reason=reason, by=by, at=float(at),
                           until=None if until is None else float(until))
     return out
+
+
+def still_carried(port: str, port_rail: str | None, rails: tuple[RailStatus, ...],
+                  groups: tuple[GroupStatus, ...]) -> tuple[str, ...]:
+    """Why traffic is still on a drained `port` after the pass: each table
+    whose path is still the port's (no healthy alternative: a drain never
+    blackholes a host), and each group that keeps it to hold its floor.
+    Empty when the drain moved everything off the port."""
+    notes = [f"traffic stays on {port} in rail {r.name}'s table {r.table}: "
+             "no healthy alternative port"
+             for r in rails if r.active_port == port]
+    notes += [f"traffic stays on {port} in group {g.name} ({g.destination}): it keeps "
+              f"{g.min_paths} path{'s' if g.min_paths != 1 else ''} and has no healthy port to "
+              "replace it"
+              for g in groups if port_rail is not None and port_rail in g.members]
+    return tuple(notes)

@@ -140,7 +140,8 @@ def reason_class(reason: str) -> str:
         return text
     if text.startswith("drained"):
         return "drain"
-    if text.startswith(("no carrier", "interface missing", "interface administratively down")):
+    if text.startswith(("no carrier", "no such port", "interface missing",
+                        "interface administratively down")):
         return "carrier"
     if text.startswith("awaiting proof"):
         return "carried"

@@ -117,6 +117,10 @@ def restore(state: PortHealth, verdict: Verdict, reason: str, awaiting, now: flo
     if verdict is Verdict.UP:
         return state
     target = worst(verdict, state.verdict) or verdict
+    if state.last is not None and not state.last.healthy:
+        # What the link says now comes first ("no such port", "no carrier");
+        # what the last daemon knew is history.
+        reason = f"{state.reason}; before this start: {reason}"
     return replace(state, verdict=target, since=now, reason=reason, bad_streak=0, good_streak=0,
                    awaiting=tuple(sorted(set(awaiting))))
 
@@ -222,7 +226,7 @@ def observe_probe(state: PortHealth, name: str, assessment: Assessment, now: flo
 
 def describe_bad(sample: LinkSample) -> str:
     if not sample.present:
-        return "interface missing"
+        return "no such port: the interface does not exist (missing, or renamed)"
     if not sample.admin_up:
         return "interface administratively down"
     if not sample.carrier:
@@ -304,6 +308,11 @@ def port_state(state: PortHealth, now: float, timers: Timers,
     last = state.last
     carrier = bool(last and last.healthy)
     evidence = [state.reason] if state.reason else []
+    hold_until = 0.0
+    if state.phase == "RECOVERING":
+        hold_until = state.good_since + timers.hold_down_s
+        if state.reason:  # the reason is the past: say that the port is on its way back
+            evidence = [f"in hold-down after: {state.reason}"]
     if last is not None and last.present:
         evidence.append(f"carrier {'up' if last.carrier else 'down'}, operstate {last.operstate}, "
                         f"carrier up/down counts {last.carrier_up_count}/{last.carrier_down_count}")
@@ -320,4 +329,5 @@ def port_state(state: PortHealth, now: float, timers: Timers,
     elif state.phase == "FAILING":
         evidence.append(f"failing: {state.bad_streak}/{timers.fall} bad samples")
     return PortState(port=state.port, verdict=state.verdict, carrier=carrier,
-                     phase=state.phase, since=state.since, evidence=tuple(evidence))
+                     phase=state.phase, since=state.since, evidence=tuple(evidence),
+                     hold_until=hold_until)

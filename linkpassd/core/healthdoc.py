@@ -12,7 +12,7 @@ Pure: the daemon's adapters write the file and give the times.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -216,7 +216,12 @@ def _field(obj: dict, key: str, kind: type, where: str = "", nullable: bool = Fa
 # --------------------------------------------------------------------------
 
 
-def staleness(doc: HealthDoc, now: float, pid_alive: bool | None) -> str | None:
+def _unix_time(unix: float) -> str:
+    return f"{unix:.0f} (unix time)"
+
+
+def staleness(doc: HealthDoc, now: float, pid_alive: bool | None,
+              show_time: Callable[[float], str] = _unix_time) -> str | None:
     """Why `doc` must not be trusted at `now`, or None when it is fresh.
 
     Two rules, either suffices: the daemon promised a newer document before
@@ -225,14 +230,17 @@ def staleness(doc: HealthDoc, now: float, pid_alive: bool | None) -> str | None:
     (`pid_alive` False: seen at once, without waiting for valid_until).
     `pid_alive` None means the reader cannot tell (another PID namespace than
     `doc.pid_ns`, say: see `pid_comparable`); the time rule still holds.
+    `show_time`: how the reader shows a time to people (linkpassctl: local
+    ISO 8601 with the offset); the core never picks a zone.
     """
     if doc.valid_until <= doc.written_at:
-        return f"linkpassd stopped at {doc.written_at:.0f} (unix time); its health data is not current"
+        return (f"linkpassd stopped at {show_time(doc.written_at)}; its health data is "
+                "not current")
     if pid_alive is False:
         return f"written by linkpassd pid {doc.pid}, which is no longer running"
     if now > doc.valid_until:
-        return (f"not rewritten for {now - doc.written_at:.1f}s (valid until {doc.valid_until:.0f}, "
-                f"now {now:.0f}, unix time): linkpassd is gone or stuck")
+        return (f"not rewritten for {now - doc.written_at:.1f}s (valid until "
+                f"{show_time(doc.valid_until)}, now {show_time(now)}): linkpassd is gone or stuck")
     return None
 
 

@@ -8,6 +8,7 @@ desired state with plain equality.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -248,6 +249,9 @@ class PortState:
     since: float  # when the verdict last changed: daemon clock in the core, unix time in DaemonStatus
     evidence: tuple[str, ...] = ()
     drain: "Drain | None" = None  # set while an operator has the port drained
+    # While RECOVERING: when the hold-down ends (same clock as `since`); 0
+    # otherwise. The verdict changes then if the rise count is also met.
+    hold_until: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -261,9 +265,26 @@ class Drain:
     at: float  # unix time it began
     until: float | None = None  # unix time it ends by itself; None: until undrained
 
-    def describe(self) -> str:
+    def describe(self, show_time: Callable[[float], str] | None = None) -> str:
+        """'drained by alice (uid 1000): optic swap'; with `show_time` (how
+        the caller shows a time to people), the end too: '... (until <time>)'.
+        The core never turns a time into text itself (the zone is the
+        adapters' business): evidence carries no time, the drain does."""
         text = f"drained by {self.by}: {self.reason}"
-        return text if self.until is None else f"{text} (until {self.until:.0f})"
+        if show_time is None:
+            return text
+        return f"{text} (until {'undrained' if self.until is None else show_time(self.until)})"
+
+
+@dataclass(frozen=True)
+class DrainOutcome:
+    """What a drain did, for the operator who asked: the port's state after
+    the pass, the drain this one replaced (the newest drain of a port wins,
+    its --for included), and why traffic is still on the port, if it is."""
+
+    state: PortState
+    replaced: Drain | None = None
+    notes: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------
@@ -505,6 +526,28 @@ class DaemonStatus:
     responder: "ResponderCounters | None" = None  # None: probing is off
     boot_id: str = ""  # this start of the daemon (core.events)
     last_event_seq: int = 0
+    aggregator: "AgentLinkStatus | None" = None  # None: no [aggregator] (standalone)
+
+
+@dataclass(frozen=True)
+class AgentLinkStatus:
+    """The agent's link to linkpass-aggregator (control proto AggregatorLink).
+    Times are unix time, 0 for never."""
+
+    host_id: str
+    address: str
+    connected: bool = False
+    refused: bool = False  # the aggregator or the TLS handshake refused this host
+    last_status: str = ""  # the last failure's gRPC status name; "" while connected
+    last_error: str = ""
+    connected_at: float = 0.0
+    last_failure_at: float = 0.0
+    last_ack_at: float = 0.0
+    spool_events: int = 0
+    spool_bytes: int = 0
+    events_sent: int = 0
+    events_acked: int = 0
+    events_dropped: int = 0
 
 
 @dataclass(frozen=True)

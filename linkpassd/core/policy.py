@@ -15,7 +15,9 @@ path recover.
 
 Invariants (tested):
   * a path is chosen from UP rails first, then DEGRADED ones, then rails that
-    merely have carrier (recovering); a table or group is left without a path
+    merely have carrier (recovering); among drained ports, the latest drain
+    first (a drain never moves traffic back onto a port drained before it);
+    a table or group is left without a path
     only when no candidate port has carrier at all;
   * a group keeps at least `min_paths` members while that many ports have
     carrier (the capacity floor);
@@ -66,10 +68,33 @@ def _usable(state: PortState | None) -> bool:
 
 
 def ranked(candidates: list[RailConfig], ports: Mapping[str, PortState]) -> list[RailConfig]:
-    """Rails that can carry a path, best first: verdict, then configured order."""
+    """Rails that can carry a path, best first: verdict, then configured
+    order; among drained ports of one verdict, the latest drain first (see
+    _latest_drain_first)."""
     order = {rail.name: i for i, rail in enumerate(candidates)}
     usable = [r for r in candidates if _usable(ports.get(r.port))]
-    return sorted(usable, key=lambda r: (_RANK[ports[r.port].verdict], order[r.name]))
+    best = sorted(usable, key=lambda r: (_RANK[ports[r.port].verdict], order[r.name]))
+    return _latest_drain_first(best, ports, order)
+
+
+def _latest_drain_first(best: list[RailConfig], ports: Mapping[str, PortState],
+                        order: Mapping[str, int]) -> list[RailConfig]:
+    """Drained ports swap places among themselves (within one verdict) so
+    the one drained last comes first; every other rail keeps its place.
+
+    A drain moved traffic off its port onto the next one; a later drain of
+    that next one, with no healthy port left, must leave the traffic where
+    it is, not move it back onto the port drained first (configured order
+    alone would: both are DEGRADED, and the primary comes first)."""
+    out = list(best)
+    for rank in {_RANK[ports[r.port].verdict] for r in best}:
+        places = [i for i, r in enumerate(out)
+                  if ports[r.port].drain is not None and _RANK[ports[r.port].verdict] == rank]
+        latest = sorted((out[i] for i in places),
+                        key=lambda r: (-ports[r.port].drain.at, order[r.name]))
+        for i, rail in zip(places, latest):
+            out[i] = rail
+    return out
 
 
 def active_rail(config: Config, rail: RailConfig,

@@ -95,6 +95,12 @@ class Aggregator(RpcTarget):
         low = details.lower()
         where = self.address
         if code == grpc.StatusCode.UNAVAILABLE:
+            if "hostname verification" in low:
+                # The aggregator answered with a certificate for another name:
+                # a refusal of trust, not an aggregator that is away.
+                expected = self.server_name or self.address.rpartition(":")[0]
+                return FleetError(f"the certificate of {where} does not name {expected!r} "
+                                  f"(check --server-name or the address): {details}", ExitCode.REFUSED)
             if any(word in low for word in ("handshake", "ssl", "certificate", "tls")):
                 return FleetError(f"TLS handshake with {where} failed (is --ca the aggregator's CA, and "
                                   f"--cert/--key a certificate it trusts?): {details}", ExitCode.REFUSED)

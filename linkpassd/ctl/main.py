@@ -201,7 +201,7 @@ def explain(target: Target, port: str, output: str) -> None:
 @click.pass_obj
 def events(target: Target, after: int | None, limit: int | None, follow: bool, boot_id: str, output: str) -> None:
     """What linkpassd decided and did, oldest first: verdicts, path and group
-    changes, drains, reloads, conflicts.  One line per event (time UTC, seq,
+    changes, drains, reloads, conflicts.  One line per event (local time with offset, seq,
     severity, kind, port/rail, message); json: the API's messages (with
     --follow one JSON document per line)."""
     if not follow:
@@ -247,8 +247,11 @@ DRAIN_TIMEOUT_S = 15.0
 @click.pass_obj
 def drain(target: Target, port: str, reason: str, for_: str | None, output: str) -> None:
     """Take PORT out of service: it is judged DEGRADED (traffic leaves it while
-    a healthy alternative exists) until `undrain` or --for passes.  Survives a
-    daemon restart.  Needs root or linkpassd's admin_group."""
+    a healthy alternative exists; the answer says where it stays and why) until
+    `undrain` or --for passes.  Draining a drained port replaces its drain:
+    the new reason and --for (or none: until undrain) count from now, and the
+    answer shows the drain it replaced.  Survives a daemon restart.  Needs
+    root or linkpassd's admin_group."""
     duration_s = 0.0  # until undrained
     if for_ is not None:
         try:
@@ -257,7 +260,8 @@ def drain(target: Target, port: str, reason: str, for_: str | None, output: str)
             raise click.BadParameter(str(exc), param_hint="'--for'") from None
     resp = target.call(lambda stub: stub.Drain, pb.DrainRequest(port=port, reason=reason, duration_s=duration_s),
                        at_least=DRAIN_TIMEOUT_S)
-    terminal.echo(to_json(resp) if output == "json" else render_drain_change(resp.state))
+    terminal.echo(to_json(resp) if output == "json" else render_drain_change(
+        resp.state, replaced=resp.replaced if resp.HasField("replaced") else None, notes=resp.notes))
 
 
 @cli.command()
@@ -268,7 +272,7 @@ def undrain(target: Target, port: str, output: str) -> None:
     """End PORT's drain: it is judged on its health again.  Needs root or
     linkpassd's admin_group."""
     resp = target.call(lambda stub: stub.Undrain, pb.UndrainRequest(port=port), at_least=DRAIN_TIMEOUT_S)
-    terminal.echo(to_json(resp) if output == "json" else render_drain_change(resp.state))
+    terminal.echo(to_json(resp) if output == "json" else render_drain_change(resp.state, undrained=True))
 
 
 from linkpassd.ctl.nccl import nccl_env  # noqa: E402 - reads health.json, not the socket

@@ -21,6 +21,7 @@ from linkpassd.adapters.healthfile import HealthFile, HealthFileError, own_pid_n
 from linkpassd.core import healthdoc
 from linkpassd.ctl import terminal
 from linkpassd.ctl.exitcodes import ExitCode
+from linkpassd.timefmt import local_iso
 
 DEFAULT_HEALTH_FILE = "/run/linkpass/health.json"
 
@@ -90,7 +91,7 @@ def nccl_env(path: str, fmt: str, no_pid_check: bool) -> None:
     # or none: kill(pid, 0) would call a live daemon gone.
     check_pid = not no_pid_check and healthdoc.pid_comparable(doc, own_pid_namespace())
     alive = pid_alive(doc.pid) if check_pid else None
-    stale = healthdoc.staleness(doc, time.time(), alive)
+    stale = healthdoc.staleness(doc, time.time(), alive, show_time=local_iso)
     if stale is not None:
         raise NcclEnvError(f"{path}: {stale}", ExitCode.STALE)
     env = healthdoc.nccl_env(doc)

@@ -8,7 +8,6 @@ computed from the daemon's `served_at`, never from this process's clock.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Sequence
 
 from google.protobuf import json_format, struct_pb2, timestamp_pb2
@@ -17,6 +16,7 @@ from google.protobuf.message import Message
 
 from linkpassd._proto.linkpass.v1 import control_pb2 as pb
 from linkpassd.ctl.terminal import safe
+from linkpassd.timefmt import local_iso
 
 
 def _one_line(text: str) -> str:
@@ -109,7 +109,8 @@ def duration(seconds: float) -> str:
 
 
 def wall_time(unix: float) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix))
+    """Local ISO 8601 with the zone's offset (linkpassd.timefmt)."""
+    return local_iso(unix)
 
 
 def since_text(since: float, served_at: float) -> str:
@@ -135,6 +136,35 @@ def echo_responder_text(c: pb.ResponderCounters) -> str:
             f"{c.malformed} malformed")
 
 
+def aggregator_rows(st: pb.DaemonStatus) -> list[tuple[str, str]]:
+    """The link to linkpass-aggregator: whether this host reports to the
+    fleet and, when not, why; the spool that waits; the last ack."""
+    if not st.HasField("aggregator"):
+        return [("aggregator", "none (standalone: no [aggregator] in the config)")]
+    a = st.aggregator
+    failure = f"{a.last_status}: {_one_line(a.last_error)}" if a.last_status else ""
+    failed_ago = (f" ({duration(st.served_at - a.last_failure_at)} ago)"
+                  if a.last_failure_at else "")
+    if a.connected:
+        link = (f"connected to {a.address} as host {a.host_id} "
+                f"(since {wall_time(a.connected_at)})")
+    elif a.refused:
+        link = (f"REFUSED by {a.address} as host {a.host_id}{failed_ago}: {failure}; this host "
+                "does not report to the fleet until its certificate or host_id is fixed "
+                "(linkpassd --check-config compares them)")
+    elif failure:
+        link = f"not connected to {a.address} as host {a.host_id}{failed_ago}: {failure}"
+    else:
+        link = f"connecting to {a.address} as host {a.host_id}"
+    spool = f"{a.spool_events} events waiting ({a.spool_bytes} bytes)"
+    if a.events_dropped:
+        spool += f", {a.events_dropped} lost"
+    spool += f"; {a.events_sent} sent, {a.events_acked} acknowledged since the agent started"
+    last_ack = (f"{wall_time(a.last_ack_at)} ({duration(st.served_at - a.last_ack_at)} ago)"
+                if a.last_ack_at else "none yet")
+    return [("aggregator", link), ("spool", spool), ("last ack", last_ack)]
+
+
 def render_status(st: pb.DaemonStatus) -> str:
     verdicts = {p.port: p.verdict for p in st.ports}
     if st.last_reconcile_at:
@@ -154,6 +184,7 @@ def render_status(st: pb.DaemonStatus) -> str:
                             _one_line(st.last_error) if st.last_error else "-")),
             *([("echo responder", echo_responder_text(st.responder))]
               if st.HasField("responder") else []),
+            *aggregator_rows(st),
         ]
     )
     rails = table(
@@ -371,6 +402,10 @@ def render_explanation(e: pb.ExplainPortResponse) -> str:
              if state.verdict != pb.VERDICT_UNSPECIFIED else "-"),
             ("evidence", evidence[0]),
             *(("", line) for line in evidence[1:]),
+            *([("hold-down", f"until {wall_time(state.hold_until)} "
+                              f"(in {duration(max(0.0, state.hold_until - e.served_at))}); the "
+                              "verdict changes then if the port stays good")]
+              if state.hold_until else []),
             *([("drained", drain_text(state.drain, e.served_at))] if state.HasField("drain") else []),
         ]
     )
@@ -382,7 +417,10 @@ def render_explanation(e: pb.ExplainPortResponse) -> str:
         )
     else:
         uses = "no table or group uses this port"
-    return "\n\n".join([_one_line(e.summary), head, uses])
+    summary = _one_line(e.summary)
+    if state.hold_until:
+        summary += f" In hold-down until {wall_time(state.hold_until)}."
+    return "\n\n".join([summary, head, uses])
 
 
 # --------------------------------------------------------------------------
@@ -395,7 +433,7 @@ def unix(ts: timestamp_pb2.Timestamp) -> float:
 
 
 def drain_text(d: pb.DrainInfo, served_at: float | None = None) -> str:
-    """'by alice (uid 1000) 10m00s ago, until 2027-01-15 09:00:00 UTC (in 50m00s): optic swap'.
+    """'by alice (uid 1000) 10m00s ago, until 2027-01-15T09:00:00+00:00 (in 50m00s): optic swap'.
     Without `served_at` (a Drain answer has none) the times are absolute only."""
     since = wall_time(unix(d.since))
     if served_at is not None:
@@ -422,12 +460,22 @@ def render_drains(states: Sequence[pb.PortState], served_at: float) -> str:
     return table(["DRAINED", "BY", "SINCE", "UNTIL", "REASON"], rows) if rows else ""
 
 
-def render_drain_change(state: pb.PortState) -> str:
-    """What a Drain or Undrain answer says, in two lines."""
-    head = (f"{state.port} drained {drain_text(state.drain)}" if state.HasField("drain")
-            else f"{state.port} is not drained")
+def render_drain_change(state: pb.PortState, *, undrained: bool = False,
+                        replaced: pb.DrainInfo | None = None, notes: Sequence[str] = ()) -> str:
+    """What a Drain or Undrain answer says: what changed (and the drain it
+    replaced), the verdict now, and why traffic is still on the port."""
+    if undrained:
+        head = (f"{state.port} undrained; still drained {drain_text(state.drain)}"
+                if state.HasField("drain") else f"{state.port} undrained")
+    else:
+        head = f"{state.port} drained {drain_text(state.drain)}"
+    lines = [head]
+    if replaced is not None:
+        lines.append(f"replaces the earlier drain {drain_text(replaced)}")
     evidence = "; ".join(state.evidence) or "-"
-    return f"{head}\nverdict now {verdict_name(state.verdict)} ({state.phase or '-'}): {evidence}"
+    lines.append(f"verdict now {verdict_name(state.verdict)} ({state.phase or '-'}): {evidence}")
+    lines += list(notes)
+    return "\n".join(lines)
 
 
 def _enum_word(enum_type: object, value: int, prefix: str) -> str:
@@ -438,11 +486,11 @@ def _enum_word(enum_type: object, value: int, prefix: str) -> str:
 
 
 def event_line(e: pb.Event) -> str:
-    """One event on one line: time (UTC, ms), seq, severity, kind, port/rail,
+    """One event on one line: time (local, ms, with offset), seq, severity, kind, port/rail,
     message.  Fixed-width leading columns, so `--follow` output lines up
     without knowing what comes next."""
     t = unix(e.time)
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + f".{int(t * 1000) % 1000:03d}Z"
+    stamp = local_iso(t, ms=True)
     where = safe("/".join(x for x in (e.port, e.rail) if x), one_line=True) or "-"
     severity = _enum_word(pb.Severity, e.severity, "SEVERITY_")
     kind = _enum_word(pb.EventKind, e.kind, "EVENT_KIND_")

@@ -83,3 +83,44 @@ def test_enobufs_leads_to_a_full_re_read_not_a_patched_event_stream(lab):
             task.cancel()
 
     run(scenario(), timeout=90)
+
+
+def test_a_port_renamed_away_is_reported_missing_and_back_when_renamed_back(lab):
+    """Issue 28: a port renamed away still showed PRESENT. The kernel sends
+    the rename as an RTM_NEWLINK of the same ifindex under the new name only."""
+    rail = lab.rails[0]
+    other = "lpren0"
+
+    async def scenario():
+        got = []
+
+        async def emit(item):
+            got.append(item)
+
+        def samples_of(port):
+            return [e.sample for e in got if isinstance(e, LinkEvent) and e.sample.port == port]
+
+        monitor = LinkMonitor([rail.port], emit, netns=lab.host.name)
+        task = asyncio.create_task(monitor.run())
+        renamed = False
+        try:
+            await wait_for(lambda: _async(bool(got)), 3.0, "start snapshot")
+            assert got[0].samples[rail.port].present
+            lab.host.ip("link", "set", rail.port, "down")
+            lab.host.ip("link", "set", rail.port, "name", other)
+            renamed = True
+            await wait_for(lambda: _async(any(not s.present for s in samples_of(rail.port))), 3.0,
+                           "the renamed port reported missing")
+            lab.host.ip("link", "set", other, "name", rail.port)
+            renamed = False
+            lab.host.ip("link", "set", rail.port, "up")
+            await wait_for(lambda: _async(bool(samples_of(rail.port)) and samples_of(rail.port)[-1].present
+                                          and samples_of(rail.port)[-1].admin_up), 3.0,
+                           "the port back under its name")
+        finally:
+            task.cancel()
+            if renamed:
+                lab.host.ip("link", "set", other, "name", rail.port)
+                lab.host.ip("link", "set", rail.port, "up")
+
+    run(scenario(), timeout=20)

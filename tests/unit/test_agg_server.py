@@ -19,6 +19,8 @@ from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
 from linkpassd.adapters.control_convert import timestamp
+from linkpassd.aggregator.identity import Refusal
+from linkpassd.aggregator.server import MAX_REFUSALS
 from linkpassd.aggregator.store import EventQuery
 
 DEADLINE_S = 20.0  # generous: a busy 2-core machine
@@ -253,6 +255,15 @@ def test_a_certificate_naming_another_host_is_refused(pki: Path, tmp_path: Path)
                 assert "names no host" in err.details()
             assert await server.fleet.store.hosts() == []
             assert server.metrics.stream_errors.labels("PERMISSION_DENIED")._value.get() == 2
+            # remembered for the page's "Needs a look", until the host is taken
+            refused = server.fleet.refused
+            assert set(refused) == {"h1", "alice"} and "names host 'h2'" in refused["h1"].reason
+            async with channel(server.port, pki, "h1") as ch:
+                await Agent(ch).connect("h1")
+            assert set(refused) == {"alice"}
+            for i in range(MAX_REFUSALS + 5):  # a flood of bad Hellos cannot grow it
+                server.fleet.refuse(Refusal(f"x{i}", "[]", "why", "peer", float(i)))
+            assert len(refused) == MAX_REFUSALS and "alice" not in refused and "x0" not in refused
 
     run(scenario())
 

@@ -35,6 +35,7 @@ from linkpassd.adapters import control_convert
 from linkpassd.adapters.control_server import ControlServer, ControlSocketError
 from linkpassd.core.explain import Explanation
 from linkpassd.core.model import (
+    AgentLinkStatus,
     Assessment,
     CounterSample,
     DaemonStatus,
@@ -54,6 +55,18 @@ from linkpassd.core.model import (
 from linkpassd.ctl import main as ctl
 
 WALL_NOW = 1_800_000_000.0  # unix time while serving
+
+
+@pytest.fixture(autouse=True)
+def local_zone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """linkpassctl shows times in the local zone with its offset; tests pin
+    the zone to UTC+1 (a POSIX TZ needs no tzdata) so the offset shows."""
+    import time
+    monkeypatch.setenv("TZ", "CET-1")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
 
 
 def realistic_sensors() -> tuple[PortSensors, ...]:
@@ -148,6 +161,12 @@ def realistic_status() -> DaemonStatus:
                           "a foreign nexthop (protocol 4) holds id 1000100", WALL_NOW - 40, 3),),
         boot_id="5d0c8e7f1a2b4c3d9e8f7a6b5c4d3e2f",
         last_event_seq=42,
+        aggregator=AgentLinkStatus(
+            host_id="gpu-node-017", address="agg.example:7443", connected=False, refused=True,
+            last_status="PERMISSION_DENIED",
+            last_error="Hello says host 'gpu-node-017' but the certificate [CN=gpu-node-71] names no host",
+            connected_at=WALL_NOW - 900, last_failure_at=WALL_NOW - 30, last_ack_at=WALL_NOW - 600,
+            spool_events=120, spool_bytes=48_000, events_sent=300, events_acked=280, events_dropped=2),
     )
 
 
@@ -271,13 +290,19 @@ def test_status_table(server: ControlServer, sock: Path) -> None:
     assert header == {
         "host": "gpu-node-017",
         "version": "0.1.0",
-        "uptime": "1h02m03s (since 2027-01-15 06:57:57 UTC)",
+        "uptime": "1h02m03s (since 2027-01-15T07:57:57+01:00)",
         "config": "/etc/linkpass/linkpassd.toml",
         "reconciles": "4242 (last 2.0s ago)",
         "netlink writes": "17",
         "last error": "netlink: RTM_NEWROUTE table 10101: Network is unreachable (12s ago)",
         "echo responder": "91234 answered; refused 3 (not a rail address), 150000 (source not "
                           "allowed); 12 rate-limited, 7 malformed",
+        "aggregator": "REFUSED by agg.example:7443 as host gpu-node-017 (30s ago): PERMISSION_DENIED: Hello "
+                      "says host 'gpu-node-017' but the certificate [CN=gpu-node-71] names no host; this host "
+                      "does not report to the fleet until its certificate or host_id is fixed "
+                      "(linkpassd --check-config compares them)",
+        "spool": "120 events waiting (48000 bytes), 2 lost; 300 sent, 280 acknowledged since the agent started",
+        "last ack": "2027-01-15T08:50:00+01:00 (10m00s ago)",
     }
     rows = table_rows(out)
     assert ["RAIL", "PORT", "VERDICT", "TABLE", "ACTIVE PATH"] in rows

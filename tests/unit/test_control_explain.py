@@ -36,8 +36,9 @@ from linkpassd.core.model import (
 )
 from linkpassd.ctl import main as ctl
 
-from test_control_api import (  # noqa: F401 - sock is a fixture
+from test_control_api import (  # noqa: F401 - sock and local_zone are fixtures
     WALL_NOW,
+    local_zone,
     assert_one_line_error,
     ctl_process,
     run_ctl,
@@ -359,7 +360,7 @@ def test_explain_readable(server, sock: Path) -> None:
         ["verdict", "DEGRADED"],
         ["carrier", "yes"],
         ["phase", "DEGRADED"],
-        ["since", "1m35s ago (2027-01-15 07:58:25 UTC)"],
+        ["since", "1m35s ago (2027-01-15T08:58:25+01:00)"],
         ["evidence", "optics: lane 5 RX -11.20 dBm below low alarm -10.4"],
         ["carrier up"],
     ]
@@ -383,7 +384,7 @@ def test_explain_json(server, sock: Path) -> None:
     assert data["state"] == {"port": "eth0", "verdict": "VERDICT_DEGRADED", "carrier": True, "phase": "DEGRADED",
                              "since": WALL_NOW - 95, "evidence": [
                                  "optics: lane 5 RX -11.20 dBm below low alarm -10.4", "carrier up"],
-                             "drain": None}
+                             "drain": None, "hold_until": 0.0}
     assert data["consequences"][0] == {"kind": "rail-table", "name": "rail0", "table": 10100, "role": "primary",
                                        "carries_port": False,
                                        "detail": "table 10100 routes through rail1 (eth1) instead"}

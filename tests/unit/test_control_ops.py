@@ -36,11 +36,12 @@ from linkpassd.adapters.feeds import EventFeed, Latest
 from linkpassd.core import drain as drains
 from linkpassd.core.events import EventKind, EventLog, Severity
 from linkpassd.core.healthdoc import HealthDoc, PortHealthRow
-from linkpassd.core.model import PortState, Verdict
+from linkpassd.core.model import DrainOutcome, PortState, Verdict
 from linkpassd.ctl.render import render_explanation
 
-from test_control_api import (  # noqa: F401 - sock is a fixture
+from test_control_api import (  # noqa: F401 - sock and local_zone are fixtures
     WALL_NOW,
+    local_zone,
     realistic_status,
     run_ctl,
     running_server,
@@ -89,10 +90,13 @@ class FakeDrains:
                           evidence=("carrier up",))
         return drains.apply({port: state}, self.drains)[port]
 
-    async def drain(self, port: str, reason: str, duration_s: float | None, by: str) -> PortState:
+    async def drain(self, port: str, reason: str, duration_s: float | None, by: str) -> DrainOutcome:
         self.calls.append(("drain", port, reason, duration_s, by))
+        replaced = self.drains.get(port)
         self.drains[port] = drains.request(port, reason, by, WALL_NOW, duration_s, ("eth0", "eth1"))
-        return self._state(port)
+        notes = (f"traffic stays on {port} in rail rail1's table 10101: no healthy alternative port",) \
+            if len(self.drains) == 2 else ()
+        return DrainOutcome(self._state(port), replaced, notes)
 
     async def undrain(self, port: str, by: str) -> PortState:
         self.calls.append(("undrain", port, by))
@@ -190,11 +194,11 @@ def test_events_table_lists_in_order_with_after_and_limit(ops_server: ControlSer
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     assert len(lines) == 3
-    assert lines[0].split() == ["2027-01-15", "08:00:01.000Z", "#1", "warning", "verdict", "eth1/rail1",
+    assert lines[0].split() == ["2027-01-15T09:00:01.000+01:00", "#1", "warning", "verdict", "eth1/rail1",
                                 "eth1", "is", "DOWN", "(1)"]
-    assert [line.split()[2] for line in lines] == ["#1", "#2", "#3"]
+    assert [line.split()[1] for line in lines] == ["#1", "#2", "#3"]
     result = run_ctl(sock, "events", "--after", "1", "--limit", "1")
-    assert [line.split()[2] for line in result.stdout.splitlines()] == ["#2"]
+    assert [line.split()[1] for line in result.stdout.splitlines()] == ["#2"]
 
 
 def test_events_json_and_missed(ops_server: ControlServer, feed: EventFeed, sock: Path) -> None:
@@ -291,7 +295,7 @@ def test_events_boot_id_option_with_and_without_follow(ops_server: ControlServer
     add_events(ops_server, feed, 3)
     result = run_ctl(sock, "events", "--after", "1", "--boot-id", "b00t")
     assert result.exit_code == 0, result.output
-    assert [line.split()[2] for line in result.stdout.splitlines()] == ["#2", "#3"]
+    assert [line.split()[1] for line in result.stdout.splitlines()] == ["#2", "#3"]
     for follow in ([], ["--follow"]):
         refused = run_ctl(sock, "events", "--after", "1", "--boot-id", "old-boot", *follow)
         assert refused.exit_code == 1 and refused.stdout == ""
@@ -300,7 +304,7 @@ def test_events_boot_id_option_with_and_without_follow(ops_server: ControlServer
     proc = popen(ctl_argv(sock, "events", "--follow", "--after", "1", "--boot-id", "b00t", "--limit", "2"))
     try:
         out = LineReader(proc)
-        assert [out.line().split()[2] for _ in range(2)] == ["#2", "#3"]
+        assert [out.line().split()[1] for _ in range(2)] == ["#2", "#3"]
         assert proc.wait(DEADLINE_S) == 0
     finally:
         stop(proc)
@@ -327,14 +331,50 @@ def test_drain_and_undrain_as_root(ops_server: ControlServer, fake_drains: FakeD
     assert fake_drains.calls == [("drain", "eth1", "optic swap INC-4711", 5400.0, "root (uid 0)")]
     # (the in-process server's log line may come first on the captured stdout)
     assert result.stdout.splitlines()[-2:] == [
-        "eth1 drained by root (uid 0) since 2027-01-15 08:00:00 UTC, until 2027-01-15 09:30:00 UTC: "
+        "eth1 drained by root (uid 0) since 2027-01-15T09:00:00+01:00, until 2027-01-15T10:30:00+01:00: "
         "optic swap INC-4711",
-        "verdict now DEGRADED (UP): drained by root (uid 0): optic swap INC-4711 (until 1800005400); carrier up"]
+        "verdict now DEGRADED (UP): drained by root (uid 0): optic swap INC-4711; carrier up"]
     undrained = run(ctl_argv(sock, "undrain", "eth1", "-o", "json"))  # a process: stdout is only its own
     assert undrained.returncode == 0, undrained.stderr
     state = json.loads(undrained.stdout)["state"]
     assert state["verdict"] == "VERDICT_UP" and state["drain"] is None
     assert fake_drains.calls[-1] == ("undrain", "eth1", "root (uid 0)")
+
+
+def test_undrain_says_the_port_was_undrained(ops_server: ControlServer, fake_drains: FakeDrains,
+                                            sock: Path) -> None:
+    """Issue 28: a successful undrain printed "eth1 is not drained"."""
+    assert run_ctl(sock, "drain", "eth1", "--reason", "optic swap").exit_code == 0
+    result = run_ctl(sock, "undrain", "eth1")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-2:] == ["eth1 undrained", "verdict now UP (UP): carrier up"]
+    again = run_ctl(sock, "undrain", "eth1")
+    assert again.exit_code == 5 and "port 'eth1' is not drained" in again.stderr
+
+
+def test_a_second_drain_shows_the_drain_it_replaced(ops_server: ControlServer, fake_drains: FakeDrains,
+                                                   sock: Path) -> None:
+    """Issue 28: a second drain silently replaced the first's --for."""
+    assert run_ctl(sock, "drain", "eth1", "--reason", "optic swap", "--for", "30m").exit_code == 0
+    result = run_ctl(sock, "drain", "eth1", "--reason", "optic swap, vendor late", "--for", "2h")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert ("eth1 drained by root (uid 0) since 2027-01-15T09:00:00+01:00, until 2027-01-15T11:00:00+01:00: "
+            "optic swap, vendor late") in lines
+    assert ("replaces the earlier drain by root (uid 0) since 2027-01-15T09:00:00+01:00, "
+            "until 2027-01-15T09:30:00+01:00: optic swap") in lines
+    doc = json.loads(run(ctl_argv(sock, "drain", "eth1", "--reason", "x", "-o", "json")).stdout)
+    assert doc["replaced"]["reason"] == "optic swap, vendor late" and doc["notes"] == []
+
+
+def test_a_drain_with_no_healthy_alternative_says_traffic_stays(ops_server: ControlServer,
+                                                               fake_drains: FakeDrains, sock: Path) -> None:
+    """Issue 28: a drain that cannot move traffic just said "drained"."""
+    assert run_ctl(sock, "drain", "eth0", "--reason", "rack move").exit_code == 0
+    result = run_ctl(sock, "drain", "eth1", "--reason", "rack move")
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines()[-1] == (
+        "traffic stays on eth1 in rail rail1's table 10101: no healthy alternative port")
 
 
 def test_drain_errors_have_their_codes(ops_server: ControlServer, fake_drains: FakeDrains, sock: Path) -> None:
@@ -369,12 +409,12 @@ def test_status_links_and_explain_show_who_drained_why_and_until(sock: Path) -> 
     with running_server(sock, lambda: status):
         shown = run_ctl(sock, "status").stdout
         links = run_ctl(sock, "links").stdout
-    row = "eth1     alice (uid 1000)  10m00s ago  2027-01-15 08:50:00 UTC (in 50m00s)  optic swap, INC-4711"
+    row = "eth1     alice (uid 1000)  10m00s ago  2027-01-15T09:50:00+01:00 (in 50m00s)  optic swap, INC-4711"
     assert row in shown.splitlines()
     assert row in links.splitlines()
     eth1 = control_convert.port_state_to_proto(status.ports[1])
     explained = render_explanation(pb.ExplainPortResponse(port="eth1", state=eth1, served_at=WALL_NOW))
-    assert ("drained   by alice (uid 1000) 10m00s ago, until 2027-01-15 08:50:00 UTC (in 50m00s): "
+    assert ("drained   by alice (uid 1000) 10m00s ago, until 2027-01-15T09:50:00+01:00 (in 50m00s): "
             "optic swap, INC-4711") in explained.splitlines()
 
 

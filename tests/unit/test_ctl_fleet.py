@@ -98,9 +98,16 @@ def test_empty_fleet_and_no_events_say_so() -> None:
     assert render_fleet_events([]) == "no events"
 
 
-def test_events_lead_with_their_host() -> None:
-    out = render_fleet_events([fleet_event(1), fleet_event(2, "h9")]).splitlines()
-    assert out[0].startswith("gpu-node-2  2027-01-15 07:59:51.000Z") and "#1" in out[0] and "rail_path" in out[0]
+def test_events_lead_with_their_host(monkeypatch) -> None:
+    import time
+    monkeypatch.setenv("TZ", "EST5")  # local time with its offset (a POSIX TZ: no tzdata needed)
+    time.tzset()
+    try:
+        out = render_fleet_events([fleet_event(1), fleet_event(2, "h9")]).splitlines()
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert out[0].startswith("gpu-node-2  2027-01-15T02:59:51.000-05:00") and "#1" in out[0] and "rail_path" in out[0]
     assert out[1].startswith("h9          2027-01-15") and "rail1 now through rail0 (2)" in out[1]
 
 
@@ -456,3 +463,16 @@ def test_the_command_own_output_wins_over_the_group(agg) -> None:
     result = run("fleet", "--aggregator", address, "--insecure", "-o", "json", "summary", "-o", "table")
     assert result.exit_code == ExitCode.OK, result.stderr
     assert "2027-01-15" in result.stdout and not result.stdout.lstrip().startswith("{")
+
+
+def test_a_server_name_the_aggregator_certificate_does_not_carry_is_refused(pki, tls_agg) -> None:
+    """--server-name names who we expect; a certificate for another name is a
+    refusal of trust (4), not an aggregator that is away (3)."""
+    _, address = tls_agg
+    result = run("fleet", "--aggregator", address, "--server-name", "not-agg.test", "--ca", str(pki / "ca.pem"),
+                 "--cert", str(pki / "alice.pem"), "--key", str(pki / "alice-key.pem"), "summary")
+    assert result.exit_code == ExitCode.REFUSED, result.stderr
+    assert "not-agg.test" in result.stderr, result.stderr
+    ok = run("fleet", "--aggregator", address, "--server-name", "agg.test", "--ca", str(pki / "ca.pem"),
+             "--cert", str(pki / "alice.pem"), "--key", str(pki / "alice-key.pem"), "summary")
+    assert ok.exit_code == ExitCode.OK, ok.stderr

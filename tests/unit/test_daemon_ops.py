@@ -132,9 +132,62 @@ def test_the_control_api_drain_returns_after_the_pass_that_moved_the_traffic(tmp
         finally:
             loop_task.cancel()
 
-    state = asyncio.run(scenario())
+    outcome = asyncio.run(scenario())
+    state = outcome.state
     assert state.verdict is Verdict.DEGRADED and state.drain.reason == "flapping optic"
     assert state.drain.until == state.drain.at + 3600.0
+    assert outcome.replaced is None and outcome.notes == ()  # the traffic moved
+
+
+def control_drains(daemon, *calls):
+    """Each (port, reason, duration_s) through the control API's drain, in turn."""
+    async def scenario():
+        loop_task = asyncio.create_task(daemon._reconcile_loop())
+        try:
+            return [await daemon.drain(port, reason, duration_s, "root (uid 0)")
+                    for port, reason, duration_s in calls]
+        finally:
+            loop_task.cancel()
+    return asyncio.run(scenario())
+
+
+def test_a_second_drain_replaces_the_first_and_says_so(tmp_path):
+    """Issue 28: a second drain silently replaced the first's --for. The
+    newest drain wins (its --for counts from now; none: until undrain), the
+    answer and the event name the drain it replaced."""
+    daemon, clock, kernel = started(tmp_path)
+    first, second = control_drains(daemon, ("eth0", "optic swap", 1800.0),
+                                   ("eth0", "optic swap, vendor late", 7200.0))
+    assert first.replaced is None
+    assert second.replaced == first.state.drain
+    assert second.state.drain.until == second.state.drain.at + 7200.0
+    assert daemon.drains["eth0"].reason == "optic swap, vendor late"
+    event = daemon.events.log.last(10)
+    drained = [e for e in event if e.kind is EventKind.DRAIN]
+    assert "replaces the drain by root (uid 0)" in drained[-1].message
+    assert drained[-1].field("replaced_by") == "root (uid 0)"
+
+
+def test_a_drain_that_cannot_move_traffic_says_where_it_stays(tmp_path):
+    """Issue 28: a drain with no healthy alternative just said "drained".
+    Draining every port: the last one keeps the traffic, and says why."""
+    daemon, clock, kernel = started(tmp_path)
+    a, b, c = control_drains(daemon, *[(p, "rack move", None) for p in PORTS])
+    assert a.notes == () and b.notes == ()
+    assert c.notes and all("traffic stays on eth2" in n and "no healthy" in n for n in c.notes)
+    assert any("rail" in n for n in c.notes)
+
+
+def test_draining_the_backup_does_not_move_a_drained_primary_back(tmp_path):
+    """Issue 28: drain eth0 (its table moves away), then drain where it
+    went: the table must not come back to eth0."""
+    daemon, clock, kernel = started(tmp_path)
+    run(daemon.handle([drain_cmd("eth0")]))
+    moved_to = table_port(daemon, kernel, "eth0")
+    assert moved_to != "eth0"
+    others = [p for p in PORTS if p not in ("eth0", moved_to)]
+    control_drains(daemon, *[(p, "rack move", None) for p in others + [moved_to]])
+    assert table_port(daemon, kernel, "eth0") == moved_to
 
 
 def test_a_foreign_object_found_in_the_same_pass_as_a_cable_pull_holds_up_nothing(tmp_path):
@@ -205,3 +258,61 @@ def test_a_port_removed_by_a_reload_can_still_be_undrained(tmp_path):
     asyncio.run(scenario())
     assert "eth9" not in daemon.drains
     assert dataclasses.asdict(daemon.events.log.last(1)[0])["port"] == "eth9"
+
+
+def test_explain_says_hold_down_until_when_while_carrier_is_back(tmp_path, monkeypatch):
+    """Issue 28: `explain` said "no carrier" while the carrier was back and
+    the port in its hold-down. It says hold-down, and until when."""
+    import time as time_mod
+    from linkpassd.adapters import control_convert
+    from linkpassd.ctl.render import render_explanation
+    from test_daemon_faults import pull_cable
+    daemon, clock, kernel = started(tmp_path)
+    pull_cable(daemon, clock, kernel, "eth1")
+    clock.t += 0.5
+    run(daemon.handle([LinkEvent(link("eth1"))]))  # carrier back: hold-down starts now
+    back_at = clock.t
+    explained = daemon.explain("eth1")
+    state = explained.state
+    assert state.verdict is Verdict.DOWN and state.phase == "RECOVERING" and state.carrier
+    assert state.evidence[0].startswith("in hold-down after: no carrier")
+    assert state.hold_until == 1.8e9 + back_at + daemon.config.timers.hold_down_s  # unix time
+    monkeypatch.setenv("TZ", "UTC0")
+    time_mod.tzset()
+    try:
+        text = render_explanation(control_convert.explanation_to_proto(explained, served_at=1.8e9 + clock.t))
+    finally:
+        monkeypatch.undo()
+        time_mod.tzset()
+    summary = text.splitlines()[0]
+    assert "in hold-down after: no carrier" in summary
+    assert summary.endswith("In hold-down until 2027-01-15T08:16:46+00:00."), summary
+    assert any(line.startswith("hold-down") and "until 2027-01-15T08:16:46+00:00 (in 5.0s)" in line
+               for line in text.splitlines()), text
+    clock.t += daemon.config.timers.hold_down_s
+    for _ in range(daemon.config.timers.rise):
+        clock.t += 0.1
+        run(daemon.handle([Tick()]))
+    after = daemon.explain("eth1").state
+    assert after.verdict is Verdict.UP and after.hold_until == 0.0
+
+
+def test_a_configured_port_that_does_not_exist_says_no_such_port(tmp_path):
+    """Issue 28: a configured port that does not exist read "found failed
+    over at start" (its table is on a backup since it never had a nexthop)."""
+    from linkpassd.adapters.links import LinkSnapshot
+    from linkpassd.core.model import LinkSample
+    snap = LinkSnapshot(samples={"eth0": link("eth0"), "eth1": LinkSample.missing("eth1"),
+                                 "eth2": link("eth2")}, reason="start")  # eth1 configured, not there
+    kernel = FakeKernel()
+    daemon, clock = make(tmp_path, kernel)
+    run(daemon.handle([snap]))
+    assert table_port(daemon, kernel, "eth1") != "eth1"
+    # A start without the verdict file finds rail1's table on a backup.
+    again, _ = make(tmp_path / "fresh", kernel)
+    again._adopt(kernel.state)
+    run(again.handle([snap]))
+    state = again.port_states(again.clock())["eth1"]
+    assert state.verdict is Verdict.DOWN
+    assert state.evidence[0].startswith("no such port: the interface does not exist"), state.evidence
+    assert "before this start: found failed over at start" in state.evidence[0]

@@ -106,7 +106,7 @@ def test_unseen_flap_counts_as_a_failure():
 def test_missing_and_admin_down_interfaces_are_bad():
     s = health.initial(up(), 0.0)
     s = health.observe(s, LinkSample.missing("eth0"), 1.0, TIMERS)
-    assert s.verdict is Verdict.DOWN and s.reason == "interface missing"
+    assert s.verdict is Verdict.DOWN and s.reason == "no such port: the interface does not exist (missing, or renamed)"
     s2 = health.initial(LinkSample(port="eth0", present=True, admin_up=False, carrier=False), 0.0)
     assert "administratively down" in s2.reason
 

@@ -99,7 +99,7 @@ def test_json_has_the_documented_fields_and_round_trips():
     assert obj["format"] == healthdoc.FORMAT_VERSION
     assert obj["ports"][2] == {"port": "eth2", "rail": "rail2", "rdma_device": "mlx5_3", "rdma_port": 2,
                                "verdict": "DEGRADED", "since": 0.0,
-                               "reason": "drained by alice (uid 1000): bad optic (until 99)",
+                               "reason": "drained by alice (uid 1000): bad optic",
                                "drained": True, "usable": False}
     assert obj["ports"][0]["usable"] is True
     assert healthdoc.from_json(obj) == doc

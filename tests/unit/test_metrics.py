@@ -18,7 +18,7 @@ from linkpassd.adapters.echo import RTT_BUCKETS_S
 from linkpassd.adapters.metrics import (BfdMetrics, LoopLagMetrics, Metrics, MetricsSnapshot,
                                         ProbeMetrics, parse_listen, reason_class)
 from linkpassd.core.events import EventKind, EventLog, Severity
-from linkpassd.core.model import (CounterSample, DaemonStatus, Drain, GroupStatus, LinkSample,
+from linkpassd.core.model import (AgentLinkStatus, CounterSample, DaemonStatus, Drain, GroupStatus, LinkSample,
                                   ModuleIdentity, OpticsReading, PortSensors, PortState, Problem,
                                   RailStatus, ResponderCounters, Thresholds, Verdict)
 from linkpassd.daemon import Daemon
@@ -60,7 +60,12 @@ def realistic_status() -> DaemonStatus:
         problems=(Problem("refused", "route x", "EEXIST", 1000.0),
                   Problem("refused", "route y", "EEXIST", 1000.0)),
         responder=ResponderCounters(answered=40, refused_source=3),
-        boot_id="b00t", last_event_seq=7)
+        boot_id="b00t", last_event_seq=7,
+        aggregator=AgentLinkStatus(host_id="h", address="agg.example:7443", refused=True,
+                                   last_status="PERMISSION_DENIED", last_error="names another host",
+                                   last_failure_at=1009.0, last_ack_at=950.0, spool_events=42,
+                                   spool_bytes=8192, events_sent=60, events_acked=18,
+                                   events_dropped=1))
 
 
 def realistic_snapshot() -> MetricsSnapshot:
@@ -73,7 +78,8 @@ def realistic_snapshot() -> MetricsSnapshot:
                       downs=1, detection_time_s=0.9),)
     return metrics_snapshot.from_status(realistic_status(), RAIL_OF, CANDIDATES, bfd=bfd,
                                         probes=probes,
-                                        loop_lag=LoopLagMetrics(0.004, 0.02, 3, 5000))
+                                        loop_lag=LoopLagMetrics(0.004, 0.02, 3, 5000),
+                                        now=1012.0)
 
 
 def cable_pull_events():
@@ -145,6 +151,15 @@ def test_a_realistic_snapshot_and_events_are_served_with_the_values_they_hold(se
     vals = values(scrape(served(metrics)))
 
     assert v(vals, "linkpass_snapshot_ok") == 1
+    # the aggregator link (issue 28: the daemon exported no agent or spool metrics)
+    assert v(vals, "linkpass_agent_info", host_id="h", address="agg.example:7443") == 1
+    assert v(vals, "linkpass_agent_connected") == 0 and v(vals, "linkpass_agent_refused") == 1
+    assert v(vals, "linkpass_agent_spool_events") == 42 and v(vals, "linkpass_agent_spool_bytes") == 8192
+    assert v(vals, "linkpass_agent_events_sent_total") == 60
+    assert v(vals, "linkpass_agent_events_acked_total") == 18
+    assert v(vals, "linkpass_agent_events_dropped_total") == 1
+    assert v(vals, "linkpass_agent_last_ack_timestamp_seconds") == 950.0
+    assert v(vals, "linkpass_agent_last_ack_age_seconds") == 62.0
     assert v(vals, "linkpass_verdict_changes_total", port="eth0", rail="rail0", to="DOWN") == 1
     assert sum(val for (name, _), val in vals.items()
                if name == "linkpass_verdict_changes_total") == 1
@@ -355,7 +370,7 @@ def test_ipv6_listen_addresses_take_brackets(served):
 
 
 @pytest.mark.parametrize("reason, cause", [
-    ("no carrier (operstate DOWN)", "carrier"), ("interface missing", "carrier"),
+    ("no carrier (operstate DOWN)", "carrier"), ("interface missing", "carrier"), ("no such port: the interface does not exist", "carrier"),
     ("bfd:198.18.0.254: session Down (control detection time expired)", "bfd"),
     ("echo: all 2 peers unreachable: a, b", "echo"), ("optics: rx power -14 dBm", "optics"),
     ("counters: 40 CRC errors/s", "counters"), ("flaps: suppressed", "flap"), ("flap", "flap"),
@@ -391,6 +406,8 @@ def test_take_reads_a_daemon_with_the_names_it_really_has():
     assert snap.loop_lag is not None and snap.bfd == () and snap.probes == ()
     vals = values(_exposition(Metrics(lambda: snap)))
     assert v(vals, "linkpass_port_verdict", port="eth1", rail="rail1", verdict="DOWN") == 1
+    assert snap.agent is None  # standalone: no agent metrics
+    assert not any(name.startswith("linkpass_agent_") for name, _ in vals)
 
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[2]

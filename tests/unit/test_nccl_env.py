@@ -1,6 +1,7 @@
 """`linkpassctl nccl-env` through the real CLI, on health files written here."""
 
 import json
+import re
 import os
 import subprocess
 import time
@@ -150,6 +151,9 @@ def test_a_file_marked_stopped_is_refused(tmp_path):
     hf.mark_stopped(write_doc(path))
     result = run("--file", str(path))
     assert result.exit_code == ExitCode.STALE and "linkpassd stopped at" in result.stderr
+    # issue 28: a date with its zone, never raw unix seconds
+    assert re.search(r"stopped at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d[+-]\d\d:\d\d;", result.stderr), result.stderr
+    assert "unix time" not in result.stderr
 
 
 @pytest.mark.parametrize("content, named", [

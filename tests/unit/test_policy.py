@@ -220,3 +220,37 @@ def test_no_probe_objects_while_probing_is_off():
     assert not {r for r in d.desired.routes if r.table in (10160, 10161)}
     assert not {r for r in d.desired.rules if r.table in (10160, 10161)}
     assert policy.rules(cfg) == policy.rules(rails_config(2))
+
+
+def drained_ports(cfg, drained_at: dict[str, float]):
+    """Port states as core.drain.apply makes them, each port drained at its time."""
+    from linkpassd.core import drain
+    wanted = {p: drain.request(p, "maintenance", "root (uid 0)", at, None,
+                               tuple(r.port for r in cfg.rails)) for p, at in drained_at.items()}
+    return drain.apply(ports(cfg), wanted)
+
+
+def test_draining_the_backup_leaves_traffic_where_the_first_drain_moved_it():
+    """Issue 28: drain eth0 (rail0 moves to eth1), then drain eth1 with no
+    healthy port left: rail0 must stay on eth1, not go back to drained eth0."""
+    cfg = rails_config(2)
+    first = policy.decide(cfg, drained_ports(cfg, {"eth0": 100.0}))
+    assert route_nh(first, 10100) == nh(cfg, 1)
+    second = policy.decide(cfg, drained_ports(cfg, {"eth0": 100.0, "eth1": 200.0}))
+    assert route_nh(second, 10100) == nh(cfg, 1)  # the earlier drain still holds
+    assert route_nh(second, 10101) == nh(cfg, 1)
+    # the other order: eth1 drained first, then eth0: everything stays on eth0
+    other = policy.decide(cfg, drained_ports(cfg, {"eth1": 100.0, "eth0": 200.0}))
+    assert route_nh(other, 10100) == nh(cfg, 0) and route_nh(other, 10101) == nh(cfg, 0)
+
+
+def test_a_drained_port_stays_behind_undrained_ones_of_its_verdict():
+    """The latest-drain-first order only swaps drained ports among
+    themselves: an UP port still wins, and verdicts still rank first."""
+    cfg = rails_config(3)
+    st_ = drained_ports(cfg, {"eth0": 100.0, "eth1": 200.0})
+    d = policy.decide(cfg, st_)
+    assert route_nh(d, 10100) == nh(cfg, 2)  # eth2 is UP
+    st_["eth2"] = port("eth2", Verdict.DOWN)
+    d = policy.decide(cfg, st_)
+    assert route_nh(d, 10100) == nh(cfg, 1) and route_nh(d, 10102) == nh(cfg, 1)

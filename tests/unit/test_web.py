@@ -165,6 +165,27 @@ def test_an_offline_host_is_marked_and_its_cells_say_so() -> None:
     assert "(offline)" in "".join(dom.text)
 
 
+def test_refused_and_offline_hosts_need_a_look() -> None:
+    """Issue 28: refused and offline hosts were not under "Needs a look"."""
+    from linkpassd.aggregator.identity import Refusal
+    refusal = Refusal("gpu-<9>", "[CN=gpu-7, DNS:gpu-7, URI:linkpass://host/gpu-7]",
+                      "Hello says host 'gpu-<9>' but the certificate [CN=gpu-7] names host 'gpu-7'",
+                      "ipv4:198.18.0.9:41234", NOW - 30)
+    text = web.render_page(pb.ListHostsResponse(hosts=[host("h1", {0: cpb.VERDICT_UP}),
+                                                       host("h2", {0: cpb.VERDICT_UP}, connected=False)],
+                                                served_at=ts(NOW)),
+                           [], pb.GetSummaryResponse(), insecure=False, now=NOW, refused=[refusal])
+    look = text.split("<h2>Needs a look</h2>")[1].split("<h2>")[0]
+    dom = Dom(look)
+    rows = {a["data-host"]: a["class"] for a in dom.tags("tr") if "data-host" in a}
+    assert rows == {"gpu-<9>": "refused", "h2": "offline-host"}  # h1 is connected and UP
+    words = " ".join(dom.text)
+    assert "names host 'gpu-7'" in words and "30s ago" in words and "2m ago" in words
+    assert "<9>" not in look  # escaped like everything a host sends
+    quiet = page([host("h1", {0: cpb.VERDICT_UP})]).split("<h2>Needs a look</h2>")[1]
+    assert 'id="not-reporting"' not in quiet
+
+
 # --------------------------------------------------------------------------
 # the server
 # --------------------------------------------------------------------------

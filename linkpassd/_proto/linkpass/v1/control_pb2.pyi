@@ -65,7 +65,7 @@ SEVERITY_WARNING: Severity
 SEVERITY_ERROR: Severity
 
 class PortState(_message.Message):
-    __slots__ = ("port", "verdict", "carrier", "phase", "since", "evidence", "drain")
+    __slots__ = ("port", "verdict", "carrier", "phase", "since", "evidence", "drain", "hold_until")
     PORT_FIELD_NUMBER: _ClassVar[int]
     VERDICT_FIELD_NUMBER: _ClassVar[int]
     CARRIER_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,7 @@ class PortState(_message.Message):
     SINCE_FIELD_NUMBER: _ClassVar[int]
     EVIDENCE_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
+    HOLD_UNTIL_FIELD_NUMBER: _ClassVar[int]
     port: str
     verdict: Verdict
     carrier: bool
@@ -80,7 +81,8 @@ class PortState(_message.Message):
     since: float
     evidence: _containers.RepeatedScalarFieldContainer[str]
     drain: DrainInfo
-    def __init__(self, port: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., carrier: _Optional[bool] = ..., phase: _Optional[str] = ..., since: _Optional[float] = ..., evidence: _Optional[_Iterable[str]] = ..., drain: _Optional[_Union[DrainInfo, _Mapping]] = ...) -> None: ...
+    hold_until: float
+    def __init__(self, port: _Optional[str] = ..., verdict: _Optional[_Union[Verdict, str]] = ..., carrier: _Optional[bool] = ..., phase: _Optional[str] = ..., since: _Optional[float] = ..., evidence: _Optional[_Iterable[str]] = ..., drain: _Optional[_Union[DrainInfo, _Mapping]] = ..., hold_until: _Optional[float] = ...) -> None: ...
 
 class DrainInfo(_message.Message):
     __slots__ = ("reason", "by", "since", "until")
@@ -254,7 +256,7 @@ class PortSensors(_message.Message):
     def __init__(self, port: _Optional[str] = ..., optics: _Optional[_Union[OpticsReading, _Mapping]] = ..., optics_unreadable: _Optional[str] = ..., counters: _Optional[_Union[CounterSample, _Mapping]] = ..., assessments: _Optional[_Iterable[_Union[Assessment, _Mapping]]] = ...) -> None: ...
 
 class DaemonStatus(_message.Message):
-    __slots__ = ("hostname", "version", "config_source", "started_at", "ports", "links", "rails", "groups", "reconciles", "netlink_writes", "last_reconcile_at", "last_error", "served_at", "boot_id", "last_event_seq", "sensors", "problems", "last_error_at", "reconcile_failures", "responder")
+    __slots__ = ("hostname", "version", "config_source", "started_at", "ports", "links", "rails", "groups", "reconciles", "netlink_writes", "last_reconcile_at", "last_error", "served_at", "boot_id", "last_event_seq", "aggregator", "sensors", "problems", "last_error_at", "reconcile_failures", "responder")
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CONFIG_SOURCE_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +272,7 @@ class DaemonStatus(_message.Message):
     SERVED_AT_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_EVENT_SEQ_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATOR_FIELD_NUMBER: _ClassVar[int]
     SENSORS_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
     LAST_ERROR_AT_FIELD_NUMBER: _ClassVar[int]
@@ -290,12 +293,45 @@ class DaemonStatus(_message.Message):
     served_at: float
     boot_id: str
     last_event_seq: int
+    aggregator: AggregatorLink
     sensors: _containers.RepeatedCompositeFieldContainer[PortSensors]
     problems: _containers.RepeatedCompositeFieldContainer[Problem]
     last_error_at: float
     reconcile_failures: int
     responder: ResponderCounters
-    def __init__(self, hostname: _Optional[str] = ..., version: _Optional[str] = ..., config_source: _Optional[str] = ..., started_at: _Optional[float] = ..., ports: _Optional[_Iterable[_Union[PortState, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., rails: _Optional[_Iterable[_Union[RailStatus, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., reconciles: _Optional[int] = ..., netlink_writes: _Optional[int] = ..., last_reconcile_at: _Optional[float] = ..., last_error: _Optional[str] = ..., served_at: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_event_seq: _Optional[int] = ..., sensors: _Optional[_Iterable[_Union[PortSensors, _Mapping]]] = ..., problems: _Optional[_Iterable[_Union[Problem, _Mapping]]] = ..., last_error_at: _Optional[float] = ..., reconcile_failures: _Optional[int] = ..., responder: _Optional[_Union[ResponderCounters, _Mapping]] = ...) -> None: ...
+    def __init__(self, hostname: _Optional[str] = ..., version: _Optional[str] = ..., config_source: _Optional[str] = ..., started_at: _Optional[float] = ..., ports: _Optional[_Iterable[_Union[PortState, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkSample, _Mapping]]] = ..., rails: _Optional[_Iterable[_Union[RailStatus, _Mapping]]] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., reconciles: _Optional[int] = ..., netlink_writes: _Optional[int] = ..., last_reconcile_at: _Optional[float] = ..., last_error: _Optional[str] = ..., served_at: _Optional[float] = ..., boot_id: _Optional[str] = ..., last_event_seq: _Optional[int] = ..., aggregator: _Optional[_Union[AggregatorLink, _Mapping]] = ..., sensors: _Optional[_Iterable[_Union[PortSensors, _Mapping]]] = ..., problems: _Optional[_Iterable[_Union[Problem, _Mapping]]] = ..., last_error_at: _Optional[float] = ..., reconcile_failures: _Optional[int] = ..., responder: _Optional[_Union[ResponderCounters, _Mapping]] = ...) -> None: ...
+
+class AggregatorLink(_message.Message):
+    __slots__ = ("host_id", "address", "connected", "refused", "last_status", "last_error", "connected_at", "last_failure_at", "last_ack_at", "spool_events", "spool_bytes", "events_sent", "events_acked", "events_dropped")
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    LAST_STATUS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_FAILURE_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_ACK_AT_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_EVENTS_FIELD_NUMBER: _ClassVar[int]
+    SPOOL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_SENT_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_ACKED_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_DROPPED_FIELD_NUMBER: _ClassVar[int]
+    host_id: str
+    address: str
+    connected: bool
+    refused: bool
+    last_status: str
+    last_error: str
+    connected_at: float
+    last_failure_at: float
+    last_ack_at: float
+    spool_events: int
+    spool_bytes: int
+    events_sent: int
+    events_acked: int
+    events_dropped: int
+    def __init__(self, host_id: _Optional[str] = ..., address: _Optional[str] = ..., connected: _Optional[bool] = ..., refused: _Optional[bool] = ..., last_status: _Optional[str] = ..., last_error: _Optional[str] = ..., connected_at: _Optional[float] = ..., last_failure_at: _Optional[float] = ..., last_ack_at: _Optional[float] = ..., spool_events: _Optional[int] = ..., spool_bytes: _Optional[int] = ..., events_sent: _Optional[int] = ..., events_acked: _Optional[int] = ..., events_dropped: _Optional[int] = ...) -> None: ...
 
 class ResponderCounters(_message.Message):
     __slots__ = ("answered", "refused_address", "refused_source", "rate_limited", "malformed")
@@ -481,10 +517,14 @@ class DrainRequest(_message.Message):
     def __init__(self, port: _Optional[str] = ..., reason: _Optional[str] = ..., duration_s: _Optional[float] = ...) -> None: ...
 
 class DrainResponse(_message.Message):
-    __slots__ = ("state",)
+    __slots__ = ("state", "replaced", "notes")
     STATE_FIELD_NUMBER: _ClassVar[int]
+    REPLACED_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
     state: PortState
-    def __init__(self, state: _Optional[_Union[PortState, _Mapping]] = ...) -> None: ...
+    replaced: DrainInfo
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, state: _Optional[_Union[PortState, _Mapping]] = ..., replaced: _Optional[_Union[DrainInfo, _Mapping]] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class UndrainRequest(_message.Message):
     __slots__ = ("port",)
