@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: bootstrap test unit netns labs proto proto-check demo bench clean
+.PHONY: bootstrap test unit netns labs proto proto-check demo bench deb clean
 
 bootstrap:
 	./scripts/bootstrap.sh
@@ -40,5 +40,11 @@ bench: bootstrap
 	$(PY) -m labs.bench.failover
 	$(PY) -m labs.bench.probing
 
+## make deb: the Debian 12 package, dist/linkpass_<version>-<rev>_<arch>.deb
+## (docs/install.md); DEB_REVISION=2 makes an upgrade of -1. Needs no .venv.
+deb:
+	./scripts/bootstrap.sh --apt-only
+	./scripts/build-deb.sh
+
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info build dist

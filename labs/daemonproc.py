@@ -23,19 +23,20 @@ def rail_config_toml(socket_path: str, run_dir: str, rails: Iterable, *, rise: i
                      log_level: str = "info", extra: str = "", bfd: bool = False,
                      probe_peers: Sequence[Sequence[str]] = (),
                      multipath_rails: Sequence[int] | None = None,
-                     daemon_extra: str = "") -> str:
+                     daemon_extra: str = "", state_dir: str | None = None) -> str:
     """A linkpassd config for rails with .port/.address/.gateway/.prefixlen;
     every rail backs up the others, in order. `extra` is more TOML (sections);
     `probe_peers[i]` are rail i's echo peers (`[probes]` goes in `extra`);
     the multipath group spans `multipath_rails` (indexes; default: all);
-    `daemon_extra` is more `[daemon]` keys."""
+    `daemon_extra` is more `[daemon]` keys; `state_dir` defaults to
+    `<run_dir>/state`."""
     rails = list(rails)
     names = [f"rail{i}" for i in range(len(rails))]
     out = [
         "[daemon]",
         f'control_socket = "{socket_path}"',
         f'run_dir = "{run_dir}"',
-        f'state_dir = "{run_dir}/state"',
+        f'state_dir = "{state_dir or f"{run_dir}/state"}"',
         f'log_level = "{log_level}"',
         *([daemon_extra.strip()] if daemon_extra.strip() else []),
         "[timers]",

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Install what linkpass needs on a Debian machine: apt packages, then a venv.
 # Idempotent: a second run installs nothing new and finishes in seconds.
+# --apt-only: the apt packages only (what `make deb` needs; no venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+apt_only=0
+[ "${1-}" = --apt-only ] && apt_only=1
 
 # chromium: the headless browser test of the aggregator's page (tests/labs/test_fleet_lab.py).
 # lldpd: the LLDP speaker of the lab's switches (labs/lldp.py runs one per lab node, in its namespace).
 # postgresql: the server binaries for the aggregator's PostgreSQL store tests (labs/pgcluster.py runs a
 #   private one per test session, on a Unix socket in a temporary directory); never a system cluster.
-APT_PACKAGES=(iproute2 ethtool nftables tshark tcpdump iputils-ping mininet frr python3-venv python3-dev gcc prometheus chromium lldpd postgresql)
+# help2man: the man pages of the Debian package (`make deb`, scripts/build-deb.sh).
+APT_PACKAGES=(iproute2 ethtool nftables tshark tcpdump iputils-ping mininet frr python3-venv python3-dev gcc prometheus chromium lldpd postgresql help2man)
 # Services those packages would start on install and that must not run here (see below).
 NO_START=(lldpd postgresql)
 
@@ -77,6 +81,8 @@ if [ ${#missing[@]} -gt 0 ]; then
     done
   fi
 fi
+
+[ "$apt_only" = 1 ] && exit 0
 
 PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then

@@ -447,7 +447,15 @@ def _bind_public_socket(path: Path, group: str, gid: int | None) -> socket.socke
     try:
         sock.bind(str(path))
         if gid is not None:
-            os.chown(path, -1, gid)
+            try:
+                os.chown(path, -1, gid)
+            except PermissionError as exc:
+                sock.close()
+                # Without CAP_CHOWN the owner may only give its file to a
+                # group it is a member of (the unit's SupplementaryGroups=).
+                raise ControlSocketError(
+                    f"cannot give {path} to group {group!r}: {exc.strerror}; linkpassd must be a "
+                    f"member of {group!r} (SupplementaryGroups={group} in its systemd unit)") from exc
             os.chmod(path, SOCKET_MODE)
         else:
             os.chmod(path, ROOT_ONLY_SOCKET_MODE)

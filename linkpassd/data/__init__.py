@@ -1,6 +1,7 @@
-"""Files an installed linkpass carries with it: the systemd units and a complete
-example config, so a host installed from a wheel (no checkout) can still
-`systemctl enable` the unit and start from a config that passes --check-config.
+"""Files an installed linkpass carries with it: the systemd units and complete
+example configs of both daemons, so a host installed from a wheel (no checkout)
+can still `systemctl enable` a unit and start from a complete config (linkpassd's
+passes --check-config as it is; the aggregator's once its certificates exist).
 
 The canonical copies live in the repository's `systemd/` and `examples/`,
 where operators and reviewers look; these are installed copies of them, kept
@@ -14,7 +15,8 @@ from importlib import resources
 
 UNITS = ("linkpassd.service", "linkpass-aggregator.service")
 EXAMPLE_CONFIG = "linkpassd.toml"
-FILES = (*UNITS, EXAMPLE_CONFIG)
+AGGREGATOR_EXAMPLE_CONFIG = "aggregator.toml"
+FILES = (*UNITS, EXAMPLE_CONFIG, AGGREGATOR_EXAMPLE_CONFIG)
 
 
 def read_text(name: str) -> str:

@@ -21,6 +21,7 @@ CANONICAL = {
     "linkpassd.service": REPO / "systemd" / "linkpassd.service",
     "linkpass-aggregator.service": REPO / "systemd" / "linkpass-aggregator.service",
     "linkpassd.toml": REPO / "examples" / "linkpassd.toml",
+    "aggregator.toml": REPO / "examples" / "aggregator.toml",
 }
 
 
@@ -71,6 +72,8 @@ def test_wheel_carries_license_units_and_example(tmp_path: Path) -> None:
         shutil.copy2(REPO / name, src / name)
     shutil.copytree(REPO / "linkpassd", src / "linkpassd",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (src / "scripts").mkdir()
+    shutil.copy2(REPO / "scripts" / "linkpass-certs", src / "scripts" / "linkpass-certs")
     out = tmp_path / "dist"
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
@@ -87,6 +90,34 @@ def test_wheel_carries_license_units_and_example(tmp_path: Path) -> None:
         assert zf.read(f"{dist_info}/licenses/LICENSE") == (REPO / "LICENSE").read_bytes()
         for name, canonical in CANONICAL.items():
             assert zf.read(f"linkpassd/data/{name}") == canonical.read_bytes(), name
+        # the certificate tool, installed next to the console scripts
+        data_dir = dist_info.removesuffix(".dist-info") + ".data"
+        certs = zf.getinfo(f"{data_dir}/scripts/linkpass-certs")
+        assert zf.read(certs) == (REPO / "scripts" / "linkpass-certs").read_bytes()
+        assert (certs.external_attr >> 16) & 0o111, "linkpass-certs is not executable in the wheel"
+
+
+def test_the_aggregator_example_names_every_option_with_its_default() -> None:
+    """examples/aggregator.toml is complete: every section and key of the
+    aggregator's schema, each with the value a missing key would get (and TLS
+    files, which have no default)."""
+    import dataclasses
+
+    from linkpassd.aggregator import settings
+
+    text = CANONICAL["aggregator.toml"].read_text()
+    doc = tomllib.loads(text)
+    for section, keys in settings.SCHEMA.items():
+        if section == "tls":
+            assert set(doc["tls"]) == {"ca", "cert", "key"}, doc["tls"]
+            continue
+        assert set(doc.get(section, {})) | ({"postgresql_dsn"} if section == "aggregator" else set()) \
+            == set(keys), section
+    assert "# postgresql_dsn = " in text and "# insecure = true" in text  # shown, commented out
+    parsed = settings.parse_settings(text, "examples/aggregator.toml")
+    defaults = settings.Settings(source=parsed.source, tls=parsed.tls)
+    changed = [f.name for f in dataclasses.fields(parsed) if getattr(parsed, f.name) != getattr(defaults, f.name)]
+    assert not changed, f"the example differs from the defaults in {changed}"
 
 
 # --------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """`systemd-analyze verify` on the shipped unit files.
 
 verify fails when an ExecStart= binary does not exist, and in a checkout
-/usr/local/bin/linkpassd is not installed. So we verify a temporary copy whose
+/usr/bin/linkpassd is not installed. So we verify a temporary copy whose
 ExecStart points at an executable that exists, with the unit's own file name.
 Everything else in the unit (directives, capability names, syscall sets,
 dependencies) is verified as shipped; only the program path is not, and
@@ -18,8 +18,8 @@ import pytest
 
 UNIT_DIR = Path(__file__).resolve().parents[2] / "systemd"
 UNITS = {
-    "linkpassd.service": "/usr/local/bin/linkpassd --config /etc/linkpass/linkpassd.toml",
-    "linkpass-aggregator.service": "/usr/local/bin/linkpass-aggregator --config /etc/linkpass/aggregator.toml",
+    "linkpassd.service": "/usr/bin/linkpassd --config /etc/linkpass/linkpassd.toml",
+    "linkpass-aggregator.service": "/usr/bin/linkpass-aggregator --config /etc/linkpass/aggregator.toml",
 }
 
 
@@ -42,7 +42,9 @@ def test_linkpassd_unit_essentials() -> None:
         "RuntimeDirectoryPreserve=yes",
         "CapabilityBoundingSet=CAP_NET_ADMIN CAP_NET_RAW",
         "AmbientCapabilities=CAP_NET_ADMIN CAP_NET_RAW",
-        "ExecStartPre=/usr/local/bin/linkpassd --check-config /etc/linkpass/linkpassd.toml",
+        "ExecStartPre=/usr/bin/linkpassd --check-config /etc/linkpass/linkpassd.toml",
+        "StateDirectory=linkpass",
+        "SupplementaryGroups=linkpass",
     ):
         assert expected in lines
     # netlink must stay reachable whatever else is hardened
@@ -97,6 +99,56 @@ def test_aggregator_unit_checks_its_config_and_does_not_restart_on_a_bad_one(tmp
     assert status != 0 and str(status) in setting(unit, "RestartPreventExitStatus").split()
     assert "1" not in setting(unit, "RestartPreventExitStatus").split()
     assert setting(unit, "DynamicUser") == "yes" and setting(unit, "CapabilityBoundingSet") == ""
+
+
+def test_the_daemon_writes_only_where_the_unit_lets_it() -> None:
+    """ProtectSystem=strict leaves writable only the unit's StateDirectory=
+    and RuntimeDirectory=: the config's defaults for every directory the
+    daemon writes (state, run, the control socket) lie in them, and the
+    daemon is a member of the control socket's default group, which it gives
+    the socket without CAP_CHOWN (tests/netns/test_hardened_unit.py runs it)."""
+    from linkpassd.config.schema import DAEMON
+
+    unit = "linkpassd.service"
+    assert setting(unit, "ProtectSystem") == "strict"
+    default = {o.key: o.default for o in DAEMON.options}
+    assert default["state_dir"] == f"/var/lib/{setting(unit, 'StateDirectory')}"
+    run_dir = f"/run/{setting(unit, 'RuntimeDirectory')}"
+    assert default["run_dir"] == run_dir
+    assert default["control_socket"].startswith(run_dir + "/")
+    assert default["control_group"] in setting(unit, "SupplementaryGroups").split()
+    assert "CAP_CHOWN" not in setting(unit, "CapabilityBoundingSet").split()
+
+
+def test_without_the_group_the_socket_error_names_the_fix(tmp_path: Path) -> None:
+    """Without CAP_CHOWN (the unit's bounding set) and without membership of
+    the control group, binding the socket fails with one message naming the
+    group and SupplementaryGroups=, not a PermissionError traceback."""
+    import os
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv")
+    code = ("import sys; from pathlib import Path\n"
+            "from linkpassd.adapters.control_server import ControlSocketError, _bind_public_socket\n"
+            "try:\n"
+            f"    _bind_public_socket(Path({str(tmp_path / 's.sock')!r}), 'daemon', 1)\n"
+            "except ControlSocketError as exc:\n"
+            "    print(exc); sys.exit(3)\n")
+    proc = subprocess.run(["setpriv", "--bounding-set=-all,+net_admin,+net_raw", "--clear-groups",
+                           sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "group 'daemon'" in proc.stdout and "SupplementaryGroups=daemon" in proc.stdout, proc.stdout
+
+
+def test_fd_limits_fit_the_fleet() -> None:
+    """The default soft limit (1,024) stops an aggregator near 1,000 hosts:
+    the units set their own, the aggregator's with room for 2 connections
+    per host of a 2,048-host fleet and more."""
+    daemon = int(setting("linkpassd.service", "LimitNOFILE"))
+    aggregator = int(setting("linkpass-aggregator.service", "LimitNOFILE"))
+    assert daemon >= 4096
+    assert aggregator >= 4 * 2 * 2048
 
 
 def test_watchdog_interval_leaves_room_for_the_reconcile_loop() -> None:
