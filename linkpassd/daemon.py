@@ -822,7 +822,9 @@ run directory (run_dir/linkpassd.lock). The config is documented in
 docs/config.md.
 
 Exit status: 0 stopped by a signal; 1 --check-config found a problem, or
-another linkpassd is running; 2 the config is bad at start."""
+another linkpassd is running; 2 the config is bad at start; 3 --check-config:
+the file is valid but the aggregator would refuse this host (host_id and
+certificate differ), which does not stop linkpassd from protecting it."""
 
 
 FD_RESERVE = 256  # state files, netlink and ethtool sockets, logs, the responder, grpc's own

@@ -121,9 +121,10 @@ def control_socket_problem(socket_path: str) -> str | None:
 
 def check_config_main(path: str | os.PathLike[str]) -> int:
     """`linkpassd --check-config FILE`: 0 and an OK line, or 1 and the one-line error
-    on stderr. Never a traceback: it runs in ExecStartPre and in config pipelines.
-    Beyond the file itself: [aggregator]'s host_id against its client
-    certificate (agent.certcheck), which the aggregator would refuse."""
+    on stderr. Never a traceback: it runs in config pipelines. Beyond the file
+    itself: [aggregator]'s host_id against its client certificate
+    (agent.certcheck), which the aggregator would refuse: 3 and that line, as
+    the file itself is valid and linkpassd would run and protect the host."""
     try:
         config = load_config(path)
         socket_problem = control_socket_problem(config.control_socket)
@@ -136,7 +137,7 @@ def check_config_main(path: str | os.PathLike[str]) -> int:
     problem = host_id_problem(config.aggregator)
     if problem is not None:
         print(f"{_one_line(config.source)}: {problem}", file=sys.stderr)
-        return 1
+        return 3
     print(
         f"OK: {_one_line(config.source)}: {_count(len(config.rails), 'rail')}, "
         f"{_count(len(config.multipath), 'multipath group')}"

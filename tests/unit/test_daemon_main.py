@@ -100,7 +100,7 @@ def test_check_config_names_host_id_and_certificate_when_they_differ(tmp_path: P
     """Issue 28: a host whose host_id the aggregator refuses passed --check-config."""
     path = daemon_config(tmp_path, aggregator_section(pki, "gpu-node-017", host_id="gpu-node-71"))
     result = run_linkpassd("--check-config", str(path))
-    assert result.returncode == 1 and result.stdout == ""
+    assert result.returncode == 3 and result.stdout == ""
     err = result.stderr
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert "host_id 'gpu-node-71' (from [aggregator] host_id)" in err
@@ -110,7 +110,7 @@ def test_check_config_names_host_id_and_certificate_when_they_differ(tmp_path: P
 
 def test_check_config_refuses_a_certificate_that_names_no_host(tmp_path: Path, pki: Path, capsys) -> None:
     path = daemon_config(tmp_path, aggregator_section(pki, "alice", host_id="gpu-node-017"))
-    assert daemon.main(["--check-config", str(path)]) == 1
+    assert daemon.main(["--check-config", str(path)]) == 3
     err = capsys.readouterr().err
     assert "URI:linkpass://operator/alice" in err and "names no host" in err
 
@@ -118,7 +118,7 @@ def test_check_config_refuses_a_certificate_that_names_no_host(tmp_path: Path, p
 def test_without_host_id_the_host_name_is_checked(tmp_path: Path, pki: Path, capsys) -> None:
     import socket
     path = daemon_config(tmp_path, aggregator_section(pki, "gpu-node-017"))
-    expected = 0 if socket.gethostname() == "gpu-node-017" else 1
+    expected = 0 if socket.gethostname() == "gpu-node-017" else 3
     assert daemon.main(["--check-config", str(path)]) == expected
     if expected:
         assert f"host_id '{socket.gethostname()}' (from this host's name" in capsys.readouterr().err
