@@ -311,11 +311,12 @@ class _Drains:
 
     async def drain(self, port: str, reason: str, until: float | None, by: str):  # noqa: ANN201
         from linkpassd.core import drain as drains
-        from linkpassd.core.model import PortState, Verdict
+        from linkpassd.core.model import DrainOutcome, PortState, Verdict
         if port not in ("eth0", "eth1"):
             raise drains.UnknownPort(f"unknown port {port!r}")
         self.drained.add(port)
-        return PortState(port=port, verdict=Verdict.UP, carrier=True, phase="UP", since=0.0, evidence=())
+        return DrainOutcome(PortState(port=port, verdict=Verdict.UP, carrier=True, phase="UP",
+                                      since=0.0, evidence=()))
 
     async def undrain(self, port: str, by: str):  # noqa: ANN201
         from linkpassd.core import drain as drains
