@@ -78,6 +78,14 @@ class LinkSetter:
         """Set ``ifname`` up/down and/or its interface group, in one request;
         return time.monotonic() taken right before it went to the kernel.
         Raises OSError with the kernel's error."""
+        return self.set_timed(ifname, up=up, group=group)[0]
+
+    def set_timed(self, ifname: str, up: bool | None = None,
+                  group: int | None = None) -> tuple[float, float]:
+        """As set(), returning (sent, acked): time.monotonic() right before
+        the request and right after the kernel's acknowledgement. The kernel
+        applies RTM_NEWLINK before it acknowledges, so the change took effect
+        between the two."""
         name = ifname.encode() + b"\0"
         attrs = _attr(IFLA_IFNAME, name)
         if group is not None:
@@ -103,7 +111,7 @@ class LinkSetter:
                     if code:
                         raise OSError(-code, f"{self.node}: set {ifname} {what}: "
                                              f"{os.strerror(-code)}")
-                    return stamp
+                    return stamp, time.monotonic()
 
     def close(self) -> None:
         with self._lock:
