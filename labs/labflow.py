@@ -92,3 +92,13 @@ def gap_spanning(report: dict, t: float, slack_s: float = 0.002) -> dict | None:
                 and gap["start_t"] <= t + slack_s < gap["end_t"]:
             return gap
     return None
+
+
+def gap_overlapping(report: dict, start: float, end: float) -> dict | None:
+    """The longest of the receiver's top gaps that overlaps the monotonic
+    window [start, end] (a fault's injection to its clearing): the silence
+    the fault caused, wherever within the window the flow fell silent."""
+    gaps = [g for g in report.get("top_gaps") or []
+            if g.get("start_t") is not None and g.get("end_t") is not None
+            and g["start_t"] < end and g["end_t"] > start]
+    return max(gaps, key=lambda g: g["gap_s"], default=None)
