@@ -17,19 +17,18 @@ switch buffer would), so a pause left on cannot grow memory, and the lab's
 teardown opens and removes the qdisc. Only the leaf-to-host direction
 pauses; the host keeps sending.
 
-Timing: arm() installs the open qdisc and opens a netlink socket (pyroute2)
-in the leaf's namespace; inject() and clear() are then one RTM_NEWQDISC
-change each on that socket, stamped right before it and after the kernel's
-acknowledgement (the qdisc's new rate is in force between the two). Unarmed,
-inject() arms first and clear() disarms, as the nft faults do.
+Timing: arm() installs the open qdisc (pyroute2, in the leaf's namespace)
+and has pyroute2 encode the two change requests (IPBatch) without sending
+them; inject() and clear() then each send one of those messages on the
+netlink socket the lab keeps in the leaf (Lab.netlink_request), stamped
+right before it and after the kernel's acknowledgement (the qdisc's new
+rate is in force between the two). Unarmed, inject() arms first and clear()
+disarms, as the nft faults do.
 """
 
 from __future__ import annotations
 
-import threading
-import time
-
-from pyroute2 import IPRoute
+from pyroute2 import IPBatch, IPRoute
 
 from labs.faults.base import Fault
 from labs.topos.lab import Lab
@@ -51,60 +50,51 @@ class LeafPause(Fault):
     def __init__(self, lab: Lab, host: str | int | HostPlan, rail: int | str):
         super().__init__(lab, host, rail)
         self.node, self.port = self.rail.leaf, self.rail.leaf_port
-        self._ipr = None
         self._index: int | None = None
+        self._requests: dict[str, bytes] = {}
         self._armed_by_inject = False
-        self._nl_lock = threading.Lock()
 
     @property
     def description(self) -> str:
         return (f"{self.kind} on {self.rail.leaf} {self.rail.leaf_port} "
                 f"(towards {self.host.name} {self.rail.port})")
 
-    def _tbf(self, command: str, params: dict) -> tuple[float, float]:
-        with self._nl_lock:
-            if self._ipr is None:
-                raise LabError(f"{self.description}: not armed")
-            sent = time.monotonic()
-            self._ipr.tc(command, "tbf", self._index, HANDLE, parent=TC_H_ROOT,
-                         limit=LIMIT_BYTES, **params)
-            return sent, time.monotonic()
+    def _iproute(self) -> IPRoute:
+        return IPRoute(netns=f"/proc/{self.lab.pid(self.node)}/ns/net", flags=0)
 
     def _arm(self) -> None:
-        ns = f"/proc/{self.lab.pid(self.node)}/ns/net"
-        ipr = IPRoute(netns=ns, flags=0)
-        try:
+        with self._iproute() as ipr:
             found = ipr.link_lookup(ifname=self.port)
             if not found:
                 raise LabError(f"{self.description}: no {self.port} in {self.node}")
             self._index = found[0]
-            self._ipr = ipr
-            self._tbf("replace", OPEN)
-        except BaseException:
-            self._ipr = None
-            ipr.close()
-            raise
+            ipr.tc("replace", "tbf", self._index, HANDLE, parent=TC_H_ROOT, limit=LIMIT_BYTES,
+                   **OPEN)
+        for name, params in (("paused", PAUSED), ("open", OPEN)):
+            batch = IPBatch()
+            batch.tc("change", "tbf", self._index, HANDLE, parent=TC_H_ROOT, limit=LIMIT_BYTES,
+                     **params)
+            self._requests[name] = bytes(batch.batch)
 
     def _disarm(self) -> None:
-        with self._nl_lock:
-            ipr, self._ipr = self._ipr, None
-        if ipr is None:
-            return
-        try:
+        self._requests = {}
+        with self._iproute() as ipr:
             # pyroute2 encodes a tbf's options even to delete it: give the open ones
             ipr.tc("del", "tbf", self._index, HANDLE, parent=TC_H_ROOT, limit=LIMIT_BYTES,
                    **OPEN)
-        finally:
-            ipr.close()  # an open socket would keep the leaf's namespace alive
+
+    def _change(self, name: str) -> tuple[float, float]:
+        return self.lab.netlink_request(self.node, self._requests[name],
+                                        f"tbf {name} on {self.port}")
 
     def _inject(self) -> float:
         self._armed_by_inject = not self.armed
         self.arm()
-        stamp, self.inject_acked_at = self._tbf("change", PAUSED)
+        stamp, self.inject_acked_at = self._change("paused")
         return stamp
 
     def _clear(self) -> float:
-        stamp, self.clear_acked_at = self._tbf("change", OPEN)
+        stamp, self.clear_acked_at = self._change("open")
         if self._armed_by_inject:
             self.armed = False
             self._disarm()

@@ -516,12 +516,20 @@ class Lab:
                        group: int | None = None) -> tuple[float, float]:
         """As set_link(), returning (sent, acked) monotonic stamps: the change
         took effect in the kernel between the two (LinkSetter.set_timed)."""
+        return self._setter(node).set_timed(ifname, up=up, group=group)
+
+    def netlink_request(self, node: str | Node, message: bytes, what: str) -> tuple[float, float]:
+        """One rtnetlink request encoded ahead (a qdisc change, say) on the
+        node's netlink socket: (sent, acked) stamps, as set_link_timed()."""
+        return self._setter(node).request(message, what)
+
+    def _setter(self, node: str | Node) -> LinkSetter:
         n = self.node(node)
         with self._lock:
             setter = self._setters.get(n.name)
             if setter is None:
                 setter = self._setters[n.name] = LinkSetter(n.pid, n.name)
-        return setter.set_timed(ifname, up=up, group=group)
+        return setter
 
     def link(self, node: str | Node, ifname: str) -> dict:
         (info,) = json.loads(self.run(node, ["ip", "-j", "-d", "link", "show", "dev", ifname]).stdout)
