@@ -540,9 +540,18 @@ class Cell:
 
 def run_mechanism(mechanism: str, faults: list[FaultSpec], trials: int, echo_opts: dict,
                   section: str, rng: random.Random, workroot: Path, log=print) -> list[dict]:
-    rows = []
+    """Every trial of one mechanism in its own lab. A trial that fails is a
+    row with ``error``; a lab that does not come back (or cannot be built)
+    ends this mechanism's run, and the next mechanism still runs."""
+    rows: list[dict] = []
     plan = schedule(faults, trials, MECHANISMS[mechanism][1], rng)
-    cell = Cell(mechanism, echo_opts, section, log)
+    try:
+        cell = Cell(mechanism, echo_opts, section, log)
+    except (TimeoutError, RuntimeError, OSError, LabError) as exc:
+        log(f"{mechanism}: lab failed: {exc}")
+        return [{"mechanism": mechanism, "fault": t.fault.name, "kind": t.fault.kind,
+                 "trial": t.index, "error": f"lab: {type(exc).__name__}: {exc}"[:2000]}
+                for t in plan]
     try:
         for n, t in enumerate(plan):
             try:
@@ -552,8 +561,12 @@ def run_mechanism(mechanism: str, faults: list[FaultSpec], trials: int, echo_opt
                        "trial": t.index, "error": f"{type(exc).__name__}: {exc}"[:2000]}
                 log(f"{mechanism:<13} {t.fault.name:<11} #{t.index:<2} ERROR {row['error'][:200]}")
                 rows.append(row)
-                if isinstance(exc, TimeoutError):
-                    raise  # the lab did not come back: the rest would measure nothing
+                if isinstance(exc, TimeoutError):  # the lab did not come back
+                    rows += [{"mechanism": mechanism, "fault": rest.fault.name,
+                              "kind": rest.fault.kind, "trial": rest.index,
+                              "error": "not run: the lab did not come back"}
+                             for rest in plan[n + 1:]]
+                    break
                 continue
             rows.append(row)
             moved = ", ".join(f"{h} after {m['after_ms']:.0f} ms" for h, m in row["moves"].items()

@@ -20,4 +20,5 @@ from labs.faults.optics import OpticDegradation, SimSensor
 from labs.faults.pause import LeafPause
 
 __all__ = ["Fault", "CablePull", "Flap", "LeafPause", "LeafPortBlackhole", "Miswire", "NftFault",
-           "OneWayLoss", "RandomLoss", "SilentBlackhole", "SpineLinkBlackhole", "OpticDegradation", "SimSensor"]
+           "OneWayLoss", "RandomLoss", "SilentBlackhole", "SpineLinkBlackhole", "OpticDegradation",
+           "SimSensor"]
