@@ -5,6 +5,10 @@ monotonic ``injected_at``/``cleared_at`` stamps (see base.Fault).
     with dualrail() as lab:
         fault = CablePull(lab, "lph1", 0)
         t0 = fault.inject(); ...; fault.clear()
+
+Faults that install rules (nft drops, the tbf pause) can be armed ahead of
+the trial with ``fault.arm()``: inject()/clear() are then one netlink request
+each (see base.py).
 """
 
 from labs.faults.base import Fault
@@ -13,6 +17,8 @@ from labs.faults.link import CablePull, Flap
 from labs.faults.miswire import Miswire
 from labs.faults.nft import NftFault, OneWayLoss, RandomLoss, SilentBlackhole
 from labs.faults.optics import OpticDegradation, SimSensor
+from labs.faults.pause import LeafPause
 
-__all__ = ["Fault", "CablePull", "Flap", "LeafPortBlackhole", "Miswire", "NftFault", "OneWayLoss",
-           "RandomLoss", "SilentBlackhole", "SpineLinkBlackhole", "OpticDegradation", "SimSensor"]
+__all__ = ["Fault", "CablePull", "Flap", "LeafPause", "LeafPortBlackhole", "Miswire", "NftFault",
+           "OneWayLoss", "RandomLoss", "SilentBlackhole", "SpineLinkBlackhole", "OpticDegradation",
+           "SimSensor"]

@@ -3,7 +3,17 @@
 ``injected_at``/``cleared_at`` are time.monotonic() taken immediately before
 the action that causes (or ends) the fault. CLOCK_MONOTONIC is one clock for
 every namespace on the machine, so a receiver's timestamps in any lab node
-compare with them directly.
+compare with them directly. Faults toggled by one netlink request also stamp
+the kernel's acknowledgement (``inject_acked_at``/``clear_acked_at``): the
+change took effect between the two stamps.
+
+Arming: a fault whose rules take work to install (nftables chains, a qdisc)
+installs them in arm(), before the trial, so that inject() and clear() are
+one small change each (no process started, nothing parsed or committed at
+fault time). arm() is optional: inject() arms an unarmed fault itself and
+clear() then removes what it installed, as before. An armed fault stays
+installed across inject()/clear() cycles until disarm() (or the lab's
+teardown, which clears and disarms every fault it has seen).
 """
 
 from __future__ import annotations
@@ -32,6 +42,9 @@ class Fault:
         self.lab = lab
         self.injected_at: float | None = None
         self.cleared_at: float | None = None
+        self.inject_acked_at: float | None = None
+        self.clear_acked_at: float | None = None
+        self.armed = False
         self._lock = threading.RLock()
 
     @property
@@ -42,12 +55,30 @@ class Fault:
     def active(self) -> bool:
         return self.injected_at is not None and self.cleared_at is None
 
+    def arm(self) -> "Fault":
+        """Install what the fault needs, inactive, so inject() is one small
+        change; idempotent. Faults with nothing to install only register."""
+        with self._lock:
+            self.lab._register_fault(self)  # the lab clears and disarms it on teardown
+            if not self.armed:
+                self._arm()
+                self.armed = True
+            return self
+
+    def disarm(self) -> None:
+        """Remove what arm() installed (clearing the fault first); idempotent."""
+        with self._lock:
+            self.clear()
+            if self.armed:
+                self.armed = False
+                self._disarm()
+
     def inject(self) -> float:
         with self._lock:
             if self.active:
                 raise LabError(f"{self.description}: already injected")
             self.lab._register_fault(self)  # the lab clears it on teardown
-            self.cleared_at = None
+            self.cleared_at = self.inject_acked_at = self.clear_acked_at = None
             self.injected_at = self._inject()
             return self.injected_at
 
@@ -62,8 +93,11 @@ class Fault:
         """For result files: what was done, where, and when."""
         return {"fault": self.kind, "description": self.description, "host": self.host.name,
                 "rail": self.rail.index, "port": self.rail.port, "leaf": self.rail.leaf,
-                "leaf_port": self.rail.leaf_port, "injected_at": self.injected_at,
-                "cleared_at": self.cleared_at}
+                "leaf_port": self.rail.leaf_port, **self.stamps()}
+
+    def stamps(self) -> dict[str, float | None]:
+        return {"injected_at": self.injected_at, "inject_acked_at": self.inject_acked_at,
+                "cleared_at": self.cleared_at, "clear_acked_at": self.clear_acked_at}
 
     def __enter__(self) -> "Fault":
         self.inject()
@@ -74,6 +108,12 @@ class Fault:
 
     def __str__(self) -> str:
         return self.description
+
+    def _arm(self) -> None:
+        """Nothing to install by default."""
+
+    def _disarm(self) -> None:
+        """Nothing to remove by default."""
 
     def _inject(self) -> float:
         raise NotImplementedError

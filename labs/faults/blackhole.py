@@ -70,7 +70,7 @@ class SpineLinkBlackhole(NftFault):
         u = self.uplink
         return {"fault": self.kind, "description": self.description, "leaf": u.leaf,
                 "leaf_port": u.leaf_port, "spine": u.spine, "spine_port": u.spine_port,
-                "rail": u.rail, "injected_at": self.injected_at, "cleared_at": self.cleared_at}
+                "rail": u.rail, **self.stamps()}
 
 
 def _uplink(lab: Lab, leaf: str | int, spine: str | int) -> Uplink:

@@ -10,8 +10,12 @@ and dropped, and deletes its chains (and the table once empty) on clear.
 Timing: the rules are installed first, armed but matching nothing: they
 drop only while the port's interface group is the fault's own group number.
 inject() then sets that group and clear() sets it back to 0, each with one
-netlink request stamped right before it (as a cable pull is), so the stamps
-do not include the milliseconds nft takes to start, parse and commit.
+netlink request on a socket the lab opened once in the leaf (no process
+started, nothing for nft to parse or commit), stamped right before it and
+right after the kernel's acknowledgement. Call arm() before the trial to
+install the rules ahead of time (they then stay until disarm() or the lab's
+teardown, and counters add up over every injection); without it inject()
+installs them itself and clear() removes them, as it always did.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ class NftFault(Fault):
         self.tag = f"{self.kind.replace('-', '_')}{serial}"
         self.group = GROUP_BASE + serial
         self.final_counts: dict[str, dict[str, int]] | None = None
+        self._armed_by_inject = False
 
     def chain(self, direction: str) -> str:
         return f"{self.tag}_{HOOKS[direction]}"
@@ -61,11 +66,7 @@ class NftFault(Fault):
         """nft expressions between the group match and ``counter drop``."""
         return ""
 
-    def _inject(self) -> float:
-        for other in self.lab._faults:
-            if other is not self and other.active and isinstance(other, NftFault) \
-                    and (other.node, other.port) == (self.node, self.port):
-                raise LabError(f"{self.description}: {other} is already on this port")
+    def _arm(self) -> None:
         script = [f"add table netdev {TABLE}"]
         for d in self.directions:
             hook, chain = HOOKS[d], self.chain(d)
@@ -79,16 +80,30 @@ class NftFault(Fault):
             ]
         self.final_counts = None
         self.lab.nft(self.node, "\n".join(script) + "\n")
-        return self.lab.set_link(self.node, self.port, group=self.group)
+
+    def _disarm(self) -> None:
+        self.final_counts = self._read_counts()
+        self.lab.nft(self.node, "".join(f"delete chain netdev {TABLE} {self.chain(d)}\n"
+                                        for d in self.directions))
+        if not self._chains_left():
+            self.lab.nft(self.node, f"delete table netdev {TABLE}\n")
+
+    def _inject(self) -> float:
+        for other in self.lab._faults:
+            if other is not self and other.active and isinstance(other, NftFault) \
+                    and (other.node, other.port) == (self.node, self.port):
+                raise LabError(f"{self.description}: {other} is already on this port")
+        self._armed_by_inject = not self.armed
+        self.arm()
+        stamp, self.inject_acked_at = self.lab.set_link_timed(self.node, self.port,
+                                                              group=self.group)
+        return stamp
 
     def _clear(self) -> float:
-        stamp = self.lab.set_link(self.node, self.port, group=0)
-        self.final_counts = self._read_counts()
-        leaf = self.node
-        self.lab.nft(leaf, "".join(f"delete chain netdev {TABLE} {self.chain(d)}\n"
-                                   for d in self.directions))
-        if not self._chains_left():
-            self.lab.nft(leaf, f"delete table netdev {TABLE}\n")
+        stamp, self.clear_acked_at = self.lab.set_link_timed(self.node, self.port, group=0)
+        if self._armed_by_inject:  # inject() installed the rules: take them away again
+            self.armed = False
+            self._disarm()
         return stamp
 
     def _table(self) -> list[dict]:
@@ -112,9 +127,10 @@ class NftFault(Fault):
         return counts
 
     def counts(self) -> dict[str, dict[str, int]]:
-        """Frames ``seen`` and ``dropped`` per direction while armed: live
-        while active, the final reading after clear()."""
-        if self.active:
+        """Frames ``seen`` and ``dropped`` per direction while the port's
+        group was the fault's: live while the rules are installed, the final
+        reading once they are removed."""
+        if self.armed:
             return self._read_counts()
         if self.final_counts is None:
             raise LabError(f"{self.description}: not injected")

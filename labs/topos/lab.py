@@ -346,6 +346,7 @@ class Lab:
         try:
             for fault in reversed(list(self._faults)):
                 step(f"clearing {fault}", fault.clear)
+                step(f"disarming {fault}", fault.disarm)  # rules/qdiscs/sockets installed by arm()
             step("stopping FRR", self._stop_frr)
             step("stopping processes", self._stop_processes)
             if self.aggregator is not None:  # after the daemons: they may report to the end
@@ -509,12 +510,26 @@ class Lab:
                  group: int | None = None) -> float:
         """Link up/down and/or interface group by one netlink request; returns
         the monotonic time taken right before it (see labs.topos.nl)."""
+        return self.set_link_timed(node, ifname, up=up, group=group)[0]
+
+    def set_link_timed(self, node: str | Node, ifname: str, up: bool | None = None,
+                       group: int | None = None) -> tuple[float, float]:
+        """As set_link(), returning (sent, acked) monotonic stamps: the change
+        took effect in the kernel between the two (LinkSetter.set_timed)."""
+        return self._setter(node).set_timed(ifname, up=up, group=group)
+
+    def netlink_request(self, node: str | Node, message: bytes, what: str) -> tuple[float, float]:
+        """One rtnetlink request encoded ahead (a qdisc change, say) on the
+        node's netlink socket: (sent, acked) stamps, as set_link_timed()."""
+        return self._setter(node).request(message, what)
+
+    def _setter(self, node: str | Node) -> LinkSetter:
         n = self.node(node)
         with self._lock:
             setter = self._setters.get(n.name)
             if setter is None:
                 setter = self._setters[n.name] = LinkSetter(n.pid, n.name)
-        return setter.set(ifname, up=up, group=group)
+        return setter
 
     def link(self, node: str | Node, ifname: str) -> dict:
         (info,) = json.loads(self.run(node, ["ip", "-j", "-d", "link", "show", "dev", ifname]).stdout)

@@ -78,6 +78,14 @@ class LinkSetter:
         """Set ``ifname`` up/down and/or its interface group, in one request;
         return time.monotonic() taken right before it went to the kernel.
         Raises OSError with the kernel's error."""
+        return self.set_timed(ifname, up=up, group=group)[0]
+
+    def set_timed(self, ifname: str, up: bool | None = None,
+                  group: int | None = None) -> tuple[float, float]:
+        """As set(), returning (sent, acked): time.monotonic() right before
+        the request and right after the kernel's acknowledgement. The kernel
+        applies RTM_NEWLINK before it acknowledges, so the change took effect
+        between the two."""
         name = ifname.encode() + b"\0"
         attrs = _attr(IFLA_IFNAME, name)
         if group is not None:
@@ -87,23 +95,33 @@ class LinkSetter:
         body = struct.pack("=BxHiII", socket.AF_UNSPEC, 0, 0, flags, change) + attrs
         what = ", ".join(x for x in ("" if up is None else ("up" if up else "down"),
                                      "" if group is None else f"group {group}") if x)
+        msg = struct.pack("=IHHII", 16 + len(body), RTM_NEWLINK,
+                          NLM_F_REQUEST | NLM_F_ACK, 0, 0) + body
+        return self.request(msg, f"set {ifname} {what}")
+
+    def request(self, message: bytes, what: str) -> tuple[float, float]:
+        """Send one complete rtnetlink request (encoded ahead, e.g. by
+        pyroute2's IPBatch) with a fresh sequence number and the ACK flag, and
+        wait for the kernel's acknowledgement: (sent, acked) as in set_timed().
+        Raises OSError with the kernel's error, naming ``what``."""
+        length, kind, flags = struct.unpack_from("=IHH", message)
         with self._lock:
             if self._sock is None:
                 raise RuntimeError(f"{self.node}: link setter closed")
             self._seq += 1
-            msg = struct.pack("=IHHII", 16 + len(body), RTM_NEWLINK,
-                              NLM_F_REQUEST | NLM_F_ACK, self._seq, 0) + body
+            msg = struct.pack("=IHHII", length, kind, flags | NLM_F_REQUEST | NLM_F_ACK,
+                              self._seq, 0) + message[16:]
             stamp = time.monotonic()
             self._sock.send(msg)
             while True:
                 data = self._sock.recv(65536)
                 _length, kind, _flags, seq, _pid = struct.unpack_from("=IHHII", data)
                 if kind == NLMSG_ERROR and seq == self._seq:
+                    acked = time.monotonic()
                     (code,) = struct.unpack_from("=i", data, 16)
                     if code:
-                        raise OSError(-code, f"{self.node}: set {ifname} {what}: "
-                                             f"{os.strerror(-code)}")
-                    return stamp
+                        raise OSError(-code, f"{self.node}: {what}: {os.strerror(-code)}")
+                    return stamp, acked
 
     def close(self) -> None:
         with self._lock:
