@@ -92,7 +92,7 @@ from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.wakeups import SharedTimer
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.model import Assessment, ResponderCounters
-from linkpassd.core.probe import ProbeConfig, Prober, Send
+from linkpassd.core.probe import ProbeConfig, Prober, Send, rail_ask_due
 from linkpassd.core.schedule import send_slot
 
 _MAX_KERNEL_DELAY_S = 1.0  # beyond this a receive timestamp is a clock step, not a delay
@@ -174,6 +174,8 @@ class EchoProber:
         self._owns_timer = timer is None
         self.timer = timer if timer is not None else SharedTimer(lag, batch=rail.outbox)
         self._reported: tuple | None = None
+        # A silence of this path asks its rail's other paths to probe (core.probe: asks_rail).
+        self.on_rail_silence: Callable[["EchoProber", float], None] | None = None
 
     # ---- lifecycle ----------------------------------------------------------
 
@@ -247,7 +249,16 @@ class EchoProber:
         _, sends = state.poll(now, self.send_slot_s, judged_at)
         for send in sends:
             self._send(send, now)
+        if self.on_rail_silence is not None and state.asks_rail(now):
+            self.on_rail_silence(self, now)
         self._after()
+
+    def probe_now(self, now: float) -> None:
+        """Probe now, ahead of the schedule: another path of the rail went silent."""
+        send = self.state.probe_now(now)
+        if send is not None:
+            self._send(send, now)
+            self._schedule()
 
     def _read_rail(self, now: float) -> float:
         if self.rail is not None:
@@ -400,6 +411,7 @@ class EchoService:
         self.responder_error = ""
         self._retry: asyncio.TimerHandle | None = None
         self._assessed: dict[ProbePath, Assessment] = {}  # as of each path's last change
+        self._rail_asked: dict[str, float] = {}  # port -> when a silence last asked its paths
         self._started = False
 
     def _prober(self, path: ProbePath) -> EchoProber:
@@ -409,10 +421,24 @@ class EchoService:
             rail = self.sockets[key] = RailSocket(path.port, path.source, self.echo_port,
                                                   self.tos, self.netns, self.outbox,
                                                   on_readable=self._readable)
-        return EchoProber(path, self.config, echo_port=self.echo_port, tos=self.tos,
-                          netns=self.netns, lag=self.lag, prober_id=self._prober_id,
-                          on_change=self._changed, timer=self.timer, rail=rail,
-                          read_first=self._read_all)
+        prober = EchoProber(path, self.config, echo_port=self.echo_port, tos=self.tos,
+                            netns=self.netns, lag=self.lag, prober_id=self._prober_id,
+                            on_change=self._changed, timer=self.timer, rail=rail,
+                            read_first=self._read_all)
+        prober.on_rail_silence = self._rail_silence
+        return prober
+
+    def _rail_silence(self, silent: EchoProber, now: float) -> None:
+        """A path's silence has lasted a quarter of the tolerance: the other
+        paths of its rail probe now (core.probe: asks_rail), at most once per
+        tolerance per rail. Their probes leave in the same batch."""
+        port = silent.path.port
+        if not rail_ask_due(self._rail_asked.get(port), now, self.config):
+            return
+        self._rail_asked[port] = now
+        for path, prober in self.probers.items():
+            if path.port == port and prober is not silent and prober.sock is not None:
+                prober.probe_now(now)
 
     def _set_send_slot(self) -> None:
         slot = send_slot(self.config.interval_s, len(self.probers))

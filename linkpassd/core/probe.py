@@ -48,6 +48,15 @@ many probes spread over the tolerance, never one window. `confirm` is
 fakes a DOWN with at most `false_down_odds` per steady probe: the chain's
 `confirm + 1` probes must all be lost.
 
+**The rail's other paths look too.** A silence that has lasted a quarter of
+the tolerance (two confirmations unanswered: random loss rarely gets there)
+asks the other UP paths of its rail to probe at once (`asks_rail`,
+`rail_ask_due`): if the rail is what failed, each of them starts its own
+chain now instead of at its next steady probe, up to an interval later, so
+a rail with many peers is judged as soon as one with a single peer. It adds
+probes, never a verdict: each path is still judged on its own chain. Once
+per rail per tolerance, so a rail fault asks once, not once per path.
+
 **Quality.** The steady probes (not the confirmations, which would over-sample
 bad moments) feed a window of `loss_window` outcomes (a steady probe is lost
 when it has no reply within the tolerance); above `max_loss_ratio` the path is
@@ -161,6 +170,12 @@ def detection_bound_s(config: ProbeConfig, confirm: int | None = None) -> float:
             + config.suspect_after_s)
 
 
+def rail_ask_due(last_asked: float | None, now: float, config: ProbeConfig) -> bool:
+    """Whether a rail may ask its paths to probe now: at most once per
+    tolerance (a rail fault makes every path of it silent at once)."""
+    return last_asked is None or now - last_asked >= config.tolerance_s
+
+
 # --------------------------------------------------------------------------
 # The state machine
 # --------------------------------------------------------------------------
@@ -247,6 +262,7 @@ class ProbeCounters:
     refused: int = 0  # ICMP port unreachable: the peer host answers, its daemon does not
     silences: int = 0  # suspicions raised (a probe unanswered for the reply wait)
     confirmations: int = 0  # confirmation probes sent
+    rail_probes: int = 0  # probes sent early because another path of the rail went silent
     downs: int = 0  # transitions to DOWN
     degradations: int = 0  # transitions to DEGRADED
 
@@ -275,6 +291,7 @@ class Prober:
     held_max_s: float = 0.0
     stall_max_s: float = 0.0
     silence_from: float | None = None  # first probe of the current chain (SUSPECT)
+    rail_asked: bool = False  # this silence has asked the rail's other paths to probe
     now: float = 0.0  # the latest time the prober was told (for the texts it writes)
     counters: ProbeCounters = field(default_factory=ProbeCounters)
     _flights: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
@@ -533,6 +550,25 @@ class Prober:
         self.counters.stray += n
         return self
 
+    def asks_rail(self, now: float) -> bool:
+        """Whether this silence should ask the rail's other paths to probe now
+        (module docstring): once per silence, when it has lasted a quarter of
+        the tolerance. Calling it says the ask is made."""
+        if self.state is not PathState.SUSPECT or self.rail_asked or self.silence_from is None \
+                or now - self.silence_from < self.config.tolerance_s / 4:
+            return False
+        self.rail_asked = True
+        return True
+
+    def probe_now(self, now: float) -> Send | None:
+        """A probe now, ahead of the schedule (which stays), when another path
+        of the rail went silent: not counted in the loss window; unanswered,
+        it starts this path's own silence. Only an UP path probes early."""
+        if self.state is not PathState.UP:
+            return None
+        self.counters.rail_probes += 1
+        return self._send(now, False)
+
     # ------------------------------------------------------------- internals
 
     def _send(self, now: float, steady: bool) -> Send:
@@ -617,6 +653,7 @@ class Prober:
                                          if n >= _MIN_LOSS_SAMPLE else 0.0)
             self.next_confirm = now  # the first confirmation leaves at once
             self.silence_from = next(iter(self._flights.values())).sent_at
+            self.rail_asked = False
             return
         self.next_confirm = None
         self.silence_from = None

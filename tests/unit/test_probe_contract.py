@@ -463,3 +463,53 @@ def test_a_rail_with_one_dead_peer_is_not_down_but_all_dead_is():
     dead = Sim(FAST, drop_req=[Window(1.0)]).up().run(2.0).p.assessment()
     assert rail_assessment([up, dead, up], "echo").effective is Verdict.UP
     assert rail_assessment([dead, dead], "echo").effective is Verdict.DOWN
+
+
+# --------------------------------------------------------------------------
+# The rail's other paths look too (evidence, never a verdict)
+# --------------------------------------------------------------------------
+
+
+def test_a_silence_asks_the_rail_once_after_a_quarter_of_the_tolerance():
+    sim = Sim(FAST, drop_req=[Window(1.0)]).up().run(1.0)
+    p = sim.p
+    asked = []
+    t = 1.0
+    while t < 1.2:
+        t += 0.0005
+        sim.run(t)
+        since = p.silence_from
+        if p.asks_rail(t):
+            asked.append(t - since)
+    assert len(asked) == 1  # once per silence
+    assert FAST.tolerance_s / 4 <= asked[0] < FAST.tolerance_s
+
+
+def test_random_loss_rarely_asks_the_rail():
+    """Silences of random loss end with a confirmation's reply: at 5 % loss
+    each way a silence reaches a quarter of the tolerance about once in a
+    thousand silences."""
+    sim = Sim(FAST, seed=3, req_loss=0.05, rep_loss=0.05).up()
+    asks, t = 0, sim.t
+    while t < 60.0:
+        t += FAST.confirm_probes and confirm_spacing_s(FAST)
+        sim.run(t)
+        asks += sim.p.asks_rail(t)
+    assert sim.p.counters.silences > 300
+    assert asks <= sim.p.counters.silences / 50
+
+
+def test_an_early_probe_is_not_counted_in_the_window_and_only_an_up_path_sends_it():
+    p = Sim(FAST).up().p
+    window = p.window
+    send = p.probe_now(2.0)
+    assert send is not None and send.burst and p.window == window
+    never = Prober(PEER, FAST)
+    assert never.probe_now(2.0) is None
+
+
+def test_a_rail_asks_at_most_once_per_tolerance():
+    from linkpassd.core.probe import rail_ask_due
+    assert rail_ask_due(None, 5.0, FAST)
+    assert not rail_ask_due(5.0, 5.0 + FAST.tolerance_s / 2, FAST)
+    assert rail_ask_due(5.0, 5.0 + FAST.tolerance_s, FAST)
