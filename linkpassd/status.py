@@ -61,7 +61,7 @@ class StatusReport:
             last_error=self.last_error,
             sensors=self.sensors(),
             problems=self.problems(),
-            responder=self.echo.responder_counters() if self.echo is not None else None,
+            responder=self.responder.counters() if self.responder is not None else None,
             last_error_at=self.last_error_at,
             reconcile_failures=self.reconcile_failures,
             boot_id=self.events.boot_id,
@@ -76,6 +76,10 @@ class StatusReport:
                for f in sorted(self.failures.values(), key=lambda f: f.since)]
         out += [Problem("bfd", f"BFD session {name} on {spec.ifname}", error, since)
                 for name, (spec, error, since) in sorted(self.bfd_pending.items())]
+        r = self.responder
+        if r is not None and r.error:
+            out.append(Problem("responder", f"echo responder on UDP {r.port}", r.error,
+                               r.error_since or 0.0))
         out += list(self.state_problems.values())
         out += [Problem("foreign", f.description, f"protocol {f.protocol}, inside an owned range",
                         since) for f, since in self.foreign]
