@@ -4,7 +4,8 @@ Why a process: a responder thread inside the daemon answers only when it gets
 the daemon's interpreter lock, so a daemon busy for 16 ms (a reload, a burst
 of events, a long C call holding the lock) made its replies 16 ms late, and
 its peers' probers saw a dead path. Measured side by side in
-labs/bench/responder_hold.py; the numbers are in docs/probing.md.
+labs/bench/responder_hold.py (results/responder_hold-thread-vs-process.json,
+summed up in the README).
 
 The daemon binds the socket (so "port taken" or "no permission" is its own
 error, in its status and logs, and the port stays ours while a responder is
