@@ -13,7 +13,7 @@ and falls back to nice -10, then to nothing, saying which it got.
 
 Pipes, one JSON object a line, neither side ever waiting on the other:
 - stdin, from the daemon: {"policy": {...}} (core.admission.ResponderPolicy's
-  fields), at start and on every reload. End of file (the daemon is gone):
+  fields), at start (no request is read before it) and on every reload. End of file (the daemon is gone):
   exit at once, so a restarted daemon can bind the port again.
 - stdout, to the daemon: {"counters": {...}, "sched": "...", "pid": N} at
   start and at most every `STATUS_S` while they change. Written without
@@ -38,6 +38,7 @@ from dataclasses import asdict
 from linkpassd.adapters.echoresponder import EchoResponder, batch_buffers
 from linkpassd.core.admission import ResponderPolicy
 
+FIRST_POLICY_S = 10.0  # the daemon writes it as it starts us: waiting longer means it is stuck
 STATUS_S = 0.1  # counters reach the daemon at most this often (and this late)
 RT_PRIORITY = 1  # the lowest SCHED_FIFO priority: above every normal task, below the kernel's
 NICE = -10
@@ -94,6 +95,8 @@ class Child:
     def run(self) -> int:
         fd, ctl = self.sock.fileno(), sys.stdin.fileno()
         os.set_blocking(ctl, False)
+        if not self.first_policy(ctl):
+            return 0
         received, replies = batch_buffers()
         poller = select.poll()
         poller.register(fd, select.POLLIN)
@@ -110,6 +113,25 @@ class Child:
                 elif not self.read_control(ctl):
                     return 0  # the daemon is gone
             self.report()
+
+    def first_policy(self, ctl: int) -> bool:
+        """Wait (at most `FIRST_POLICY_S`) for the daemon's policy before
+        reading a request: requests queued meanwhile wait in the socket and
+        are judged by it, never refused by the empty policy we start with.
+        False: the daemon is gone or said nothing usable."""
+        deadline = time.monotonic() + FIRST_POLICY_S
+        poller = select.poll()
+        poller.register(ctl, select.POLLIN)
+        while self.policies == 0:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                print("linkpassd.responder: no policy from the daemon; exiting", file=sys.stderr,
+                      flush=True)
+                return False
+            poller.poll(int(left * 1000) + 1)
+            if not self.read_control(ctl):
+                return False
+        return True
 
     def read_control(self, ctl: int) -> bool:
         """The daemon's lines; False at end of file."""

@@ -43,6 +43,7 @@ from linkpassd.responder import policy_to_wire
 log = structlog.get_logger("linkpassd.responder")
 
 RESTART_S = (0.0, 0.1, 0.5, 2.0, 5.0)  # delay before the n-th restart in a row of young deaths
+# (the first at once: one SIGKILL or crash costs only a process start, ~0.2 s)
 YOUNG_S = 10.0  # a child that lived this long resets the backoff
 RETRY_BIND_S = 5.0  # a port we could not bind is tried again this often
 _MAX_LINE = 65536  # a longer line from the child is garbage: dropped
@@ -232,7 +233,7 @@ class ResponderProcess:
         code = proc.poll()  # exited: the pidfd said so; this does not wait
         lived = time.monotonic() - self._started_at
         self._young_deaths = self._young_deaths + 1 if lived < YOUNG_S else 0
-        delay = RESTART_S[min(self._young_deaths, len(RESTART_S) - 1)]
+        delay = RESTART_S[min(max(0, self._young_deaths - 1), len(RESTART_S) - 1)]
         self.restarts += 1
         why = (f"killed by {signal.Signals(-code).name}" if code is not None and code < 0
                else f"exit status {code}")
