@@ -39,6 +39,7 @@ from linkpassd.adapters.bfd import BfdAgent, BfdEvent, PeerSpec
 from linkpassd.adapters.control_server import ControlServer, ControlSocketError
 from linkpassd.adapters.echo import EchoService
 from linkpassd.adapters.instancelock import AlreadyRunning, InstanceLock
+from linkpassd.adapters.responderproc import ResponderProcess
 from linkpassd.adapters.kernel import (KernelAdapter, KernelOpError, KernelReadError,
                                        KernelReadTimeout, KernelSocketError)
 from linkpassd.adapters.links import LinkEvent, LinkMonitor, LinkSnapshot
@@ -152,6 +153,7 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         self.sensor: Sensor | None = None
         self.echo: EchoService | None = None
         self.echo_spec: EchoSpec | None = None
+        self.responder: ResponderProcess | None = None  # our echo responder, its own process
         self.early_probes: dict[str, dict[str, Assessment]] = {}  # before a port's first sample
         self.echo_logged: dict[str, str] = {}  # each port's last logged echo status
         self.watchdog = Watchdog.from_environment(clock)  # WatchdogSec= from systemd, if any
@@ -226,6 +228,8 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
             if self.echo is not None:
                 self._log_echo_counters("stopped")
                 self.echo.close()
+            if self.responder is not None:
+                self.responder.close()
             self.kernel.close()
             self.ipr.close()
 
@@ -522,13 +526,14 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
                      stall_max_ms=round(state.stall_max_s * 1e3, 1))
         log.info("echo_loop_lag", stalls=self.echo.lag.stalls,
                  max_lag_ms=round(self.echo.lag.max_lag_s * 1e3, 1), **self.echo.batching(),
-                 **({"responder_" + k: v for k, v in vars(self.echo.responder.counters).items()}
-                    if self.echo.responder is not None else {}))
+                 **({"responder_" + k: v for k, v in self.responder.tally().items()}
+                    if self.responder is not None else {}))
 
     def _sync_echo(self) -> None:
         """Run the echo service the config asks for: at start and on reload. A
         change of peers or timers starts it anew (paths begin as never up)."""
         spec = echo_spec(self.config, self.mesh_peers, self.mesh_probers)
+        self._sync_responder(spec)
         if spec == self.echo_spec:
             return
         if (self.echo is not None and spec is not None and self.echo_spec is not None
@@ -537,7 +542,6 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
             # Only peers or who may be answered changed: paths that stay keep
             # their probers (verdict, loss window), new ones start never up.
             self.echo.set_paths(spec.paths)
-            self.echo.set_responder_policy(spec.responder)
             self.echo_spec = spec
             log.info("echo_peers_changed", paths=len(spec.paths))
             return
@@ -552,12 +556,9 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
             return
         self.echo = EchoService(
             spec.paths, spec.probe, echo_port=spec.port, tos=spec.tos,
-            lag_period_s=spec.heartbeat_s, lag=self.looplag, responder_policy=spec.responder,
+            lag_period_s=spec.heartbeat_s, lag=self.looplag, respond=False,
             on_change=lambda path, _a: self.queue.put_nowait(EchoChange(path.port)))
         self.echo.start()
-        if self.echo.responder_error:
-            log.error("echo_responder_failed", error=self.echo.responder_error,
-                      note="probing goes on; binding is retried every second")
         taken = self.echo_port_problems()
         if taken:
             log.error("echo_port_taken", port=spec.port, detail=taken[0].detail,
@@ -568,6 +569,27 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
             log.warning("echo_responder_peers_only", peers=len(spec.responder.peers),
                         note="[probes] fabric_prefixes is empty: only configured probe_peers "
                              "get answers")
+
+    def _sync_responder(self, spec: EchoSpec | None) -> None:
+        """Our echo responder, a process of its own (adapters.responderproc):
+        started with probing, handed each new policy, replaced only when its
+        port changes. Nothing here waits on it: a reload never joins or
+        restarts a responder for a change of timers or peers."""
+        if spec is None:
+            if self.responder is not None:
+                log.info("echo_responder_stopped", **self.responder.tally())
+                self.responder.close()
+                self.responder = None
+            return
+        if self.responder is not None and self.responder.port == spec.port:
+            if self.responder.policy != spec.responder:
+                self.responder.set_policy(spec.responder)
+            return
+        if self.responder is not None:
+            log.info("echo_responder_stopped", **self.responder.tally())
+            self.responder.close()
+        self.responder = ResponderProcess(spec.port, policy=spec.responder)
+        self.responder.start()
 
     def _reset_signals(self, drop=(), restart=()) -> None:
         """Forget signals on every port (core.health.reset_signals): echo on a
@@ -896,10 +918,6 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     logs.configure(config.log_format, config.log_level)
-    # The echo responder answers on its own thread and needs the GIL for
-    # microseconds per reply; hand it over within 1 ms rather than 5, so a
-    # busy loop does not make our replies look like loss to our peers.
-    sys.setswitchinterval(0.001)
     daemon = Daemon(config, config_path)
     check_fd_limit(daemon, config)
     try:

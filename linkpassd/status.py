@@ -64,7 +64,7 @@ class StatusReport:
             last_error=self.last_error,
             sensors=self.sensors(),
             problems=self.problems(),
-            responder=self.echo.responder_counters() if self.echo is not None else None,
+            responder=self.responder.counters() if self.responder is not None else None,
             last_error_at=self.last_error_at,
             reconcile_failures=self.reconcile_failures,
             boot_id=self.events.boot_id,
@@ -80,6 +80,10 @@ class StatusReport:
                for f in sorted(self.failures.values(), key=lambda f: f.since)]
         out += [Problem("bfd", f"BFD session {name} on {spec.ifname}", error, since)
                 for name, (spec, error, since) in sorted(self.bfd_pending.items())]
+        r = self.responder
+        if r is not None and r.error:
+            out.append(Problem("responder", f"echo responder on UDP {r.port}", r.error,
+                               r.error_since or 0.0))
         out += list(self.state_problems.values())
         out += [Problem("foreign", f.description, f"protocol {f.protocol}, inside an owned range",
                         since) for f, since in self.foreign]
@@ -99,7 +103,7 @@ class StatusReport:
             return []
         if self.echo_port_taken_since is None:
             self.echo_port_taken_since = self.wallclock()
-        error = getattr(self.echo, "responder_error", "") if self.echo is not None else ""
+        error = self.responder.error if self.responder is not None else ""
         detail = ("another process holds it and receives the peers' probes: "
                   + ", ".join(h.describe() for h in others[:4]) + (f"; {error}" if error else ""))
         return [Problem("echo_port", f"echo responder UDP port {port}", detail, self.echo_port_taken_since)]

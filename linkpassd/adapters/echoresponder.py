@@ -113,6 +113,31 @@ def _cmsgs(ancdata) -> tuple[float | None, tuple[int, bytes] | None]:
     return rx, info
 
 
+def open_socket(port: int = ECHO_PORT, address: str = "0.0.0.0",
+                netns: str | None = None) -> socket.socket:
+    """The responder's socket, bound: kernel receive timestamps, IP_PKTINFO
+    (where each request was sent, to answer from there), a receive queue of
+    `_RESPONDER_RCVBUF`. Raises OSError (port taken, no permission)."""
+    sock = _udp_socket(netns)
+    try:
+        sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        try:  # beyond net.core.rmem_max needs CAP_NET_ADMIN, which the daemon has
+            sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, _RESPONDER_RCVBUF)
+        except PermissionError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RESPONDER_RCVBUF)
+        sock.bind((address, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def batch_buffers() -> tuple[mmsg.RecvBatch, mmsg.SendBatch]:
+    """The responder's preallocated receive and reply batches (adapters.mmsg)."""
+    return mmsg.RecvBatch(_BATCH, _SLOT, _CONTROL), mmsg.SendBatch(_BATCH, PACKET.size, pktinfo=True)
+
+
 # --------------------------------------------------------------------------
 # Responder
 # --------------------------------------------------------------------------
@@ -157,14 +182,15 @@ class EchoResponder:
     address): monotonic time}) is handed over at most every `_HANDOFF_S`."""
 
     def __init__(self, port: int = ECHO_PORT, address: str = "0.0.0.0", netns: str | None = None,
-                 policy: ResponderPolicy | None = None, on_heard: HeardCallback | None = None):
+                 policy: ResponderPolicy | None = None, on_heard: HeardCallback | None = None,
+                 responder_id: int | None = None):
         self.port = port
         self.address = address
         self.netns = netns
         self.policy = policy if policy is not None else ResponderPolicy()  # answers nobody
         self.limiter = SourceLimiter(*self.policy.limits)
         self.on_heard = on_heard
-        self.responder_id = _random_id()
+        self.responder_id = responder_id or _random_id()
         self.counters = ResponderTally()
         self.sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -183,19 +209,8 @@ class EchoResponder:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        sock = _udp_socket(self.netns)
-        try:
-            sock.setsockopt(socket.IPPROTO_IP, IP_PKTINFO, 1)
-            sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-            try:  # beyond net.core.rmem_max needs CAP_NET_ADMIN, which the daemon has
-                sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, _RESPONDER_RCVBUF)
-            except PermissionError:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RESPONDER_RCVBUF)
-            sock.bind((self.address, self.port))
-            sock.settimeout(_RESPONDER_WAKE_S)  # so close() is seen without a datagram
-        except BaseException:
-            sock.close()
-            raise
+        sock = open_socket(self.port, self.address, self.netns)
+        sock.settimeout(_RESPONDER_WAKE_S)  # so close() is seen without a datagram
         self.sock = sock
         self._stop.clear()
         self._thread = threading.Thread(target=self._serve, args=(sock,),
@@ -238,8 +253,7 @@ class EchoResponder:
         of two per request, and, since the prober sent them together, the
         replies reach it together too."""
         fd = sock.fileno()
-        received = mmsg.RecvBatch(_BATCH, _SLOT, _CONTROL)
-        replies = mmsg.SendBatch(_BATCH, PACKET.size, pktinfo=True)
+        received, replies = batch_buffers()
         poller = select.poll()
         poller.register(fd, select.POLLIN)
         wait_ms = int(_RESPONDER_WAKE_S * 1000)
@@ -251,25 +265,30 @@ class EchoResponder:
             if not ready:
                 self._hand_off(time.monotonic(), force=True)
                 continue
+            if not self.serve_batch(fd, received, replies) and self._stop.is_set():
+                return
+
+    def serve_batch(self, fd: int, received: mmsg.RecvBatch, replies: mmsg.SendBatch) -> bool:
+        """Read up to a batch of requests from `fd` (readable) and answer
+        them in one sendmmsg. False when the receive failed (counted)."""
+        try:
+            n = received.recv(fd)
+        except OSError:
+            self.counters.recv_errors += 1
+            return False
+        now = time.monotonic()
+        for i in range(n):
             try:
-                n = received.recv(fd)
-            except OSError:
-                if self._stop.is_set():
-                    return
-                self.counters.recv_errors += 1
-                continue
-            now = time.monotonic()
-            for i in range(n):
-                try:
-                    self._answer_slot(received, i, replies, now)
-                except Exception:  # noqa: BLE001 - nothing from outside may end the responder
-                    self.counters.malformed += 1
-            if replies.count:
-                queued = replies.count
-                failed = len(replies.send(fd))
-                self.counters.answered += queued - failed
-                self.counters.send_errors += failed
-            self._hand_off(now)
+                self._answer_slot(received, i, replies, now)
+            except Exception:  # noqa: BLE001 - nothing from outside may end the responder
+                self.counters.malformed += 1
+        if replies.count:
+            queued = replies.count
+            failed = len(replies.send(fd))
+            self.counters.answered += queued - failed
+            self.counters.send_errors += failed
+        self._hand_off(now)
+        return True
 
     def _answer_slot(self, batch: mmsg.RecvBatch, i: int, replies: mmsg.SendBatch,
                      now: float) -> None:
@@ -334,7 +353,7 @@ class EchoResponder:
             self.counters.ignored += 1
             return None
         self.counters.requests += 1
-        if not self.limiter.allow(source, now):
+        if not self.limiter.allow(source, fields[6], now):  # per (source, prober id)
             self.counters.rate_limited += 1
             return None
         return 0 if rx is None else min(max(0, round((time.time() - rx) * 1e6)), 2**32 - 1)

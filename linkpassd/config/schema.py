@@ -377,10 +377,12 @@ PROBES = Section(
                "answered only on rail addresses, never on loopback or management addresses.",
                (_each(IPV4_CIDR), UNIQUE)),
         Option("responder_rate_pps", FLOAT, 5000.0,
-               "Requests per second answered per source address (token bucket); more are "
-               "dropped and counted. One peer address probing us over 4 paths at 10 ms while "
-               "each confirms a loss with 1 ms probes sends at most 4 x (100 + 1000) = 4400 "
-               "per second, so the default never limits a peer.",
+               "Requests per second answered per source address and prober id (token "
+               "bucket; the id is the random one in every request, so a flood spoofing a "
+               "peer's address cannot use up its real prober's rate); more are dropped and "
+               "counted. One peer address probing us over 4 paths at 10 ms while each "
+               "confirms a loss with 1 ms probes sends at most 4 x (100 + 1000) = 4400 per "
+               "second, so the default never limits a peer.",
                (_between(1, 1e7),)),
         Option("responder_burst", INT, 1000,
                "Bucket size of `responder_rate_pps`: requests one source may send at once "

@@ -22,8 +22,8 @@ import time
 import pytest
 
 from labs.bench.carrier_failover import NO_DAMPENING, Watcher, quiet, wait_until
-from labs.daemonproc import DaemonProcess, rail_config_toml
-from labs.echopeer import NETNS_PEER
+from labs.daemonproc import DaemonProcess, assessment, rail_config_toml
+from labs.echopeer import NETNS_PEER, EchoPeerProcess
 from labs.netnslib import run, wait_for_sync
 from linkpassd.adapters.echo import ECHO_PORT, KIND_REQUEST, EchoPacket
 
@@ -227,4 +227,103 @@ def test_an_allowed_peer_is_answered_and_a_non_rail_address_is_not(flood_lab):
     assert c["answered"] - before.get("answered", 0) == 1, c
     assert c["refused_address"] - before.get("refused_address", 0) == 2, c
     assert c["refused_source"] - before.get("refused_source", 0) == 1, c
+    assert daemon.proc.poll() is None
+
+
+# --------------------------------------------------------------------------
+# A spoofed flood claiming a peer's address (issue 30, item 5)
+# --------------------------------------------------------------------------
+
+SPOOF_PPS, SPOOF_S = 40_000, 5.0
+SPOOF_MIN_PPS = 36_000  # below this the flood proves nothing: the test fails rather than pass softly
+
+# Runs in the flooder namespace, which holds the victim's address too: well-formed
+# requests from that address, `mode` "one" (one made-up prober id, as the
+# attack in issue 30) or "random" (a new id each), sendmmsg in batches, paced.
+SPOOF = r"""
+import json, random, socket, sys, time
+from linkpassd.adapters.echoresponder import KIND_REQUEST, MAGIC, PACKET, VERSION
+from linkpassd.adapters.mmsg import SendBatch
+src, dst, port, pps, seconds, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), \
+    float(sys.argv[4]), float(sys.argv[5]), sys.argv[6]
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((src, 0))
+batch, dst4, rng = SendBatch(64, PACKET.size), socket.inet_aton(dst), random.Random(5)
+sent = failed = seq = 0
+print(json.dumps({"event": "ready"}), flush=True)
+t0 = time.monotonic()
+while (now := time.monotonic()) < t0 + seconds:
+    due = min(64, int((now - t0) * pps) + 1 - sent - failed)
+    if due <= 0:
+        time.sleep(0.0005)
+        continue
+    for _ in range(due):
+        seq += 1
+        i = batch.add(dst4, port)
+        PACKET.pack_into(batch.payload, i * PACKET.size, MAGIC, VERSION, KIND_REQUEST, 0,
+                         seq & 0xFFFFFFFF, 0, 0x4C50 if mode == "one" else rng.getrandbits(64),
+                         0, 0)
+    n = batch.count
+    errors = len(batch.send(s.fileno()))
+    sent, failed = sent + n - errors, failed + errors
+print(json.dumps({"event": "done", "sent": sent, "failed": failed,
+                  "seconds": time.monotonic() - t0}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("ids", ["one", "random"])
+def test_a_flood_spoofing_a_hosts_address_does_not_starve_its_real_probes(lab, netns_factory,
+                                                                         echo_daemon, ids):
+    """40,000 requests a second for 5 s that claim host A's rail-0 address,
+    sent to A's echo peer B (the leaf's responder, limited to 5,000/s per
+    source by default). Before issue 30 the flood drained the address's one
+    bucket, B dropped A's real probes and A failed a healthy rail over. Now
+    B keeps a bucket per (source, prober id): A's path stays UP, rail 0's
+    traffic never moves, and B did refuse the flood."""
+    rail0 = lab.rails[0]
+    subprocess.run(["ip", "netns", "exec", lab.leaf.name, "sysctl", "-qw",
+                    "net.ipv4.ip_forward=1", "net.ipv4.conf.all.rp_filter=0",
+                    "net.ipv4.conf.default.rp_filter=0"], check=True, timeout=10)
+    flooder = netns_factory("s")
+    flooder.ip("link", "add", "lpflood0", "type", "veth", "peer", "name", "lpfl0",
+               "netns", lab.leaf.name)
+    flooder.ip("addr", "add", f"{FLOODER}/24", "dev", "lpflood0")
+    flooder.ip("addr", "add", f"{rail0.address}/32", "dev", "lo")  # the spoofed source
+    lab.leaf.ip("addr", "add", f"{FLOODER_GW}/24", "dev", "lpfl0")
+    flooder.ip("link", "set", "lpflood0", "up")
+    lab.leaf.ip("link", "set", "lpfl0", "up")
+    flooder.ip("route", "add", "default", "via", FLOODER_GW)
+    with EchoPeerProcess(lab.leaf.name, duration=60) as peer:
+        daemon = echo_daemon()
+        wait_for_sync(lambda: assessment(daemon.status(), rail0.port, "echo").get("status")
+                      == "ok", 5.0, "echo up on rail0")
+        time.sleep(1.0)  # the prober's id is known to B by now
+        proc = subprocess.Popen(
+            ["ip", "netns", "exec", flooder.name, sys.executable, "-c", SPOOF, rail0.address,
+             NETNS_PEER, str(ECHO_PORT), str(SPOOF_PPS), str(SPOOF_S), ids],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert '"ready"' in proc.stdout.readline(), proc.stderr.read()
+            seen, moved = set(), False
+            deadline = time.monotonic() + SPOOF_S + 1.0
+            while time.monotonic() < deadline and proc.poll() is None:
+                seen.add(assessment(daemon.status(), rail0.port, "echo").get("status"))
+                moved |= lab.host.route_nhid(RAIL0_TABLE) != NH0
+                time.sleep(0.02)
+            out, err = proc.communicate(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(5)
+        done = json.loads(next(x for x in out.splitlines() if '"done"' in x))
+        time.sleep(0.5)
+        seen.add(assessment(daemon.status(), rail0.port, "echo").get("status"))
+        counters = peer.stop()
+    rate = done["sent"] / done["seconds"]
+    print(f"\nspoofed flood ({ids} id): {done['sent']} sent at {rate:.0f}/s; B's responder "
+          f"{counters}; A's rail-0 echo status during it: {sorted(map(str, seen))}")
+    assert rate >= SPOOF_MIN_PPS, f"the flood reached only {rate:.0f} packets/s: not a flood"
+    assert counters is not None and counters["rate_limited"] >= 0.5 * done["sent"], counters
+    assert not moved, "rail 0's traffic moved: the flood failed a healthy path over"
+    assert seen <= {"ok", "suspect"}, seen
     assert daemon.proc.poll() is None

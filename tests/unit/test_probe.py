@@ -136,8 +136,10 @@ def test_the_responder_rate_limits_each_source_and_counts_it():
         r._answer(request(), on_rail, 0, ("198.18.0.2", 1))
     r._answer(request(), on_rail, 0, ("198.18.0.3", 1))  # another source has its own bucket
     c = r.counters
-    assert (c.answered, c.rate_limited, c.requests) == (4, 7, 11)
-    assert len(r.sock.sent) == 4  # one reply per answered request, never more
+    # The first request of a prober id: the unknown-id buckets; then its own
+    # bucket of 3 (core.admission).
+    assert (c.answered, c.rate_limited, c.requests) == (5, 6, 11)
+    assert len(r.sock.sent) == 5  # one reply per answered request, never more
 
 
 def test_the_responder_hands_what_it_heard_to_the_loop_in_batches():
