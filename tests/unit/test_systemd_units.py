@@ -44,6 +44,7 @@ def test_linkpassd_unit_essentials() -> None:
         "AmbientCapabilities=CAP_NET_ADMIN CAP_NET_RAW",
         "StateDirectory=linkpass",
         "SupplementaryGroups=linkpass",
+        "LimitRTPRIO=1",  # the responder's SCHED_FIFO 1 without CAP_SYS_NICE
     ):
         assert expected in lines
     # netlink must stay reachable whatever else is hardened
