@@ -14,7 +14,9 @@ the PID the caller holds is the command's):
   * each --writable DIR stays writable (systemd's StateDirectory=,
     RuntimeDirectory=, ReadWritePaths=): bound onto itself first, so it is
     its own mount and is not remounted;
-  * --private-tmp: a fresh tmpfs on /tmp and /var/tmp (PrivateTmp=).
+  * --private-tmp: a fresh tmpfs on /tmp and /var/tmp (PrivateTmp=); a
+    --keep DIR under them (the tree that stands in for the installed program,
+    e.g. a checkout in /tmp) is bound back, read-only, at its own path.
 
 Any mount that fails ends it with the mount's message, before the command runs.
 """
@@ -51,6 +53,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--writable", action="append", default=[])
     parser.add_argument("--private-tmp", action="store_true")
+    parser.add_argument("--keep", action="append", default=[])
     parser.add_argument("--protect-kernel-tunables", action="store_true")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
@@ -70,8 +73,18 @@ def main() -> None:
             continue
         mount("-o", "remount,bind,ro", point)
     if args.private_tmp:
-        for tmp in ("/tmp", "/var/tmp"):
+        tmps = ("/tmp", "/var/tmp")
+        kept = {}  # path -> an fd open on it before the tmpfs hides it
+        for path in dict.fromkeys(os.path.realpath(k) for k in args.keep):
+            if any(under(path, tmp) for tmp in tmps):
+                kept[path] = os.open(path, os.O_PATH | os.O_DIRECTORY)
+        for tmp in tmps:
             mount("-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "tmpfs", tmp)
+        for path, fd in kept.items():
+            os.makedirs(path, exist_ok=True)
+            mount("--bind", f"/proc/{os.getpid()}/fd/{fd}", path)
+            mount("-o", "remount,bind,ro", path)
+            os.close(fd)
     os.execvp(command[0], command)
 
 

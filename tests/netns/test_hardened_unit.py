@@ -121,6 +121,10 @@ class UnitSandbox:
             wrap += ["--writable", str(self.path(w))]
         if yes(one(s, "PrivateTmp", "no")):
             wrap.append("--private-tmp")
+            # The checkout and its venv stand in for /opt/linkpass: kept
+            # visible if they live under /tmp (a CI clone may).
+            for tree in (REPO, Path(sys.prefix), Path(sys.base_prefix)):
+                wrap += ["--keep", str(tree)]
         if yes(one(s, "ProtectKernelTunables", "no")):
             wrap.append("--protect-kernel-tunables")
         priv = ["setpriv", f"--bounding-set={setpriv_caps(words(s, 'CapabilityBoundingSet'))}",

@@ -133,7 +133,7 @@ def test_port_unreachable_reaches_the_path_it_was_for_through_the_error_queue(la
         responder.start()
         loop = asyncio.get_running_loop()
         rs = RailSocket(rail.port, rail.address, ECHO_PORT, netns=lab.host.name)
-        cfg = ProbeConfig(interval_s=0.010, timeout_s=0.005)
+        cfg = ProbeConfig(interval_s=0.010)
         probers = [EchoProber(p, cfg, rail=rs, netns=lab.host.name) for p in (answered, refused)]
         try:
             assert rs.open(loop), rs.error
