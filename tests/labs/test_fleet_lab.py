@@ -158,19 +158,19 @@ def absorbed_today(lab) -> int:
     return sum(day.failures_absorbed for day in summary.days)
 
 
-def rail_path_events(lab) -> list[tuple[str, int, str, dict[str, str]]]:
-    """Every rail path event the aggregator holds: (host, seq, message, fields)."""
+def rail_path_events(lab) -> list[tuple[str, int, str, str, dict[str, str]]]:
+    """Every rail path event the aggregator holds: (host, seq, message, rail, fields)."""
     with lab.aggregator.channel() as channel:
         events = fleet_pb2_grpc.FleetServiceStub(channel).ListFleetEvents(
             fleet_pb2.ListFleetEventsRequest(kind=control_pb2.EVENT_KIND_RAIL_PATH), timeout=10)
-    return [(fe.host_id, fe.event.seq, fe.event.message, dict(fe.event.fields))
+    return [(fe.host_id, fe.event.seq, fe.event.message, fe.event.rail, dict(fe.event.fields))
             for fe in events.events]
 
 
 def failovers(events) -> list[str]:
     """The events that put a rail on a path other than its own."""
-    return [f"{host} seq {seq}: {message} {fields}" for host, seq, message, fields in events
-            if fields.get("path") != fields.get("rail")]
+    return [f"{host} seq {seq}: {message} {fields}" for host, seq, message, rail, fields in events
+            if fields.get("path") != rail]
 
 
 def routed_dev(lab, host: str, dst: str, src: str) -> str | None:

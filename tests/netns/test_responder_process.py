@@ -97,8 +97,11 @@ def test_replies_stay_prompt_while_the_daemons_python_is_blocked(pair):
     assert min(slices) >= 0.2, "the test must hold the lock for 200 ms at a time"
     assert result["lost"] == 0, result["lost"]
     # A responder that waited on the daemon would hold requests 200 ms and more.
+    # The subject is the responder's own hold; the round trip also holds the
+    # test's prober (another Python process on these 2 cores), so its bounds
+    # only say every reply came well inside a peer's 30 ms tolerance.
     assert held < 5_000, f"the responder held a request {held} µs while the daemon was blocked"
-    assert p99 < 2_000, f"round trip p99 {p99:.0f} µs while the daemon was blocked"
+    assert p99 < 5_000, f"round trip p99 {p99:.0f} µs while the daemon was blocked"
     assert worst < 20_000, f"a round trip of {worst:.0f} µs while the daemon was blocked"
     assert counters.answered >= 0.9 * result["sent"]
 
