@@ -264,6 +264,26 @@ def _request(methods: dict) -> st.SearchStrategy:
                        for name, cls in methods.items()])
 
 
+def _call(ch: grpc.Channel, service: str, name: str, request, unary: bool) -> tuple:  # noqa: ANN001
+    """One fuzzed call, raw bytes or a message: its status code and details
+    (a stream is read for at most three messages, then cancelled)."""
+    wire = request if isinstance(request, bytes) else request.SerializeToString()
+    method = f"/linkpass.v1.{service}/{name}"
+    try:
+        if unary:
+            _raw(ch, method, False, False)(wire, timeout=CALL_TIMEOUT_S)
+        else:
+            stream = _raw(ch, method, False, True)(wire, timeout=1.0)
+            try:
+                for _ in zip(range(3), stream):
+                    pass
+            finally:
+                stream.cancel()
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details() or ""
+    return grpc.StatusCode.OK, ""
+
+
 def test_fuzz_the_fleet_api(aggregator) -> None:  # noqa: ANN001
     server, ch, lt = aggregator
     seen: collections.Counter[str] = collections.Counter()
@@ -272,21 +292,7 @@ def test_fuzz_the_fleet_api(aggregator) -> None:  # noqa: ANN001
     @given(_request({**FLEET_UNARY, **FLEET_STREAMS}))
     def body(call: tuple) -> None:
         name, request = call
-        wire = request if isinstance(request, bytes) else request.SerializeToString()
-        method = f"/linkpass.v1.FleetService/{name}"
-        code, details = grpc.StatusCode.OK, ""
-        try:
-            if name in FLEET_UNARY:
-                _raw(ch, method, False, False)(wire, timeout=CALL_TIMEOUT_S)
-            else:
-                stream = _raw(ch, method, False, True)(wire, timeout=1.0)
-                try:
-                    for _ in zip(range(3), stream):
-                        pass
-                finally:
-                    stream.cancel()
-        except grpc.RpcError as exc:
-            code, details = exc.code(), exc.details() or ""
+        code, details = _call(ch, "FleetService", name, request, name in FLEET_UNARY)
         seen[f"{name}:{code.name}"] += 1
         if name in FLEET_UNARY:
             assert code != grpc.StatusCode.DEADLINE_EXCEEDED, f"{name} hung on {request!r}"
@@ -367,21 +373,7 @@ def test_fuzz_the_control_api(control: Path) -> None:
         @given(_request({**CONTROL_UNARY, **CONTROL_STREAMS}))
         def body(call: tuple) -> None:
             name, request = call
-            wire = request if isinstance(request, bytes) else request.SerializeToString()
-            method = f"/linkpass.v1.ControlService/{name}"
-            code, details = grpc.StatusCode.OK, ""
-            try:
-                if name in CONTROL_UNARY:
-                    _raw(ch, method, False, False)(wire, timeout=CALL_TIMEOUT_S)
-                else:
-                    stream = _raw(ch, method, False, True)(wire, timeout=1.0)
-                    try:
-                        for _ in zip(range(3), stream):
-                            pass
-                    finally:
-                        stream.cancel()
-            except grpc.RpcError as exc:
-                code, details = exc.code(), exc.details() or ""
+            code, details = _call(ch, "ControlService", name, request, name in CONTROL_UNARY)
             seen[f"{name}:{code.name}"] += 1
             if name in CONTROL_UNARY:
                 assert code != grpc.StatusCode.DEADLINE_EXCEEDED, f"{name} hung on {request!r}"

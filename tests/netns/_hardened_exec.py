@@ -75,14 +75,16 @@ def main() -> None:
     if args.private_tmp:
         tmps = ("/tmp", "/var/tmp")
         kept = {}  # path -> an fd open on it before the tmpfs hides it
-        for path in dict.fromkeys(os.path.realpath(k) for k in args.keep):
-            if any(under(path, tmp) for tmp in tmps):
+        wanted = [p for p in dict.fromkeys(os.path.realpath(k) for k in args.keep)
+                  if any(under(p, tmp) for tmp in tmps)]
+        for path in wanted:  # the outermost only: a bind brings what is below it
+            if not any(other != path and under(path, other) for other in wanted):
                 kept[path] = os.open(path, os.O_PATH | os.O_DIRECTORY)
         for tmp in tmps:
             mount("-t", "tmpfs", "-o", "mode=1777,nosuid,nodev", "tmpfs", tmp)
         for path, fd in kept.items():
             os.makedirs(path, exist_ok=True)
-            mount("--bind", f"/proc/{os.getpid()}/fd/{fd}", path)
+            mount("--no-canonicalize", "--bind", f"/proc/{os.getpid()}/fd/{fd}", path)
             mount("-o", "remount,bind,ro", path)
             os.close(fd)
     os.execvp(command[0], command)
