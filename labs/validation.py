@@ -126,5 +126,7 @@ def findings(report: dict) -> list[dict]:
 
 
 def summary(report: dict) -> str:
+    """Each finding with its evidence: a failed assertion shows why."""
     return "\n".join(f"{f.get('kind')}: {f.get('component')} ({f.get('confidence')})"
+                     + "".join(f"\n    {e}" for e in f.get("evidence", []))
                      for f in findings(report)) or "no findings"

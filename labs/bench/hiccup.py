@@ -591,7 +591,18 @@ def main(argv: list[str] | None = None) -> int:
                         help="an echo detection option for linkpassd (repeatable)")
     parser.add_argument("--label", default="run", help="results/hiccup-LABEL.{json,png}")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--merge", metavar="LABEL,...",
+                        help="no lab: join the results of earlier runs (same trials and "
+                             "options, each run with its mechanisms side by side) into "
+                             "hiccup-LABEL")
     args = parser.parse_args(argv)
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.label):
+        parser.error(f"--label must be letters, digits, '.', '_' or '-', got {args.label!r}")
+    if args.merge:
+        try:
+            return merge([p for p in args.merge.split(",") if p], args.label)
+        except ValueError as exc:
+            parser.error(str(exc))
     mechanisms = [m for m in args.mechanisms.split(",") if m]
     if bad := [m for m in mechanisms if m not in MECHANISMS]:
         parser.error(f"unknown mechanism {', '.join(bad)} (known: {', '.join(MECHANISMS)})")
@@ -604,14 +615,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("nothing to run: give at least one fault and one mechanism")
     if not 1 <= args.trials <= MAX_TRIALS:
         parser.error(f"--trials must be 1..{MAX_TRIALS}, got {args.trials}")
-    if not re.fullmatch(r"[A-Za-z0-9_.-]+", args.label):
-        parser.error(f"--label must be letters, digits, '.', '_' or '-', got {args.label!r}")
     section = echo_section()
     if echo_opts:
         check_echo_opts(echo_opts, section, parser)
 
     rng = random.Random(args.seed)
     started = time.monotonic()
+    load_before = os.getloadavg()
     import tempfile
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="lp-hiccup-") as work:
@@ -633,15 +643,70 @@ def main(argv: list[str] | None = None) -> int:
         "constants": {"lead_s": LEAD_S, "move_window_s": MOVE_WINDOW_S, "load_s": LOAD_S,
                       "reload_every_s": RELOAD_EVERY_S, "blackhole_ms": BLACKHOLE_MS,
                       "flow_pps": 1000},
-        "elapsed_s": time.monotonic() - started, "summary": summary, "rows": rows},
+        "elapsed_s": time.monotonic() - started,
+        # the machine's load average (1, 5, 15 min) as the run started and ended:
+        # other work on a shared machine is part of the conditions
+        "loadavg": {"start": load_before, "end": os.getloadavg()},
+        "summary": summary, "rows": rows},
         indent=2, default=str))
-    opts = " ".join(f"{k}={v}" for k, v in echo_opts.items()) or "defaults"
-    plot(summary, mechanisms, names, out.with_suffix(".png"),
-         f"hiccup-{args.label}: moved off the path, {args.trials} trials each "
-         f"(linkpassd echo: {opts})")
-    print(f"\nmoved/trials (either host moved its rail-0 traffic); blackhole: median blackout\n"
-          + table(summary, mechanisms, names))
+    report(out, summary, mechanisms, names, args.trials, echo_opts)
     print(f"\nwrote {out}.json and .png in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+def report(out: Path, summary: dict, mechanisms: list[str], faults: list[str], trials: int,
+           echo_opts: dict) -> None:
+    opts = " ".join(f"{k}={v}" for k, v in echo_opts.items()) or "defaults"
+    plot(summary, mechanisms, faults, out.with_suffix(".png"),
+         f"{out.name}: moved off the path, {trials} trials each (linkpassd echo: {opts})")
+    print("\nmoved/trials (either host moved its rail-0 traffic); blackhole: median blackout\n"
+          + table(summary, mechanisms, faults))
+
+
+def merge(labels: list[str], label: str) -> int:
+    """One result from runs that each compared the same mechanisms side by
+    side on some of the faults (a long grid run in parts, so that the lab is
+    not held for an hour): their rows joined, summarised and drawn again.
+    The parts must agree on trials, mechanisms and options; a fault in two
+    parts is refused (which trials would count?)."""
+    parts = []
+    for name in labels:
+        path = RESULTS / f"hiccup-{name}.json"
+        try:
+            parts.append(json.loads(path.read_text()))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path}: {exc}") from exc
+    if not parts:
+        raise ValueError("--merge names no run")
+    first = parts[0]
+    for key in ("trials_per_cell", "mechanisms", "echo_opts", "echo_section"):
+        for name, part in zip(labels, parts):
+            if part.get(key) != first.get(key):
+                raise ValueError(f"hiccup-{name}: {key} {part.get(key)!r} differs from "
+                                 f"hiccup-{labels[0]}'s {first.get(key)!r}")
+    faults: list[dict] = []
+    for name, part in zip(labels, parts):
+        for fault in part["faults"]:
+            if any(f["name"] == fault["name"] for f in faults):
+                raise ValueError(f"hiccup-{name}: fault {fault['name']} is in two parts")
+            faults.append(fault)
+    rows = [row for part in parts for row in part["rows"]]
+    summary = summarise(rows)
+    mechanisms = list(first["mechanisms"])
+    order = {name: i for i, name in enumerate(FAULTS)}
+    names = sorted((f["name"] for f in faults), key=lambda n: order.get(n, len(order)))
+    out = RESULTS / f"hiccup-{label}"
+    out.with_suffix(".json").write_text(json.dumps({
+        **{k: v for k, v in first.items() if k not in ("rows", "summary", "faults", "label",
+                                                      "elapsed_s", "loadavg", "seed")},
+        "label": label, "faults": sorted(faults, key=lambda f: order.get(f["name"], len(order))),
+        "parts": [{"label": name, "faults": [f["name"] for f in part["faults"]],
+                   "seed": part.get("seed"), "elapsed_s": part.get("elapsed_s"),
+                   "loadavg": part.get("loadavg")} for name, part in zip(labels, parts)],
+        "elapsed_s": sum(p.get("elapsed_s") or 0 for p in parts),
+        "summary": summary, "rows": rows}, indent=2, default=str))
+    report(out, summary, mechanisms, names, first["trials_per_cell"], first["echo_opts"])
+    print(f"\nwrote {out}.json and .png from {len(parts)} runs")
     return 0
 
 

@@ -3,11 +3,13 @@ options into the daemon's config, and the aggregation of trial rows."""
 
 from __future__ import annotations
 
+import json
 import random
 import tomllib
 
 import pytest
 
+import labs.bench.hiccup as hiccup
 from labs.bench.hiccup import (
     FAULTS,
     FaultSpec,
@@ -105,3 +107,51 @@ def test_summary_counts_moves_blackouts_and_errors_per_cell():
     assert b["kind"] == "blackhole" and b["size_ms"] == 1000
     text = table(s, ["linkpassd-10", "bfd-10"], ["outage-20", "blackhole"])
     assert "2/3 e1" in text and "3/3 101ms" in text and "0/1" in text
+
+
+def _part(results, label, faults, rows, trials=10, opts=None):
+    doc = {"bench": "hiccup", "label": label, "trials_per_cell": trials, "seed": 1,
+           "mechanisms": {"linkpassd-10": {"kind": "linkpassd", "interval_ms": 10},
+                          "bfd-10": {"kind": "frr-bgp", "interval_ms": 10}},
+           "echo_section": "probes", "echo_opts": opts or {},
+           "faults": [{"name": f} for f in faults], "elapsed_s": 60.0,
+           "loadavg": {"start": [1, 1, 1], "end": [2, 2, 2]}, "summary": {}, "rows": rows}
+    (results / f"hiccup-{label}.json").write_text(json.dumps(doc))
+
+
+def test_runs_in_parts_merge_into_one_result(tmp_path, monkeypatch):
+    monkeypatch.setattr(hiccup, "RESULTS", tmp_path)
+    monkeypatch.setattr(hiccup, "plot", lambda *a, **k: (tmp_path / "drawn").write_text("x"))
+    _part(tmp_path, "a", ["blackhole"], [_row("bfd-10", "blackhole", 0, {"after_ms": 90.0}, 100.0)])
+    _part(tmp_path, "b", ["outage-20"], [_row("linkpassd-10", "outage-20", 0),
+                                         _row("bfd-10", "outage-20", 0, {"after_ms": 40.0})])
+    assert hiccup.main(["--merge", "a,b", "--label", "ab"]) == 0
+    out = json.loads((tmp_path / "hiccup-ab.json").read_text())
+    assert [f["name"] for f in out["faults"]] == ["outage-20", "blackhole"]  # the grid's order
+    assert out["summary"]["bfd-10|outage-20"]["moved"] == 1
+    assert out["summary"]["bfd-10|blackhole"]["blackout_ms"]["median_ms"] == 100.0
+    assert [p["label"] for p in out["parts"]] == ["a", "b"] and out["elapsed_s"] == 120.0
+    assert (tmp_path / "drawn").exists()
+
+
+@pytest.mark.parametrize("second, why", [
+    ({"faults": ["blackhole"]}, "fault blackhole is in two parts"),
+    ({"faults": ["outage-20"], "trials": 5}, "trials_per_cell 5 differs"),
+    ({"faults": ["outage-20"], "opts": {"tolerance_ms": 50}}, "echo_opts"),
+])
+def test_parts_that_do_not_belong_together_are_refused_by_name(tmp_path, monkeypatch, capsys,
+                                                                second, why):
+    monkeypatch.setattr(hiccup, "RESULTS", tmp_path)
+    _part(tmp_path, "a", ["blackhole"], [])
+    _part(tmp_path, "b", second["faults"], [], second.get("trials", 10), second.get("opts"))
+    with pytest.raises(SystemExit):
+        hiccup.main(["--merge", "a,b", "--label", "ab"])
+    assert why in capsys.readouterr().err
+    assert not (tmp_path / "hiccup-ab.json").exists()
+
+
+def test_a_missing_part_is_named(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(hiccup, "RESULTS", tmp_path)
+    with pytest.raises(SystemExit):
+        hiccup.main(["--merge", "nope", "--label", "x"])
+    assert "hiccup-nope.json" in capsys.readouterr().err
