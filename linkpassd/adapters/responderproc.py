@@ -5,7 +5,7 @@ the daemon's interpreter lock, so a daemon busy for 16 ms (a reload, a burst
 of events, a long C call holding the lock) made its replies 16 ms late, and
 its peers' probers saw a dead path. Measured side by side in
 labs/bench/responder_hold.py (results/responder_hold-thread-vs-process.json,
-summed up in the README).
+summed up in docs/health.md).
 
 The daemon binds the socket (so "port taken" or "no permission" is its own
 error, in its status and logs, and the port stays ours while a responder is

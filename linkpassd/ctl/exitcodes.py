@@ -21,7 +21,7 @@ back to the static NIC list" (3, 6) from "every NIC is bad, do not start" (7);
 a drain script must tell "you are not root" (4) from "typo in the port name"
 (5) from "bad --for" (2); a hand-over script must tell "the cluster has a
 fault" (8) from "the validation could not run" (1-4). 2 is click's own code
-for usage errors, so it is kept. The table above is the one README.md and `linkpassctl --help` show
+for usage errors, so it is kept. The table above is the one docs/operating.md and `linkpassctl --help` show
 (`EPILOG` renders it).
 """
 

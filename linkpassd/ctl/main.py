@@ -291,7 +291,7 @@ PROG_NAME = "linkpassctl"
 @cli.command()
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell: str) -> None:
-    """Print the completion script for SHELL (install: see README, e.g.
+    """Print the completion script for SHELL (install: see docs/operating.md, e.g.
     `linkpassctl completion bash > /etc/bash_completion.d/linkpassctl`).
 
     click's own machinery: the script calls `linkpassctl` back with

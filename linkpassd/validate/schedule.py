@@ -31,7 +31,7 @@ RATE_PPS = 10.0  # low-rate phase per target: loss and RTT percentiles without l
 BURST_PPS = 500.0  # burst phase per target, at most (echo responders allow 5,000/s per source)
 # Probes sent + answered per host per second. The validation prober and the
 # echo responder are Python: ~35-60 us of CPU per probe measured on this
-# project's 2-core VM (README, probe_scale), so 10,000/s is about half a core.
+# project's 2-core VM (docs/measured.md, probe_scale), so 10,000/s is about half a core.
 HOST_BUDGET_PPS = 10_000.0
 TARGET_RESOLUTION = 0.001  # random loss per host port the burst should resolve
 MIN_BURST_S = 2.0

@@ -26,7 +26,7 @@ NH1 = 1_000_101
 RAIL0_TABLE = 10100
 METRICS_PORT = 9469
 FLOOD = 300
-FAILOVER_S = 1.0  # a carrier failover takes milliseconds (README); 1 s bounds it with room for a busy CI
+FAILOVER_S = 1.0  # a carrier failover takes milliseconds (docs/measured.md); 1 s bounds it with room for a busy CI
 # Opens FLOOD connections to the metrics endpoint from inside the namespace and holds them.
 _HOLD = ("import socket, sys, time\n"
          "socks = []\n"
