@@ -432,6 +432,9 @@ class Cell:
         finally:
             self._release_load(load)
         report = flow.report()
+        if report.get("blackout") is None:  # fewer than two packets arrived: nothing measured
+            raise RuntimeError(f"the {src}->{dst} flow delivered {report.get('received')} of "
+                               f"{report.get('sent')} packets: no gap to measure")
         end = stamps["cleared_at"] + MOVE_WINDOW_S
         moves = {}
         for host, watch in self.watches.items():
