@@ -12,6 +12,7 @@ Pure: the daemon's adapters write the file and give the times.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -292,6 +293,99 @@ def nccl_env_refusal(doc: HealthDoc) -> str | None:
                            for row in doc.ports if row.rdma_device)
         return f"no usable RDMA port on {doc.hostname}: {detail}"
     return None
+
+
+# --------------------------------------------------------------------------
+# NCCL port failover (linkpassctl nccl-env --port-failover)
+# --------------------------------------------------------------------------
+
+# The first NCCL release with NET/IB port failover: v2.29.7-1 is the first
+# tag that has src/transport/net_ib/p2p_resiliency.cc (v2.29.3-1 has none).
+PORT_FAILOVER_SINCE = (2, 29, 7)
+# Devices one NCCL_NET_FORCE_MERGE group may hold: NCCL_NET_MAX_DEVS_PER_NIC
+# is 4 in 2.29 and for net plugins before API v12; 2.30 raised it to 8 for
+# v12 plugins.  4 holds for every version that has failover.
+MERGE_MAX = 4
+DEFAULT_MERGE_SIZE = 2
+
+# "2.29.7", "v2.29.7-1" (a release tag), "2.29.7+cuda12.9" (what NCCL prints
+# at init: "NCCL version 2.29.7+cuda12.9").
+_NCCL_VERSION = re.compile(r"v?(\d{1,4})\.(\d{1,4})\.(\d{1,4})(?:-\d{1,4})?(?:\+[A-Za-z0-9.]{1,40})?")
+
+
+def parse_nccl_version(text: str) -> tuple[int, int, int]:
+    """(major, minor, patch) of an NCCL version as NCCL or its release tags
+    write it; ValueError naming `text` for anything else."""
+    match = _NCCL_VERSION.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{text[:60]!r} is not an NCCL version (expected MAJOR.MINOR.PATCH, "
+                         "e.g. 2.29.7, 2.29.7-1 or 2.29.7+cuda12.9)")
+    major, minor, patch = (int(part) for part in match.groups())
+    return major, minor, patch
+
+
+def port_failover_refusal(version: tuple[int, int, int]) -> str | None:
+    """Why NCCL `version` cannot fail a port over (None when it can)."""
+    if version >= PORT_FAILOVER_SINCE:
+        return None
+    since = ".".join(map(str, PORT_FAILOVER_SINCE))
+    return (f"NCCL {'.'.join(map(str, version))} has no port failover (NET/IB port failover "
+            f"came in NCCL {since}); start the job without --port-failover")
+
+
+def merge_groups(doc: HealthDoc, size: int = DEFAULT_MERGE_SIZE) -> list[list[str]]:
+    """The usable RDMA ports as NCCL_NET_FORCE_MERGE groups (`device:port`).
+
+    NCCL fails a queue pair over only to another device of the same merged
+    (virtual) NIC, so the ports must be merged to protect each other.  The
+    groups are cut from *all* the host's RDMA ports in rail order, `size` at a
+    time, and only then are the unusable ports taken out: hosts with the same
+    rails get the same groups whatever their health, and a bad port leaves
+    its group rather than shifting every later group by one.  A group left
+    with fewer than two usable ports is left out (NCCL makes no merged NIC of
+    one device; such a port cannot fail over).
+    """
+    if not 2 <= size <= MERGE_MAX:
+        raise ValueError(f"merge size must be 2 to {MERGE_MAX}, not {size}")
+    all_ports = _unique([f"{row.rdma_device}:{row.rdma_port}" for row in doc.ports if row.rdma_device])
+    usable = {f"{row.rdma_device}:{row.rdma_port}" for row in doc.ports if row.usable and row.rdma_device}
+    chunks = [all_ports[i:i + size] for i in range(0, len(all_ports), size)]
+    groups = [[port for port in chunk if port in usable] for chunk in chunks]
+    return [group for group in groups if len(group) >= 2]
+
+
+def port_failover_env(doc: HealthDoc, size: int = DEFAULT_MERGE_SIZE) -> tuple[dict[str, str], list[str]]:
+    """What NCCL 2.29.7 and later needs, on top of `nccl_env`, to fail a port
+    over to another port of this host: NCCL_IB_RESILIENCY_PORT_FAILOVER=1 (off
+    by default) and NCCL_NET_FORCE_MERGE with the usable ports grouped by
+    `merge_groups`.  The syntax (NCCL's src/graph/topo.cc, ncclTopoForceMerge):
+    groups separated by `;`, devices by `,`, each `device[:port]`, always
+    matched exactly (no leading `=`), and every device of a group must exist
+    or NCCL's init fails: so no unusable port is ever named.
+
+    Returns the variables and notes for the person or log (a port that
+    cannot fail over, say).  Nothing when the host has no usable RDMA port
+    (`nccl_env` refuses that host anyway) or no RDMA port at all: port
+    failover is a NET/IB feature.
+    """
+    notes: list[str] = []
+    usable = _unique([f"{row.rdma_device}:{row.rdma_port}" for row in doc.ports
+                      if row.usable and row.rdma_device])
+    if not usable:
+        if not any(row.rdma_device for row in doc.ports):
+            notes.append(f"no RDMA port on {doc.hostname}: port failover is a NET/IB feature, "
+                         "nothing added")
+        return {}, notes
+    groups = merge_groups(doc, size)
+    env = {"NCCL_IB_RESILIENCY_PORT_FAILOVER": "1"}
+    if groups:
+        env["NCCL_NET_FORCE_MERGE"] = ";".join(",".join(group) for group in groups)
+    merged = {port for group in groups for port in group}
+    alone = [port for port in usable if port not in merged]
+    if alone:
+        notes.append(f"no failover for {', '.join(alone)}: no other usable port in its merge group "
+                     f"(groups of {size} in rail order)")
+    return env, notes
 
 
 def _state_text(row: PortHealthRow) -> str:

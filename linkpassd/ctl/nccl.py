@@ -52,6 +52,22 @@ def pid_alive(pid: int) -> bool | None:
     return True
 
 
+def _failover_version(ctx: click.Context, param: click.Parameter,
+                      value: str | None) -> tuple[int, int, int] | None:
+    """--port-failover's NCCL version, checked before anything is read: a
+    malformed version or one without port failover is a usage error naming it."""
+    if value is None:
+        return None
+    try:
+        version = healthdoc.parse_nccl_version(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+    refusal = healthdoc.port_failover_refusal(version)
+    if refusal is not None:
+        raise click.BadParameter(refusal, ctx=ctx, param=param)
+    return version
+
+
 def render(env: dict[str, str], doc: healthdoc.HealthDoc, fmt: str) -> str:
     """The variables as `NAME=value` lines, `export NAME=value` lines (shell-quoted),
     or one JSON object with the document they came from."""
@@ -74,15 +90,33 @@ def render(env: dict[str, str], doc: healthdoc.HealthDoc, fmt: str) -> str:
               help="Do not check that the daemon's pid is alive; the file's valid_until still "
                    "applies.  (Skipped by itself when this process is in another PID namespace "
                    "than the daemon, or the file does not say which.)")
-def nccl_env(path: str, fmt: str, no_pid_check: bool) -> None:
+@click.option("--port-failover", "failover_version", metavar="NCCL_VERSION",
+              callback=_failover_version,
+              help="Also print what NCCL's port failover needs (NCCL_IB_RESILIENCY_PORT_FAILOVER=1 "
+                   "and NCCL_NET_FORCE_MERGE over the usable ports), for the NCCL version the job "
+                   "runs (2.29.7 or later; an older one is refused).")
+@click.option("--merge-size", type=click.IntRange(2, healthdoc.MERGE_MAX),
+              default=healthdoc.DEFAULT_MERGE_SIZE, show_default=True,
+              help="With --port-failover: ports per merged NIC, cut in rail order. A port fails "
+                   "over only to another port of its group.")
+def nccl_env(path: str, fmt: str, no_pid_check: bool,
+             failover_version: tuple[int, int, int] | None, merge_size: int) -> None:
     """NCCL_IB_HCA and NCCL_SOCKET_IFNAME naming only this host's usable ports.
 
     Exact-match syntax (a leading '='), in rail order, e.g.
     NCCL_IB_HCA==mlx5_0:1,mlx5_3:1 and NCCL_SOCKET_IFNAME==eth0,eth3.
     Use before starting a job: eval "$(linkpassctl nccl-env --format export)".
+    With --port-failover 2.29.7 (the job's NCCL version), also
+    NCCL_IB_RESILIENCY_PORT_FAILOVER=1 and NCCL_NET_FORCE_MERGE merging the
+    usable RDMA ports in groups of --merge-size; notes go to stderr.
     Exits 6 when the health file is missing, unreadable or stale (linkpassd gone),
-    7 when no port is usable (stdout stays empty).
+    7 when no port is usable (stdout stays empty), 2 on a bad option, including
+    a malformed NCCL version or one older than 2.29.7.
     """
+    ctx = click.get_current_context()
+    if failover_version is None and \
+            ctx.get_parameter_source("merge_size") is not click.core.ParameterSource.DEFAULT:
+        raise click.UsageError("--merge-size applies only with --port-failover", ctx=ctx)
     try:
         doc = HealthFile(path).read()
     except HealthFileError as exc:
@@ -97,4 +131,10 @@ def nccl_env(path: str, fmt: str, no_pid_check: bool) -> None:
     env = healthdoc.nccl_env(doc)
     if not env:
         raise NcclEnvError(healthdoc.nccl_env_refusal(doc) or "no usable port", ExitCode.NO_USABLE)
+    notes: list[str] = []
+    if failover_version is not None:
+        extra, notes = healthdoc.port_failover_env(doc, merge_size)
+        env.update(extra)
     terminal.echo(render(env, doc, fmt))
+    for note in notes:
+        terminal.echo(f"linkpassctl: nccl-env: note: {note}", err=True)

@@ -284,3 +284,107 @@ def test_a_port_shared_by_two_rails_is_listed_once():
 def test_no_ports_at_all_is_refused():
     assert healthdoc.nccl_env(doc_of()) == {}
     assert healthdoc.nccl_env_refusal(doc_of()) == "no usable port on gpu17: no rail ports"
+
+
+# ---------------------------------------------------------------- port failover (NCCL 2.29.7+)
+
+
+def rdma_rows(*verdicts):
+    """One RDMA port per verdict, ethN on mlx5_N:1, in rail order."""
+    return [row(f"eth{i}", v, device=f"mlx5_{i}", number=1) for i, v in enumerate(verdicts)]
+
+
+@pytest.mark.parametrize("text, version", [
+    ("2.29.7", (2, 29, 7)), ("2.30.3-1", (2, 30, 3)), ("v2.29.7-1", (2, 29, 7)),
+    ("2.29.7+cuda12.9", (2, 29, 7)), ("3.0.0", (3, 0, 0))])
+def test_nccl_versions_as_nccl_and_its_tags_write_them_are_read(text, version):
+    assert healthdoc.parse_nccl_version(text) == version
+
+
+@pytest.mark.parametrize("text", ["2.29", "2.29.x", "", "latest", "2.29.7.1", " 2.29.7", "2.29.7-rc1",
+                                  "2..7", "2.29.7;rm -rf /"])
+def test_a_malformed_nccl_version_is_refused_naming_it(text):
+    with pytest.raises(ValueError) as err:
+        healthdoc.parse_nccl_version(text)
+    assert repr(text) in str(err.value) and "not an NCCL version" in str(err.value)
+
+
+@pytest.mark.parametrize("version, refused", [
+    ((2, 29, 6), True), ((2, 29, 3), True), ((2, 28, 9), True), ((1, 99, 99), True),
+    ((2, 29, 7), False), ((2, 30, 0), False), ((3, 0, 0), False)])
+def test_port_failover_is_refused_before_nccl_2_29_7_naming_the_version(version, refused):
+    why = healthdoc.port_failover_refusal(version)
+    assert (why is not None) == refused
+    if refused:
+        assert why.startswith(f"NCCL {'.'.join(map(str, version))} has no port failover")
+        assert "2.29.7" in why
+
+
+def test_port_failover_merges_the_usable_ports_in_pairs_in_rail_order():
+    doc = doc_of(*rdma_rows(Verdict.UP, Verdict.UP, Verdict.UP, Verdict.UP))
+    env, notes = healthdoc.port_failover_env(doc)
+    assert env == {"NCCL_IB_RESILIENCY_PORT_FAILOVER": "1",
+                   "NCCL_NET_FORCE_MERGE": "mlx5_0:1,mlx5_1:1;mlx5_2:1,mlx5_3:1"}
+    assert notes == []
+
+
+def test_an_unusable_port_leaves_its_group_without_shifting_the_others():
+    """Groups are cut from every RDMA port, so a host with a bad port keeps the
+    same groups as its healthy peers, minus that port; its lone partner is
+    named as unprotected; a DOWN, DEGRADED, drained or unjudged port is never
+    named (NCCL fails init on a merge group naming an absent device)."""
+    rows = rdma_rows(Verdict.UP, Verdict.DOWN, Verdict.UP, Verdict.UP, Verdict.DEGRADED, None,
+                     Verdict.UP, Verdict.UP)
+    rows[7] = row("eth7", drained=True, device="mlx5_7", number=1)
+    env, notes = healthdoc.port_failover_env(doc_of(*rows))
+    assert env["NCCL_NET_FORCE_MERGE"] == "mlx5_2:1,mlx5_3:1"
+    for bad in ("mlx5_1", "mlx5_4", "mlx5_5", "mlx5_7"):
+        assert bad not in env["NCCL_NET_FORCE_MERGE"]
+    assert notes == ["no failover for mlx5_0:1, mlx5_6:1: no other usable port in its merge group "
+                     "(groups of 2 in rail order)"]
+
+
+def test_merge_size_four_keeps_three_usable_ports_of_a_group_together():
+    doc = doc_of(*rdma_rows(Verdict.UP, Verdict.DOWN, Verdict.UP, Verdict.UP, Verdict.UP))
+    env, notes = healthdoc.port_failover_env(doc, size=4)
+    assert env["NCCL_NET_FORCE_MERGE"] == "mlx5_0:1,mlx5_2:1,mlx5_3:1"
+    assert notes == ["no failover for mlx5_4:1: no other usable port in its merge group "
+                     "(groups of 4 in rail order)"]
+
+
+@pytest.mark.parametrize("size", [0, 1, 5])
+def test_a_merge_size_nccl_cannot_take_is_refused(size):
+    with pytest.raises(ValueError, match=f"not {size}"):
+        healthdoc.merge_groups(doc_of(*rdma_rows(Verdict.UP, Verdict.UP)), size)
+
+
+def test_the_two_ports_of_one_device_and_a_shared_port_are_merged_once():
+    doc = doc_of(row("p0", device="mlx5_0", number=1, rail="a"),
+                 row("p0", device="mlx5_0", number=1, rail="b"),
+                 row("p1", device="mlx5_0", number=2))
+    env, _ = healthdoc.port_failover_env(doc)
+    assert env["NCCL_NET_FORCE_MERGE"] == "mlx5_0:1,mlx5_0:2"
+
+
+def test_one_usable_rdma_port_gets_failover_on_but_no_merge_and_a_note():
+    doc = doc_of(*rdma_rows(Verdict.UP, Verdict.DOWN))
+    env, notes = healthdoc.port_failover_env(doc)
+    assert env == {"NCCL_IB_RESILIENCY_PORT_FAILOVER": "1"}
+    assert notes and notes[0].startswith("no failover for mlx5_0:1:")
+
+
+def test_a_host_without_rdma_ports_gets_nothing_for_failover_but_says_why():
+    env, notes = healthdoc.port_failover_env(doc_of(row("eth0"), row("eth1")))
+    assert env == {}
+    assert notes == ["no RDMA port on gpu17: port failover is a NET/IB feature, nothing added"]
+
+
+@given(st.lists(st.sampled_from([Verdict.UP, Verdict.DOWN, Verdict.DEGRADED, None]), max_size=12),
+       st.integers(2, healthdoc.MERGE_MAX))
+def test_merge_groups_name_only_usable_ports_at_least_two_at_most_size(verdicts, size):
+    doc = doc_of(*rdma_rows(*verdicts))
+    usable = {f"{r.rdma_device}:{r.rdma_port}" for r in doc.ports if r.usable}
+    groups = healthdoc.merge_groups(doc, size)
+    named = [p for g in groups for p in g]
+    assert set(named) <= usable and len(named) == len(set(named))
+    assert all(2 <= len(g) <= size for g in groups)

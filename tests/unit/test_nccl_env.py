@@ -173,3 +173,84 @@ def test_a_missing_or_unreadable_file_exits_stale_naming_why(tmp_path, content, 
 
 def test_a_bad_format_option_is_a_usage_error(tmp_path):
     assert run("--format", "yaml").exit_code == ExitCode.USAGE
+
+
+# ---------------------------------------------------------------- --port-failover (NCCL 2.29.7+)
+
+RDMA4 = {f"eth{i}": (f"mlx5_{i}", 1) for i in range(4)}
+
+
+def test_port_failover_adds_the_switch_and_merges_only_usable_ports(tmp_path):
+    path = tmp_path / "health.json"
+    config = rails_config(4)
+    write_doc(path, states=ports(config, eth2=down("eth2")), rdma=RDMA4, n=4)
+    result = run("--file", str(path), "--port-failover", "2.29.7")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == ("NCCL_IB_HCA==mlx5_0:1,mlx5_1:1,mlx5_3:1\n"
+                             "NCCL_SOCKET_IFNAME==eth0,eth1,eth3\n"
+                             "NCCL_IB_RESILIENCY_PORT_FAILOVER=1\n"
+                             "NCCL_NET_FORCE_MERGE=mlx5_0:1,mlx5_1:1\n")
+    # eth2 is down: its partner cannot fail over, and the launcher's log says so
+    assert result.stderr == ("linkpassctl: nccl-env: note: no failover for mlx5_3:1: no other usable "
+                             "port in its merge group (groups of 2 in rail order)\n")
+
+
+def test_port_failover_export_with_two_groups_survives_a_real_shell_eval(tmp_path):
+    path = tmp_path / "health.json"
+    write_doc(path, rdma=RDMA4, n=4)
+    result = run("--file", str(path), "--port-failover", "2.30.3+cuda12.9", "--format", "export")
+    assert result.exit_code == 0, result.output
+    shell = subprocess.run(["bash", "-c", 'eval "$1"; printf "%s|%s" "$NCCL_IB_RESILIENCY_PORT_FAILOVER" '
+                            '"$NCCL_NET_FORCE_MERGE"', "-", result.stdout],
+                           capture_output=True, text=True, timeout=30)
+    assert shell.stdout == "1|mlx5_0:1,mlx5_1:1;mlx5_2:1,mlx5_3:1"
+
+
+def test_port_failover_merge_size_and_json(tmp_path):
+    path = tmp_path / "health.json"
+    write_doc(path, rdma=RDMA4, n=4)
+    result = run("--file", str(path), "--port-failover", "v2.29.7-1", "--merge-size", "4",
+                 "--format", "json")
+    assert result.exit_code == 0, result.output
+    env = json.loads(result.stdout)["env"]
+    assert env["NCCL_NET_FORCE_MERGE"] == "mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1"
+    assert env["NCCL_IB_RESILIENCY_PORT_FAILOVER"] == "1"
+
+
+@pytest.mark.parametrize("version", ["2.29.6", "2.28.9-1", "2.18.3+cuda12.2"])
+def test_port_failover_for_an_nccl_before_2_29_7_is_refused_naming_the_version(tmp_path, version):
+    path = tmp_path / "health.json"
+    write_doc(path)
+    result = run("--file", str(path), "--port-failover", version)
+    assert result.exit_code == ExitCode.USAGE
+    assert result.stdout == ""
+    shown = version.split("-")[0].split("+")[0]
+    assert f"NCCL {shown} has no port failover" in result.stderr and "2.29.7" in result.stderr
+
+
+@pytest.mark.parametrize("version", ["2.29", "latest", "2.29.7.1", ""])
+def test_a_malformed_nccl_version_is_a_usage_error_naming_it(tmp_path, version):
+    path = tmp_path / "health.json"
+    write_doc(path)
+    result = run("--file", str(path), "--port-failover", version)
+    assert result.exit_code == ExitCode.USAGE
+    assert result.stdout == ""
+    assert f"{version!r} is not an NCCL version" in result.stderr
+
+
+@pytest.mark.parametrize("args", [["--merge-size", "2"], ["--port-failover", "2.29.7", "--merge-size", "5"],
+                                  ["--port-failover", "2.29.7", "--merge-size", "1"]])
+def test_a_merge_size_alone_or_out_of_range_is_a_usage_error(tmp_path, args):
+    path = tmp_path / "health.json"
+    write_doc(path)
+    result = run("--file", str(path), *args)
+    assert result.exit_code == ExitCode.USAGE and result.stdout == ""
+    assert "--merge-size" in result.stderr
+
+
+def test_port_failover_does_not_change_the_refusal_of_a_host_without_usable_ports(tmp_path):
+    path = tmp_path / "health.json"
+    config = rails_config(2)
+    write_doc(path, states=ports(config, eth0=down("eth0"), eth1=down("eth1")), n=2)
+    result = run("--file", str(path), "--port-failover", "2.29.7")
+    assert result.exit_code == ExitCode.NO_USABLE and result.stdout == ""
