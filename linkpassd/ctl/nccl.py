@@ -5,7 +5,10 @@ Reads health.json, not the control socket, so a launcher running as any user
 It refuses rather than guesses: a missing, unreadable or stale file exits
 STALE (the launcher falls back to its static NIC list, linkpass being
 absent), and a host with no usable port exits NO_USABLE with nothing on
-stdout (every NIC is bad: do not start here).  See docs/launchers.md.
+stdout (every NIC is bad: do not start here).  `--port-failover VERSION`
+adds NCCL 2.29.7+'s port failover settings over the same usable ports (the
+job's NCCL version is given because only the launcher knows it).  See
+docs/launchers.md.
 """
 
 from __future__ import annotations
