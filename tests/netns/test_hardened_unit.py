@@ -16,7 +16,10 @@ reproduced by hand (there is no systemd as PID 1 here):
 
 Not reproduced: ProtectHome= (the test venv's interpreter lives under /root),
 the system call filter and address family restrictions (no seccomp tool
-here), PrivateDevices= and the other kernel-facing Protect*= settings.
+here), PrivateDevices= and the other kernel-facing Protect*= settings, and
+LimitRTPRIO= (raising RLIMIT_RTPRIO takes CAP_SYS_RESOURCE, which a container's
+root may lack); tests/unit/test_systemd_units.py checks that the unit lets the
+responder have the priority that limit allows.
 """
 
 from __future__ import annotations
