@@ -35,6 +35,7 @@ import grpc
 import structlog
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
+from linkpassd.aggregator.session import StreamEnd
 from linkpassd.aggregator.store import (
     CHANNEL_COMMANDS,
     CHANNEL_EVENTS,
@@ -184,7 +185,6 @@ class Replicas:
             self._spawn(self._relay_one(pending))
 
     async def _relay_one(self, pending: PendingCommand) -> None:
-        from linkpassd.aggregator.server import StreamEnd  # circular at import time only
 
         code, message = grpc.StatusCode.UNAVAILABLE.value[0], f"host {pending.host_id} is not connected"
         session = self.fleet.sessions.get(pending.host_id)

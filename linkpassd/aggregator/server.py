@@ -22,7 +22,6 @@ TLS handshake fails first (identity.py).
 from __future__ import annotations
 
 import asyncio
-import collections
 import itertools
 import os
 import socket
@@ -34,7 +33,6 @@ from typing import Any
 import grpc
 import structlog
 
-from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd.adapters.grpc_decode import add_servicer
 from linkpassd.aggregator import bounds, savings
@@ -44,7 +42,9 @@ from linkpassd.aggregator.metrics import AggregatorMetrics
 from linkpassd.aggregator.planner import MeshPlanner
 from linkpassd.aggregator.settings import Settings
 from linkpassd.aggregator.replicas import Replicas
-from linkpassd.aggregator.store import CHANNEL_HOSTS, EventRow, HostRow, OutOfOrder, Store, StoreError, is_shared
+from linkpassd.aggregator.session import HostSession, StreamEnd
+from linkpassd.aggregator.store import (CHANNEL_HOSTS, RAIL_PATH, EventRow, HostRow, OutOfOrder, Store,
+                                       StoreError, is_shared, kind_name, severity_name)
 from linkpassd.aggregator.watch import DEFAULT_QUEUE, EventFanout
 from linkpassd.aggregator.worker import Worker
 
@@ -53,7 +53,6 @@ log = structlog.get_logger("linkpassd.aggregator")
 HELLO_TIMEOUT_S = 10.0  # a stream that says nothing this long after opening is refused
 MAX_EVENTS_PER_BATCH = 1000  # agents send <= 500
 INBOX_MAX = 64  # messages read but not handled yet, per stream (agents keep <= 8 batches unacked)
-OUTBOX_MAX = 1024  # responses not written yet, per stream
 MAX_RAILS = bounds.MAX_RAILS
 MAX_PATHS = bounds.MAX_PATHS
 MAX_ID_CHARS = 253
@@ -76,34 +75,8 @@ MAX_REFUSALS = 1000  # refused hosts remembered for the page (Fleet.refuse)
 MERGED_EVENTS_MAX = 4000  # events of waiting batches stored in one call (8 agent batches of 500)
 
 
-class StreamEnd(Exception):
-    """End this stream with `code` and a message that says why."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-# Enum numbers -> the names stored, made once (a lookup per event instead of
-# the enum wrapper's Name and two string operations).
-_KIND_NAMES = {number: name.removeprefix("EVENT_KIND_").lower() for name, number in cpb.EventKind.items()}
-_SEVERITY_NAMES = {number: name.removeprefix("SEVERITY_").lower() for name, number in cpb.Severity.items()}
-RAIL_PATH = _KIND_NAMES[cpb.EVENT_KIND_RAIL_PATH]
 # What the reader queues for a stream's worker (HostSession.pending), by its first item.
 EVENTS, PORTS, INVENTORY, END = "events", "ports", "inventory", "end"
-
-
-def kind_name(value: int) -> str:
-    """EventKind number -> the core name ("rail_path"); unknown numbers (a newer agent) stay
-    visible as "kind_<n>" instead of failing the batch."""
-    name = _KIND_NAMES.get(value)
-    return name if name is not None else f"kind_{value}"
-
-
-def severity_name(value: int) -> str:
-    name = _SEVERITY_NAMES.get(value)
-    return name if name is not None else f"severity_{value}"
 
 
 def _check_inventory(inventory: pb.Inventory) -> None:
@@ -121,54 +94,6 @@ def _check_id(what: str, value: str) -> None:
         raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, f"Hello.{what} is empty")
     if len(value) > MAX_ID_CHARS or not value.isprintable() or value.strip() != value:
         raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, f"Hello.{what} {value[:80]!r} is not a valid name")
-
-
-class HostSession:
-    """One agent stream, from an accepted Hello to its end."""
-
-    def __init__(self, host_id: str, boot_id: str, version: str, peer: str) -> None:
-        self.host_id = host_id
-        self.boot_id = boot_id
-        self.version = version
-        self.peer = peer
-        self.inventory: pb.Inventory | None = None
-        # (when queued, the response): the queued time is the "outbox" stage.
-        # Unbounded as a queue, bounded by send() (OUTBOX_MAX), so finish()
-        # can always add the None that wakes the writer.
-        self.outbox: asyncio.Queue[tuple[float, pb.ConnectResponse] | None] = asyncio.Queue()
-        self.ended: asyncio.Future[StreamEnd | None] = asyncio.get_running_loop().create_future()
-        self.commands: dict[str, asyncio.Future[pb.CommandResult]] = {}
-        self.last_seq: dict[str, int] = {}  # per boot: the newest seq this stream sent
-        self.gone = False  # the call itself failed: nothing more can be written
-        self.gpus: dict[str, int] = {}  # rail -> GPUs behind it, from the newest inventory read
-        # Read, not handled yet (AgentServicer._take): (what, ..., when read);
-        # the worker task runs only while there is some.
-        self.pending: collections.deque[tuple] = collections.deque()
-        self.worker: asyncio.Task[None] | None = None
-
-    @property
-    def open(self) -> bool:
-        return not self.ended.done()
-
-    def finish(self, outcome: StreamEnd | None) -> None:
-        """End the stream (None: cleanly); the first outcome wins."""
-        if not self.ended.done():
-            self.ended.set_result(outcome)
-            self.outbox.put_nowait(None)  # the writer: no more to wait for
-        for future in self.commands.values():
-            if not future.done():
-                future.set_exception(StreamEnd(grpc.StatusCode.UNAVAILABLE,
-                                               f"host {self.host_id} disconnected before answering"))
-
-    def send(self, message: pb.ConnectResponse) -> None:
-        """Queue a response; an agent that stops reading its responses loses its stream."""
-        if not self.open:
-            return
-        if self.outbox.qsize() >= OUTBOX_MAX:
-            self.finish(StreamEnd(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                  f"host {self.host_id} is not reading its responses ({OUTBOX_MAX} queued)"))
-            return
-        self.outbox.put_nowait((time.perf_counter(), message))
 
 
 class Fleet:
