@@ -164,7 +164,7 @@ def check_config_main(path: str | os.PathLike[str]) -> int:
     """`linkpassd --check-config FILE`: 0 and an OK line, or 1 and the one-line error
     on stderr. Never a traceback: it runs in config pipelines. Beyond the file
     itself: [aggregator]'s host_id against its client certificate
-    (agent.certcheck), which the aggregator would refuse: 3 and that line, as
+    (config.certcheck), which the aggregator would refuse: 3 and that line, as
     the file itself is valid and linkpassd would run and protect the host."""
     try:
         config = load_config(path)
@@ -174,7 +174,7 @@ def check_config_main(path: str | os.PathLike[str]) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
-    from linkpassd.agent.certcheck import host_id_problem  # grpc and X.509: only when checking
+    from linkpassd.config.certcheck import host_id_problem  # X.509: only when checking
     problem = host_id_problem(config.aggregator)
     if problem is not None:
         print(f"{_one_line(config.source)}: {problem}", file=sys.stderr)

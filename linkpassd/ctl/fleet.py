@@ -24,7 +24,7 @@ import grpc
 from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
-from linkpassd.aggregator import grid
+from linkpassd.fleet import grid
 from linkpassd.core.drain import DrainError, parse_duration
 from linkpassd.exitcodes import ExitCode
 from linkpassd.ctl.rpc import STATUS_EXIT, RpcTarget, status_of
