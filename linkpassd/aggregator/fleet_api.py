@@ -32,7 +32,7 @@ from linkpassd.aggregator.store import EventQuery, HostRow, StoredEvent, StoreEr
 from linkpassd.aggregator.validation import Validations
 
 if TYPE_CHECKING:
-    from linkpassd.aggregator.server import Fleet
+    from linkpassd.aggregator.fleet import Fleet
 
 log = structlog.get_logger("linkpassd.aggregator.fleet")
 

@@ -51,7 +51,7 @@ from linkpassd.validate import schedule as rates
 from linkpassd.validate.plan import CablingPlan
 
 if TYPE_CHECKING:
-    from linkpassd.aggregator.server import Fleet
+    from linkpassd.aggregator.fleet import Fleet
 
 log = structlog.get_logger("linkpassd.aggregator.validation")
 
