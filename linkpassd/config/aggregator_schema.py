@@ -41,7 +41,7 @@ SERVER = Section(
                "the replicas share, e.g. `postgresql://linkpass@db.example/linkpass` or, over a "
                "Unix socket, `postgresql://linkpass@/linkpass?host=/run/postgresql`. Errors and "
                "logs show it without its password.",
-               (_TEXT, _dsn())),
+               (_dsn(),)),
         Option("retention_days", INT, 30, "Events older than this many days are deleted.",
                (_int_range(1, 3650),)),
         Option("restart_cost_min", FLOAT, 30.0,

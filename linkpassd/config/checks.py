@@ -631,11 +631,14 @@ def redacted_dsn(text: str) -> str:
 def _dsn() -> _Check:
     """A postgresql:// URL (the host may be a Unix socket directory:
     postgresql://user@/db?host=/run/postgresql), or empty. Shown without
-    its password in every error."""
+    its password in every error, so it checks its own characters too."""
     def run(value: str) -> None:
         if value == "":
             return
         shown = _show(redacted_dsn(value))
+        for char in value:
+            if not char.isprintable():
+                raise _Invalid(f"{shown} contains the control character {char!r}")
         try:
             parts = urlsplit(value)
             parts.port  # noqa: B018 - raises ValueError for a bad port
@@ -647,4 +650,4 @@ def _dsn() -> _Check:
         if any(c.isspace() for c in value):
             raise _Invalid(f"{shown}: a URL has no spaces (percent-encode them)")
 
-    return _Check("empty, or a `postgresql://` URL", run)
+    return _Check("empty, or a printable `postgresql://` URL", run)

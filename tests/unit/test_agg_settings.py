@@ -210,6 +210,12 @@ def test_a_bad_dsn_is_shown_without_its_password() -> None:
         parse_settings('[aggregator]\nstore = "postgresql"\n'
                        'postgresql_dsn = "postgresql://agg:hunter2@db:99999/fleet"\n[tls]\ninsecure = true\n', SRC)
     assert "hunter2" not in str(err.value) and "agg:***@db:99999" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # a control character is named, the password is not
+        parse_settings('[aggregator]\nstore = "postgresql"\n'
+                       'postgresql_dsn = "postgresql://agg:hunter2@db/fle\\tet"\n[tls]\ninsecure = true\n',
+                       SRC)
+    assert err.value.key == "aggregator.postgresql_dsn"
+    assert "hunter2" not in str(err.value) and "control character" in str(err.value), str(err.value)
     s = parse_settings('[aggregator]\nstore = "postgresql"\npostgresql_dsn = "postgresql://agg:hunter2@db/fleet"\n'
                        '[tls]\ninsecure = true\n', SRC)
     assert agg_main.store_label(s) == "store postgresql postgresql://agg:***@db/fleet"
