@@ -3,7 +3,7 @@
 Everything shown comes from the daemon's answer; ages and uptime are computed
 from the time the daemon put in that answer (`served_at`), never from this
 process's clock. Failures print one line on stderr and exit with a code a
-script can branch on (ctl/exitcodes.py: daemon absent 3, refused 4, not found
+script can branch on (linkpassd/exitcodes.py: daemon absent 3, refused 4, not found
 5, bad argument 2): operators run this from scripts and during incidents,
 where a traceback is noise.
 """
@@ -27,7 +27,7 @@ from linkpassd._proto.linkpass.v1 import control_pb2 as pb  # noqa: E402
 from linkpassd._proto.linkpass.v1 import control_pb2_grpc as pb_grpc  # noqa: E402
 from linkpassd.core.drain import DrainError, parse_duration  # noqa: E402
 from linkpassd.ctl import terminal  # noqa: E402
-from linkpassd.ctl.exitcodes import ExitCode, epilog  # noqa: E402
+from linkpassd.exitcodes import ExitCode, epilog  # noqa: E402
 from linkpassd.ctl.rpc import STATUS_EXIT, RpcTarget, status_of  # noqa: E402
 from linkpassd.ctl.render import (  # noqa: E402 - the renderers (to_json is also used by tests)
     _one_line,

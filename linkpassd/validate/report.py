@@ -23,7 +23,7 @@ from pathlib import Path
 from google.protobuf import json_format
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2
-from linkpassd.ctl.exitcodes import ExitCode
+from linkpassd.exitcodes import ExitCode
 from linkpassd.validate.plan import CablingPlan
 from linkpassd.validate.results import OK, Finding, HostResult
 

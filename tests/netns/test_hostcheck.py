@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from labs.echopeer import EchoPeerProcess
-from labs.faults.optics import SimSensor
+from labs.simsensor import SimSensor
 from labs.netnslib import run, wait_for
 from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.adapters import lldp

@@ -20,7 +20,7 @@ from google.protobuf import timestamp_pb2
 from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
-from linkpassd.ctl.exitcodes import ExitCode
+from linkpassd.exitcodes import ExitCode
 from linkpassd.ctl.fleet import render_fleet_events, render_grid, render_summary
 from linkpassd.ctl.main import cli
 

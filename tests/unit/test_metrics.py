@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from linkpassd import metrics_snapshot
-from linkpassd.adapters.echo import RTT_BUCKETS_S
+from linkpassd.core.probe import RTT_BUCKETS_S
 from linkpassd.adapters.metrics import (BfdMetrics, LoopLagMetrics, Metrics, MetricsSnapshot,
                                         ProbeMetrics, parse_listen, reason_class)
 from linkpassd.core.events import EventKind, EventLog, Severity

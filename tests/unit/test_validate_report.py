@@ -6,7 +6,7 @@ import json
 import pytest
 from validatefixtures import Fabric
 
-from linkpassd.ctl.exitcodes import ExitCode
+from linkpassd.exitcodes import ExitCode
 from linkpassd.validate import report
 from linkpassd.validate.localize import localize
 from linkpassd.validate.results import HostResult
