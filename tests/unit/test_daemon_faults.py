@@ -19,7 +19,7 @@ from linkpassd.adapters.kernel import KernelOpError, KernelSocketError, Observat
 from linkpassd.adapters.links import LinkEvent, LinkSnapshot
 from linkpassd.core import plan
 from linkpassd.core.model import KernelState, LinkSample, Op, Verdict
-from linkpassd.daemon import Daemon, Tick
+from linkpassd.daemon.loop import Daemon, Tick
 
 from corefixtures import rails_config
 
@@ -311,7 +311,7 @@ def test_verdicts_are_written_on_change_and_carried_into_the_next_start(tmp_path
     # a restart: a new daemon, the same state dir, carrier back on eth0
     kernel.state = kernel.state  # fail-static: the kernel keeps its routes
     again, clock2 = make(tmp_path, kernel)
-    again._adopt(kernel.state)
+    again.adopt(kernel.state)
     start(again, ["eth0", "eth1", "eth2"])
     eth0 = again.health["eth0"]
     assert eth0.verdict is Verdict.DOWN and "before restart" in eth0.reason
@@ -337,7 +337,7 @@ def test_a_carried_bad_verdict_that_names_no_signal_awaits_the_ports_own_probes(
     (state_dir / "verdicts.json").write_text(json.dumps(doc))
     again = Daemon(config, clock=clock, wallclock=lambda: 1.8e9 + clock.t)
     again.kernel = kernel
-    again._adopt(None)
+    again.adopt(None)
     start(again, ["eth0", "eth1", "eth2"])
     eth0 = again.health["eth0"]
     assert eth0.verdict is Verdict.DOWN and eth0.awaiting == ("echo",)
