@@ -27,7 +27,7 @@ _OPTIC_QUANTITIES = ("temperature_c", "voltage_v", "tx_bias_ma", "tx_power_dbm",
 
 
 def take(daemon) -> MetricsSnapshot:
-    """A snapshot of a running `linkpassd.daemon.Daemon` (on its loop)."""
+    """A snapshot of a running `linkpassd.daemon.loop.Daemon` (on its loop)."""
     status = daemon.status()
     config = daemon.config
     rail_of = {r.port: r.name for r in config.rails}

@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from linkpassd import metrics_snapshot
 from linkpassd.adapters.echo import RTT_BUCKETS_S
 from linkpassd.adapters.metrics import (BfdMetrics, LoopLagMetrics, Metrics, MetricsSnapshot,
-                                        ProbeMetrics, parse_listen, reason_class)
-from linkpassd.core.events import EventKind, EventLog, Severity
+                                        ProbeMetrics, parse_listen)
+from linkpassd.core.events import EventKind, EventLog, Severity, reason_class
 from linkpassd.core.model import (AgentLinkStatus, CounterSample, DaemonStatus, Drain, GroupStatus, LinkSample,
                                   ModuleIdentity, OpticsReading, PortSensors, PortState, Problem,
                                   RailStatus, ResponderCounters, Thresholds, Verdict)
