@@ -42,21 +42,19 @@ import linkpassd
 from linkpassd import config as configmod
 from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.adapters import sdnotify
-from linkpassd.adapters.bfd import BfdAgent, BfdEvent
+from linkpassd.adapters.bfd import BfdEvent
 from linkpassd.adapters.control_server import ControlServer
-from linkpassd.adapters.echo import EchoService
 from linkpassd.adapters.kernel import (KernelAdapter, KernelOpError, KernelReadError,
                                        KernelReadTimeout, KernelSocketError)
 from linkpassd.adapters.links import LinkEvent, LinkMonitor, LinkSnapshot
-from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.sensor import Sensor
 from linkpassd.adapters.watchdog import Watchdog
 from linkpassd.agent import reports
 from linkpassd.core import alloc, apply, bfd, carried, health, plan, policy
 from linkpassd.core import drain as draincore
 from linkpassd.core.events import EventKind, Severity
-from linkpassd.core.model import (Assessment, Config, CounterSample, DaemonStatus, KernelState,
-                                  LinkSample, Op, OpticsReading, PortState, Problem, Unreadable,
+from linkpassd.core.model import (Assessment, Config, CounterSample, KernelState,
+                                  LinkSample, Op, OpticsReading, PortState, Unreadable,
                                   Verdict)
 from linkpassd.core.railverdict import rail_assessment
 from linkpassd.core.signals import bfd_assessment
@@ -157,32 +155,6 @@ class Daemon:
         self.recorder.sinks.append(self.aggregator.offer)  # a bounded hand-off, never a wait
         self.report = StatusReport(self, self.probes, self.files, self.recorder, self.aggregator)
 
-    # What other parts of the process read (the control API, metrics, tests).
-
-    @property
-    def events(self):
-        """The event feed (control API's Events, metrics)."""
-        return self.recorder.feed
-
-    @property
-    def state_problems(self) -> dict[str, Problem]:
-        return self.files.problems
-
-    @property
-    def bfd(self) -> BfdAgent | None:
-        return self.probes.bfd
-
-    @property
-    def echo(self) -> EchoService | None:
-        return self.probes.echo
-
-    @property
-    def looplag(self) -> LoopLag:
-        return self.probes.looplag
-
-    def status(self) -> DaemonStatus:
-        return self.report.status()
-
     # ------------------------------------------------------------------ tasks
 
     async def run(self) -> None:
@@ -209,7 +181,7 @@ class Daemon:
         self._start_metrics(loop)
         self.aggregator.open_spool()  # before the first event
         control = ControlServer(self.config.control_socket, self.report.status,
-                                explain_provider=self.report.explain, events=self.events,
+                                explain_provider=self.report.explain, events=self.recorder.feed,
                                 health=self.healthdoc.doc, drains=self.drains,
                                 group=self.config.control_group,
                                 admin_group=self.config.admin_group)

@@ -18,7 +18,6 @@ import pytest
 from linkpassd._proto.linkpass.v1 import fleet_pb2, fleet_pb2_grpc
 from linkpassd.adapters.links import LinkSnapshot
 from linkpassd.agent.client import AgentClient, backoff_s
-from linkpassd.daemon.aggregator import MeshPeersChanged
 from linkpassd.agent.spool import Gap, Spool, SpoolWriter
 from linkpassd.core.model import AggregatorSettings, ProbeSettings
 from linkpassd.daemon.loop import Daemon
@@ -303,7 +302,7 @@ def test_probe_peers_reach_the_echo_paths_and_staying_probers_keep_running(tmp_p
         await daemon.handle([LinkSnapshot(samples={p: link(p) for p in ("eth0", "eth1")},
                                           reason="start")])
         daemon.sync_probes()
-        peers = lambda: sorted(p.peer for p in daemon.echo.probers)
+        peers = lambda: sorted(p.peer for p in daemon.probes.echo.probers)
         try:
             async with connected_agent(tmp_path, daemon) as fake:
                 # a bad address, an on-link one and an unknown rail are ignored
@@ -311,20 +310,20 @@ def test_probe_peers_reach_the_echo_paths_and_staying_probers_keep_running(tmp_p
                 await until(lambda: peers() == ["198.19.0.1", "198.19.0.2"], "mesh peer added")
                 assert any("'bogus'" in p for p in daemon.aggregator.mesh_problems)
                 assert any("'198.18.0.7'" in p and "subnet" in p for p in daemon.aggregator.mesh_problems)
-                static, mesh = (daemon.echo.probers[p] for p in sorted(daemon.echo.probers,
+                static, mesh = (daemon.probes.echo.probers[p] for p in sorted(daemon.probes.echo.probers,
                                                                        key=lambda p: p.peer)[:2])
                 await fake.outgoing.put(peers_message(2, "198.19.0.9"))  # stale: ignored
                 await fake.outgoing.put(peers_message(4, "198.19.0.2", "198.19.0.3"))
                 await until(lambda: peers() == ["198.19.0.1", "198.19.0.2", "198.19.0.3"],
                             "second plan applied")
-                by_peer = {p.peer: pr for p, pr in daemon.echo.probers.items()}
+                by_peer = {p.peer: pr for p, pr in daemon.probes.echo.probers.items()}
                 assert by_peer["198.19.0.1"] is static and by_peer["198.19.0.2"] is mesh  # not reset
                 assert "198.19.0.9" not in by_peer
                 await fake.outgoing.put(peers_message(5))  # the mesh drops rail0's peers
                 await until(lambda: peers() == ["198.19.0.1"], "static peer stays")
-                assert daemon.echo.probers[next(iter(daemon.echo.probers))] is static
+                assert daemon.probes.echo.probers[next(iter(daemon.probes.echo.probers))] is static
         finally:
-            daemon.echo.close()
+            daemon.probes.echo.close()
     asyncio.run(main())
 
 
@@ -349,7 +348,7 @@ def test_the_hosts_that_probe_us_are_answered_and_a_bad_one_is_named_not_admitte
                 assert not admits("198.19.0.45")
                 assert any("'nonsense'" in p and "probed_by" in p for p in daemon.aggregator.mesh_problems)
         finally:
-            daemon.echo.close()
+            daemon.probes.echo.close()
     asyncio.run(main())
 
 
@@ -495,21 +494,21 @@ def test_the_last_plan_outlives_a_restart_while_the_aggregator_is_away(tmp_path)
                         rail="rail0", peers=["198.19.0.2"], probed_by=["198.19.0.44"])])))
                 await until(lambda: (tmp_path / "state" / MESH_FILE).exists(), "mesh.json written")
         finally:
-            daemon.echo.close()
+            daemon.probes.echo.close()
 
     async def restart():
         daemon = make_daemon(tmp_path, fabric=())  # its aggregator (127.0.0.1:1) is away
         daemon.aggregator.restore_mesh()  # as Daemon.run does, before the probers are made
         daemon.sync_probes()
         try:
-            assert sorted(p.peer for p in daemon.echo.probers) == ["198.19.0.1", "198.19.0.2"]
+            assert sorted(p.peer for p in daemon.probes.echo.probers) == ["198.19.0.1", "198.19.0.2"]
             assert daemon.probes.echo_spec.responder.allows(ipv4_int("198.19.0.44"))
             assert not daemon.probes.echo_spec.responder.allows(ipv4_int("198.19.0.45"))
-            assert daemon.state_problems == {}
+            assert daemon.files.problems == {}
             await daemon.handle([start])  # a pass with the plan unchanged writes nothing
             assert daemon.files.saved_mesh_message is daemon.aggregator.mesh_message
         finally:
-            daemon.echo.close()
+            daemon.probes.echo.close()
 
     asyncio.run(first_run())
     written = (tmp_path / "state" / MESH_FILE).stat().st_mtime_ns
@@ -530,12 +529,12 @@ def test_an_unusable_mesh_file_is_reported_and_only_the_static_peers_are_probed(
         daemon.aggregator.restore_mesh()
         daemon.sync_probes()
         try:
-            assert [p.peer for p in daemon.echo.probers] == ["198.19.0.1"]
-            (problem,) = daemon.state_problems.values()
+            assert [p.peer for p in daemon.probes.echo.probers] == ["198.19.0.1"]
+            (problem,) = daemon.files.problems.values()
             assert problem.kind == "state" and problem.what.endswith(MESH_FILE)
             assert "ignored" in problem.detail
         finally:
-            daemon.echo.close()
+            daemon.probes.echo.close()
     asyncio.run(main())
 
 
@@ -558,8 +557,8 @@ def test_a_standalone_daemon_ignores_a_mesh_file(tmp_path):
         daemon.aggregator.restore_mesh()
         daemon.sync_probes()
         try:
-            assert [p.peer for p in daemon.echo.probers] == ["198.19.0.1"]
-            assert daemon.state_problems == {}
+            assert [p.peer for p in daemon.probes.echo.probers] == ["198.19.0.1"]
+            assert daemon.files.problems == {}
         finally:
-            daemon.echo.close()
+            daemon.probes.echo.close()
     asyncio.run(main())

@@ -53,7 +53,7 @@ async def until(predicate, what: str) -> None:
 
 
 def status_text(daemon: Daemon) -> str:
-    return render_status(control_convert.status_to_proto(daemon.status(), served_at=time.time()))
+    return render_status(control_convert.status_to_proto(daemon.report.status(), served_at=time.time()))
 
 
 def test_a_host_the_aggregator_refuses_says_so_and_why(pki: Path, tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ def started(tmp_path):
 
 
 def kinds(daemon, after: int = 0) -> list[tuple[int, str, str]]:
-    events, missed = daemon.events.log.after(after)
+    events, missed = daemon.recorder.feed.log.after(after)
     assert missed == 0
     return [(e.seq, str(e.kind), e.port) for e in events]
 
@@ -48,7 +48,7 @@ def kinds(daemon, after: int = 0) -> list[tuple[int, str, str]]:
 def test_a_drain_moves_the_rails_table_off_the_port_and_an_undrain_brings_it_back(tmp_path):
     daemon, clock, kernel = started(tmp_path)
     assert table_port(daemon, kernel, "eth0") == "eth0"
-    seen = daemon.events.log.last_seq
+    seen = daemon.recorder.feed.log.last_seq
     run(daemon.handle([drain_cmd("eth0")]))
     assert table_port(daemon, kernel, "eth0") != "eth0"
     state = daemon.port_states(clock.t)["eth0"]
@@ -81,20 +81,20 @@ def test_a_drain_for_a_duration_expires_by_itself(tmp_path):
     clock.t += 59.0
     run(daemon.handle([Tick()]))
     assert table_port(daemon, kernel, "eth0") != "eth0"
-    seen = daemon.events.log.last_seq
+    seen = daemon.recorder.feed.log.last_seq
     clock.t += 1.0
     run(daemon.handle([Tick()]))
     assert table_port(daemon, kernel, "eth0") == "eth0"
-    expired = [e for e in daemon.events.log.after(seen)[0] if e.kind is EventKind.UNDRAIN]
+    expired = [e for e in daemon.recorder.feed.log.after(seen)[0] if e.kind is EventKind.UNDRAIN]
     assert [e.field("how") for e in expired] == ["expired"]
 
 
 def test_a_cable_pull_is_recorded_as_verdict_then_path_in_sequence(tmp_path):
     daemon, clock, kernel = started(tmp_path)
-    seen = daemon.events.log.last_seq
+    seen = daemon.recorder.feed.log.last_seq
     clock.t += 0.1
     run(daemon.handle([LinkEvent(link("eth1", carrier=False))]))
-    events, missed = daemon.events.log.after(seen)
+    events, missed = daemon.recorder.feed.log.after(seen)
     assert missed == 0 and [e.seq for e in events] == list(range(seen + 1, seen + 1 + len(events)))
     verdict = next(e for e in events if e.kind is EventKind.VERDICT)
     path = next(e for e in events if e.kind is EventKind.RAIL_PATH and e.port == "eth1")
@@ -162,7 +162,7 @@ def test_a_second_drain_replaces_the_first_and_says_so(tmp_path):
     assert second.replaced == first.state.drain
     assert second.state.drain.until == second.state.drain.at + 7200.0
     assert daemon.drains.by_port["eth0"].reason == "optic swap, vendor late"
-    event = daemon.events.log.last(10)
+    event = daemon.recorder.feed.log.last(10)
     drained = [e for e in event if e.kind is EventKind.DRAIN]
     assert "replaces the drain by root (uid 0)" in drained[-1].message
     assert drained[-1].field("replaced_by") == "root (uid 0)"
@@ -196,12 +196,12 @@ def test_a_foreign_object_found_in_the_same_pass_as_a_cable_pull_holds_up_nothin
     kernel.foreign = (ForeignObject("nexthop", 99, "nexthop id 1000150 via 198.18.9.9 proto 99",
                                     id=1_000_150),)
     daemon.needs_resync = True  # the pass re-reads and finds it
-    seen = daemon.events.log.last_seq
+    seen = daemon.recorder.feed.log.last_seq
     clock.t += 0.1
     run(daemon.handle([LinkEvent(link("eth1", carrier=False))]))
     assert table_port(daemon, kernel, "eth1") != "eth1"  # the failover happened
     assert daemon.reconcile_failures == 0 and daemon.last_error == ""
-    conflict = [e for e in daemon.events.log.after(seen)[0] if e.kind is EventKind.CONFLICT]
+    conflict = [e for e in daemon.recorder.feed.log.after(seen)[0] if e.kind is EventKind.CONFLICT]
     assert [e.field("object_kind") for e in conflict] == ["nexthop"]
 
 
@@ -257,7 +257,7 @@ def test_a_port_removed_by_a_reload_can_still_be_undrained(tmp_path):
 
     asyncio.run(scenario())
     assert "eth9" not in daemon.drains.by_port
-    assert dataclasses.asdict(daemon.events.log.last(1)[0])["port"] == "eth9"
+    assert dataclasses.asdict(daemon.recorder.feed.log.last(1)[0])["port"] == "eth9"
 
 
 def test_explain_says_hold_down_until_when_while_carrier_is_back(tmp_path, monkeypatch):
