@@ -253,7 +253,11 @@ class Daemon:
             self.files.problem(f"metrics on {self.config.metrics_listen}", str(exc), kind="metrics")
             return
         self.metrics = metrics
-        self.recorder.sinks.append(lambda events: [metrics.on_event(e) for e in events])
+
+        def count(events) -> None:
+            for event in events:
+                metrics.on_event(event)
+        self.recorder.sinks.append(count)
         log.info("metrics_serving", address=f"{host}:{port}")
 
     async def _ticker(self) -> None:

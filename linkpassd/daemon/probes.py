@@ -92,7 +92,7 @@ class Probes:
     def bfd_retry_due(self, now: float) -> bool:
         return bool(self.bfd_pending) and now >= self.next_bfd_retry
 
-    def recheck_bfd(self, name: str, detection_s: float) -> None:
+    def recheck_bfd(self, name: str, detection_s: float | None) -> None:
         """Ask a session again once the loop has kept time (our lateness may
         explain what it said)."""
         if self.bfd is not None:
@@ -167,9 +167,9 @@ class Probes:
         self.responder = ResponderProcess(spec.port, policy=spec.responder)
         self.responder.start()
 
-    def echo_assessments(self, port: str) -> list[Assessment]:
+    def echo_assessments(self, port: str) -> Sequence[Assessment]:
         """Each echo path of `port`, as its prober judges it now."""
-        return self.echo.assessments(port) if self.echo is not None else []
+        return self.echo.assessments(port) if self.echo is not None else ()
 
     def path_assessments(self, port: str) -> tuple[Assessment, ...]:
         """For status: each echo path's own judgement (its tolerance, longest

@@ -13,8 +13,8 @@ from typing import Protocol
 
 import linkpassd
 from linkpassd.core import apply, explain, health, policy
-from linkpassd.core.model import (Config, DaemonStatus, LinkSample, OpticsReading, PortSensors,
-                                  PortState, Problem, Unreadable)
+from linkpassd.core.model import (Config, DaemonStatus, LinkSample, Op, OpticsReading,
+                                  PortSensors, PortState, Problem, Unreadable)
 from linkpassd.daemon.aggregator import AggregatorLink
 from linkpassd.daemon.operations import EventRecorder
 from linkpassd.daemon.probes import Probes
@@ -34,8 +34,10 @@ class LoopState(Protocol):
     last_error: str
     last_error_at: float
     reconcile_failures: int
-    failures: Mapping
     foreign: tuple
+
+    @property
+    def failures(self) -> Mapping[Op, apply.Failure]: ...
 
     def clock(self) -> float: ...
     def wall_port_states(self, now: float) -> dict[str, PortState]: ...
