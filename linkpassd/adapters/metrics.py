@@ -42,8 +42,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, Hist
 from prometheus_client.registry import Collector
 
 from linkpassd.adapters import metrics_http
-from linkpassd.core.events import reason_class  # noqa: F401 - re-exported for tests
-from linkpassd.core.events import Event, EventKind
+from linkpassd.core.events import Event, EventKind, reason_class
 from linkpassd.core.model import AgentLinkStatus, CounterSample, ResponderCounters
 
 log = structlog.get_logger("linkpassd.metrics")

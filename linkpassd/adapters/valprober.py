@@ -1,6 +1,6 @@
 """The validation prober: a fixed number of UDP echo probes to each peer, counted.
 
-Fleet validation (linkpassd.validate.hostcheck) asks every host to probe its
+Fleet validation (linkpassd.adapters.hostcheck) asks every host to probe its
 planned peers on each rail. Unlike the daemon's path probers (adapters.echo),
 which judge a path continuously, this one sends a known number of probes
 in two phases and reports what came back:

@@ -2,7 +2,7 @@
 accepts of the peers the aggregator hands down (ProbePeers).
 
 Pure functions of the config and of values read from the daemon, except
-`path_samples` and `daemon_report`, which read the daemon's running state
+`path_samples`, which reads the echo service's running state
 (called on the loop, in the agent's own time: a report is built when the
 agent is about to send one, never inside a reconcile pass).
 """
@@ -85,14 +85,6 @@ def path_samples(echo) -> list[PathSample]:
                               loss=state.loss_ratio or 0.0,
                               rtt_p50_us=median_us(prober.rtt_counts, RTT_BUCKETS_S)))
     return out
-
-
-def daemon_report(daemon, wall: float | None = None) -> fleet_pb2.PortReport:
-    """The PortReport of a running Daemon (ports as the policy sees them)."""
-    rails = daemon.decision.rails if daemon.decision is not None else ()
-    rail_paths = {r.name: r.active_rail or "none" for r in rails}
-    return port_report(daemon._unix_port_states(daemon.clock()), path_samples(daemon.echo),
-                       rail_paths, wall)
 
 
 def validate_peers(config: Config, message: fleet_pb2.ProbePeers

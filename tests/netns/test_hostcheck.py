@@ -26,7 +26,7 @@ from linkpassd.adapters import lldp
 from linkpassd.adapters.echoresponder import ECHO_PORT
 from linkpassd.adapters.simsensor import SimulatedSensor
 from linkpassd.adapters.valprober import FLOWS, Phases, Target, run_probes
-from linkpassd.validate import hostcheck
+from linkpassd.adapters import hostcheck
 
 pytestmark = pytest.mark.netns
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from linkpassd import daemon
+from linkpassd.daemon import cli as daemon
 from linkpassd.adapters.instancelock import InstanceLock
 from linkpassd.aggregator import main as agg_main
 

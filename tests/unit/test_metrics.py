@@ -16,12 +16,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from linkpassd import metrics_snapshot
 from linkpassd.core.probe import RTT_BUCKETS_S
 from linkpassd.adapters.metrics import (BfdMetrics, LoopLagMetrics, Metrics, MetricsSnapshot,
-                                        ProbeMetrics, parse_listen, reason_class)
-from linkpassd.core.events import EventKind, EventLog, Severity
+                                        ProbeMetrics, parse_listen)
+from linkpassd.core.events import EventKind, EventLog, Severity, reason_class
 from linkpassd.core.model import (AgentLinkStatus, CounterSample, DaemonStatus, Drain, GroupStatus, LinkSample,
                                   ModuleIdentity, OpticsReading, PortSensors, PortState, Problem,
                                   RailStatus, ResponderCounters, Thresholds, Verdict)
-from linkpassd.daemon import Daemon
+from linkpassd.daemon.loop import Daemon
 
 from corefixtures import rails_config
 
@@ -398,7 +398,7 @@ def _exposition(metrics: Metrics) -> str:
 def test_take_reads_a_daemon_with_the_names_it_really_has():
     daemon = Daemon(rails_config(2))
     for i, carrier in ((0, True), (1, False)):
-        daemon._observe(LinkSample(f"eth{i}", True, 2 + i, True, carrier, "UP" if carrier else
+        daemon.observe(LinkSample(f"eth{i}", True, 2 + i, True, carrier, "UP" if carrier else
                                    "DOWN"), 1.0)
     snap = metrics_snapshot.take(daemon)
     assert {(p.port, p.rail, p.verdict) for p in snap.ports} == {("eth0", "rail0", "UP"),

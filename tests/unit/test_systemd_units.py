@@ -83,7 +83,7 @@ def test_linkpassd_starts_without_the_certificate_check() -> None:
 def test_a_bad_config_exit_status_is_not_restarted(tmp_path: Path) -> None:
     """The status RestartPreventExitStatus= names is the one linkpassd really
     exits with on a bad config (a crash, exit 1, is still restarted)."""
-    from linkpassd import daemon
+    from linkpassd.daemon import cli as daemon
 
     bad = tmp_path / "linkpassd.toml"
     bad.write_text("[daemon]\nno_such_key = 1\n")

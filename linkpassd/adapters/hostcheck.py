@@ -22,7 +22,7 @@ The run fills the request's `duration_s`, on this timeline (t0 = start):
 
 So counters are compared over (almost) the whole duration, and the answer
 comes back a little after `duration_s` (the agent bounds the run by
-duration + a margin, agent.link). Whatever keeps a check from running is a
+duration + a margin, daemon.aggregator). Whatever keeps a check from running is a
 named entry in `problems`, never an exception; what weakens a check that
 still ran (fewer probes sent than planned on a busy host) is a named entry
 in `notes`: the pairs count only the probes that went out.
@@ -80,7 +80,7 @@ class RailPort:
 
 @dataclass(frozen=True)
 class HostContext:
-    """What the check needs from the daemon (agent.link builds it from the config)."""
+    """What the check needs from the daemon (daemon.aggregator builds it from the config)."""
 
     rails: tuple[RailPort, ...]
     sensor: Sensor
