@@ -339,7 +339,7 @@ def test_both_daemons_take_config_and_check_config_through_one_helper(program, t
                                                                         capsys) -> None:
     """The same forms, the same refusal of two files, the same --help text for
     both programs (config.cli)."""
-    from linkpassd import daemon
+    from linkpassd.daemon import cli as daemon
 
     if program == "linkpassd":
         main = daemon.main

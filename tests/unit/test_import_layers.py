@@ -41,10 +41,6 @@ PARTS: dict[str, str] = {
     "linkpassd.validate": "validate",
     # the programs
     "linkpassd.daemon": "daemon",
-    "linkpassd.persist": "daemon",
-    "linkpassd.operations": "daemon",
-    "linkpassd.status": "daemon",
-    "linkpassd.wiring": "daemon",
     "linkpassd.metrics_snapshot": "daemon",
     "linkpassd.agent": "daemon",
     "linkpassd.aggregator": "aggregator",
