@@ -44,8 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from labs.faults import (CablePull, Flap, Miswire, OneWayLoss, OpticDegradation, RandomLoss,
-                         SilentBlackhole)
+from labs.faults import CablePull, Flap, Miswire, OneWayLoss, OpticDegradation, RandomLoss, SilentBlackhole
 from labs.topos.dualrail import dualrail
 from labs.topos.lab import Lab
 from labs.topos.railopt import start_linkpassd

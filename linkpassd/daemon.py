@@ -39,25 +39,41 @@ from linkpassd.adapters.bfd import BfdAgent, BfdEvent, PeerSpec
 from linkpassd.adapters.control_server import ControlServer, ControlSocketError
 from linkpassd.adapters.echo import EchoService
 from linkpassd.adapters.instancelock import AlreadyRunning, InstanceLock
-from linkpassd.adapters.responderproc import ResponderProcess
-from linkpassd.adapters.kernel import (KernelAdapter, KernelOpError, KernelReadError,
-                                       KernelReadTimeout, KernelSocketError)
+from linkpassd.adapters.kernel import (
+    KernelAdapter,
+    KernelOpError,
+    KernelReadError,
+    KernelReadTimeout,
+    KernelSocketError,
+)
 from linkpassd.adapters.links import LinkEvent, LinkMonitor, LinkSnapshot
 from linkpassd.adapters.looplag import LoopLag
+from linkpassd.adapters.responderproc import ResponderProcess
 from linkpassd.adapters.sensor import Sensor
 from linkpassd.adapters.watchdog import Watchdog
 from linkpassd.agent.link import AggregatorLink, MeshPeersChanged
 from linkpassd.config.reference import control_socket_problem
+from linkpassd.core import alloc, apply, bfd, carried, drain, health, plan, policy
+from linkpassd.core.events import EventKind, Severity
+from linkpassd.core.model import (
+    Assessment,
+    Config,
+    CounterSample,
+    KernelState,
+    LinkSample,
+    Op,
+    OpticsReading,
+    PortState,
+    Problem,
+    Unreadable,
+    Verdict,
+)
+from linkpassd.core.railverdict import rail_assessment
+from linkpassd.core.signals import bfd_assessment
 from linkpassd.operations import DrainCommand, Operations, cause_of
 from linkpassd.persist import ECHO_SIGNAL, StateFiles
 from linkpassd.status import StatusReport
 from linkpassd.wiring import EchoSpec, bfd_specs, echo_spec, make_sensor, sync_bfd
-from linkpassd.core import alloc, apply, bfd, carried, drain, health, plan, policy
-from linkpassd.core.events import EventKind, Severity
-from linkpassd.core.railverdict import rail_assessment
-from linkpassd.core.signals import bfd_assessment
-from linkpassd.core.model import (Assessment, Config, CounterSample, KernelState, LinkSample, Op,
-                                  OpticsReading, PortState, Problem, Unreadable, Verdict)
 
 log = structlog.get_logger("linkpassd")
 

@@ -15,9 +15,17 @@ one integer increment per reply, adapters.echo) and only copied here.
 from __future__ import annotations
 
 from linkpassd.adapters.echo import RTT_BUCKETS_S
-from linkpassd.adapters.metrics import (BfdMetrics, GroupMetrics, LoopLagMetrics, MetricsSnapshot,
-                                        OpticValue, PortCounters, PortMetrics, ProbeMetrics,
-                                        RailMetrics)
+from linkpassd.adapters.metrics import (
+    BfdMetrics,
+    GroupMetrics,
+    LoopLagMetrics,
+    MetricsSnapshot,
+    OpticValue,
+    PortCounters,
+    PortMetrics,
+    ProbeMetrics,
+    RailMetrics,
+)
 from linkpassd.core.model import DaemonStatus, OpticsReading
 
 __all__ = ["MetricsSnapshot", "take", "from_status"]

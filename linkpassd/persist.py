@@ -24,7 +24,6 @@ the daemon's end.
 from __future__ import annotations
 
 import structlog
-
 from google.protobuf import json_format
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2

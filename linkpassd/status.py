@@ -12,8 +12,7 @@ from dataclasses import replace
 import linkpassd
 from linkpassd.adapters import udpholders
 from linkpassd.core import apply, explain
-from linkpassd.core.model import (DaemonStatus, OpticsReading, PortSensors, PortState, Problem,
-                                  Unreadable)
+from linkpassd.core.model import DaemonStatus, OpticsReading, PortSensors, PortState, Problem, Unreadable
 
 
 class StatusReport:

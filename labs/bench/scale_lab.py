@@ -21,8 +21,8 @@ which the default limit (5,000/s per source) would partly refuse.
 from __future__ import annotations
 
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile

@@ -18,11 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from linkpassd.adapters.optics import PageRef
-
 from labs.faults.base import BackgroundFault
 from labs.topos.lab import Lab
 from labs.topos.plan import HostPlan, LabError
+from linkpassd.adapters.optics import PageRef
 
 SCHEMA = "linkpass.simsensor/1"
 LANES = 4

@@ -77,8 +77,8 @@ class _Veth(Link):
         self._ifindex = (ifindex1, ifindex2)
         super().__init__(node1, node2, **params)
 
-    def makeIntfPair(self, intfname1, intfname2, addr1=None, addr2=None,  # noqa: N802 (Mininet API)
-                     node1=None, node2=None, deleteIntfs=True):  # noqa: N803
+    def makeIntfPair(self, intfname1, intfname2, addr1=None, addr2=None,  # Mininet API
+                     node1=None, node2=None, deleteIntfs=True):
         i1, i2 = self._ifindex
         argv = ["mnexec", "-a", str(node1.pid), "ip", "link", "add", "name", intfname1]
         argv += ["index", str(i1)] if i1 else []
@@ -95,7 +95,7 @@ class _Veth(Link):
 class RailOptTopo(Topo):
     """Mininet's view of a FabricPlan: every node a host, every cable a veth."""
 
-    def build(self, plan: FabricPlan, carrier_events: str = "physical") -> None:  # noqa: D102
+    def build(self, plan: FabricPlan, carrier_events: str = "physical") -> None:
         far = 0 if carrier_events == "physical" else 100_000
         for name in plan.node_names:
             self.addHost(name, ip=None)  # no Mininet 10/8 address, ever

@@ -35,8 +35,8 @@ import pwd
 import re
 import socket
 import stat
-import tempfile
 import struct
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass

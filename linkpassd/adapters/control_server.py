@@ -58,7 +58,7 @@ from linkpassd.adapters.control_access import (
     prepare_private_dir,
     private_dir_for,
 )
-from linkpassd.adapters.control_convert import (  # noqa: F401 - re-exported: tests and callers use them here
+from linkpassd.adapters.control_convert import (  # re-exported: tests and callers use them here
     drain_to_proto,
     event_to_proto,
     explanation_to_proto,

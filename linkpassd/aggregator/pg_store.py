@@ -68,15 +68,29 @@ import structlog
 
 from linkpassd.aggregator import pg_schema
 from linkpassd.aggregator.pg_schema import (
-    EVENTS_LOCK, HORIZON, LEAD_SPACE, LOCK_SPACE, MAX_TX_EVENTS, MIGRATION_LOCK, role_key,
+    EVENTS_LOCK,
+    HORIZON,
+    LEAD_SPACE,
+    LOCK_SPACE,
+    MAX_TX_EVENTS,
+    MIGRATION_LOCK,
+    role_key,
 )
 from linkpassd.aggregator.savings import day_of
 from linkpassd.aggregator.settings import redacted_dsn
 from linkpassd.aggregator.sqlite_store import MAX_SEQ
 from linkpassd.aggregator.sqlite_store import _checked as checked_batch
 from linkpassd.aggregator.store import (
-    CHANNEL_EVENTS, AddResult, DayTotal, EventQuery, EventRow, HostRow, PendingCommand, StoredEvent,
-    StoreError, StoreStats,
+    CHANNEL_EVENTS,
+    AddResult,
+    DayTotal,
+    EventQuery,
+    EventRow,
+    HostRow,
+    PendingCommand,
+    StoredEvent,
+    StoreError,
+    StoreStats,
 )
 
 log = structlog.get_logger("linkpassd.aggregator.pg_store")

@@ -42,8 +42,8 @@ from linkpassd.aggregator.fleet_api import FleetServicer
 from linkpassd.aggregator.identity import Refusal, peer_identity
 from linkpassd.aggregator.metrics import AggregatorMetrics
 from linkpassd.aggregator.planner import MeshPlanner
-from linkpassd.aggregator.settings import Settings
 from linkpassd.aggregator.replicas import Replicas
+from linkpassd.aggregator.settings import Settings
 from linkpassd.aggregator.store import CHANNEL_HOSTS, EventRow, HostRow, OutOfOrder, Store, StoreError, is_shared
 from linkpassd.aggregator.watch import DEFAULT_QUEUE, EventFanout
 from linkpassd.aggregator.worker import Worker

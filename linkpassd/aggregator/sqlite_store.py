@@ -65,7 +65,15 @@ from typing import Any, TypeVar
 from linkpassd.aggregator import bounds
 from linkpassd.aggregator.savings import day_of
 from linkpassd.aggregator.store import (
-    AddResult, DayTotal, EventQuery, EventRow, HostRow, OutOfOrder, StoredEvent, StoreError, StoreStats,
+    AddResult,
+    DayTotal,
+    EventQuery,
+    EventRow,
+    HostRow,
+    OutOfOrder,
+    StoredEvent,
+    StoreError,
+    StoreStats,
 )
 
 T = TypeVar("T")

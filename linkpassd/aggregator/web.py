@@ -66,7 +66,7 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _unix(ts) -> float:  # noqa: ANN001 - a google.protobuf.Timestamp
+def _unix(ts) -> float:
     return ts.seconds + ts.nanos / 1e9
 
 
@@ -172,7 +172,7 @@ def _hosts_not_reporting_html(hosts: fleet_pb2.ListHostsResponse, refused: Seque
             f'</tr></thead><tbody>{"".join(shown)}</tbody></table>{more}')
 
 
-def _enum_word(enum_type, value: int, prefix: str) -> str:  # noqa: ANN001 - a proto enum wrapper
+def _enum_word(enum_type, value: int, prefix: str) -> str:
     try:
         return enum_type.Name(value).removeprefix(prefix).lower()
     except ValueError:  # a value newer than this release

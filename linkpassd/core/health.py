@@ -24,8 +24,16 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field, replace
 
-from linkpassd.core.model import (Assessment, CounterSample, LinkSample, OpticsReading,
-                                  PortState, Timers, Unreadable, Verdict)
+from linkpassd.core.model import (
+    Assessment,
+    CounterSample,
+    LinkSample,
+    OpticsReading,
+    PortState,
+    Timers,
+    Unreadable,
+    Verdict,
+)
 from linkpassd.core.signals import CounterHistory, HealthPolicy, OpticsHistory, Signals, worst
 
 DEFAULT_POLICY = HealthPolicy()

@@ -18,8 +18,7 @@ import re
 import statistics
 from dataclasses import dataclass, field, replace
 
-from linkpassd.core.model import (Assessment, CounterSample, HealthPolicy, OpticsReading,
-                                  Thresholds, Unreadable, Verdict)
+from linkpassd.core.model import Assessment, CounterSample, HealthPolicy, OpticsReading, Thresholds, Unreadable, Verdict
 
 COUNTER_FIELDS = ("rx_crc_errors", "symbol_errors", "fec_uncorrectable", "fec_corrected")
 # A counter that moves faster than this per second is a sensor glitch, not a link.

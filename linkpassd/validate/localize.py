@@ -66,8 +66,7 @@ from dataclasses import dataclass, field
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.validate.plan import CablingPlan, PlannedPort
-from linkpassd.validate.results import (Finding, HostResult, HostValidation, PairResult, PortCheck,
-                                        host_results)
+from linkpassd.validate.results import Finding, HostResult, HostValidation, PairResult, PortCheck, host_results
 
 __all__ = ["Analysis", "Finding", "HostResult", "HostValidation", "PairResult", "PortCheck", "Thresholds",
            "detectable_loss", "localize", "localize_proto", "loss_resolution", "probes_for"]

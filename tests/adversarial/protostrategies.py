@@ -112,6 +112,6 @@ def _message(descriptor: Descriptor, depth: int = 0) -> st.SearchStrategy:
     return build()
 
 
-def messages(message_class) -> st.SearchStrategy:  # noqa: ANN001 - a generated message class
+def messages(message_class) -> st.SearchStrategy:
     """Messages of `message_class`, any field set to anything its type holds."""
     return _message(message_class.DESCRIPTOR)

@@ -30,7 +30,6 @@ import stat
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -190,7 +189,7 @@ print(repr({{"state": writes({str(state)!r}), "etc": writes("/etc"), "var": writ
 """
     proc = run_in(sandbox, ns.name, probe)
     assert proc.returncode == 0, proc.stderr
-    seen = eval(proc.stdout)  # noqa: S307 - our own repr of a dict of str
+    seen = eval(proc.stdout)  # our own repr of a dict of str
     assert seen["state"] == "ok" and seen["tmp"] == "ok", seen
     assert seen["etc"] == seen["var"] == seen["run"] == "Read-only file system", seen
     net_admin_raw = (1 << 12) | (1 << 13)  # CAP_NET_ADMIN, CAP_NET_RAW

@@ -21,8 +21,16 @@ from pyroute2.netns import create_socket
 
 from labs.netnslib import run, wait_for
 from linkpassd.adapters import mmsg
-from linkpassd.adapters.echo import (ECHO_PORT, KIND_REQUEST, MAGIC, PACKET, VERSION, EchoProber,
-                                     EchoResponder, ProbePath)
+from linkpassd.adapters.echo import (
+    ECHO_PORT,
+    KIND_REQUEST,
+    MAGIC,
+    PACKET,
+    VERSION,
+    EchoProber,
+    EchoResponder,
+    ProbePath,
+)
 from linkpassd.adapters.echorail import RailSocket
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.probe import ProbeConfig

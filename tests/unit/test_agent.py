@@ -15,15 +15,14 @@ import random
 import grpc
 import pytest
 
+from corefixtures import rails_config
 from linkpassd._proto.linkpass.v1 import fleet_pb2, fleet_pb2_grpc
 from linkpassd.adapters.links import LinkSnapshot
 from linkpassd.agent.client import AgentClient, backoff_s
-from linkpassd.agent.link import DaemonHost, MeshPeersChanged
-from linkpassd.agent.spool import Gap, Spool, SpoolWriter
+from linkpassd.agent.link import DaemonHost
+from linkpassd.agent.spool import Spool, SpoolWriter
 from linkpassd.core.model import AggregatorSettings, ProbeSettings
 from linkpassd.daemon import Daemon
-
-from corefixtures import rails_config
 from test_daemon_faults import Clock, FakeKernel, link
 from test_spool import events
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from agg_tls import make_pki, serving, tls_settings
+from corefixtures import rails_config
 from linkpassd.adapters import control_convert
 from linkpassd.agent.client import AgentClient
 from linkpassd.agent.link import DaemonHost
@@ -20,9 +22,6 @@ from linkpassd.core.events import EventKind
 from linkpassd.core.model import AggregatorSettings
 from linkpassd.ctl.render import render_status
 from linkpassd.daemon import Daemon
-
-from agg_tls import make_pki, serving, tls_settings
-from corefixtures import rails_config
 
 DEADLINE_S = 30.0
 

@@ -29,7 +29,7 @@ class _Recorder(health.aio.HealthServicer):
         super().__init__()
         self.seen: list[dict[str, list[bytes]]] = []
 
-    async def Check(self, request, context):  # noqa: N802 - grpc's name
+    async def Check(self, request, context):  # grpc's name
         self.seen.append(dict(context.auth_context()))
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
 

@@ -88,10 +88,9 @@ def test_a_validation_planned_and_localised_in_the_worker_process_reports_as_on_
     """With the threshold at 0 every validation's plan and localisation go
     to the worker process: the hosts get their commands and the report has
     every host "ok" and no finding for healthy answers (the real localiser)."""
-    from test_agg_validation import (DEADLINE_S, HOSTS, channel, connect_agents, insecure_settings,
-                                     plan, run, serving)
     from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
     from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
+    from test_agg_validation import DEADLINE_S, HOSTS, channel, connect_agents, insecure_settings, plan, run, serving
 
     monkeypatch.setattr(worker_mod, "OFF_LOOP_ABOVE_HOSTS", 0)
 

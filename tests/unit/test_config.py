@@ -13,10 +13,25 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from linkpassd import config as cfgmod
-from linkpassd.config import (SCHEMA, ConfigError, build_config, check_config_main, load_config,
-                              parse_config, render_reference_markdown)
-from linkpassd.core.model import (AggregatorSettings, BfdSettings, Config, MultipathConfig,
-                                  Ownership, ProbeSettings, RailConfig, Timers)
+from linkpassd.config import (
+    SCHEMA,
+    ConfigError,
+    build_config,
+    check_config_main,
+    load_config,
+    parse_config,
+    render_reference_markdown,
+)
+from linkpassd.core.model import (
+    AggregatorSettings,
+    BfdSettings,
+    Config,
+    MultipathConfig,
+    Ownership,
+    ProbeSettings,
+    RailConfig,
+    Timers,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "linkpassd.toml"

@@ -38,15 +38,14 @@ from linkpassd.core.events import EventKind, EventLog, Severity
 from linkpassd.core.healthdoc import HealthDoc, PortHealthRow
 from linkpassd.core.model import DrainOutcome, PortState, Verdict
 from linkpassd.ctl.render import render_explanation
-
-from test_control_api import (  # noqa: F401 - sock and local_zone are fixtures
+from test_control_api import (
     WALL_NOW,
-    local_zone,
     realistic_status,
     run_ctl,
     running_server,
-    sock,
 )
+
+pytestmark = pytest.mark.usefixtures("local_zone")
 
 DEADLINE_S = 30.0  # generous: other test runs share this 2-core machine
 ADMIN_GROUP = "users"  # exists on Debian (gid 100); uid 65534 is not in it

@@ -13,17 +13,37 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from corefixtures import rails_config
 from linkpassd import metrics_snapshot
 from linkpassd.adapters.echo import RTT_BUCKETS_S
-from linkpassd.adapters.metrics import (BfdMetrics, LoopLagMetrics, Metrics, MetricsSnapshot,
-                                        ProbeMetrics, parse_listen, reason_class)
+from linkpassd.adapters.metrics import (
+    BfdMetrics,
+    LoopLagMetrics,
+    Metrics,
+    MetricsSnapshot,
+    ProbeMetrics,
+    parse_listen,
+    reason_class,
+)
 from linkpassd.core.events import EventKind, EventLog, Severity
-from linkpassd.core.model import (AgentLinkStatus, CounterSample, DaemonStatus, Drain, GroupStatus, LinkSample,
-                                  ModuleIdentity, OpticsReading, PortSensors, PortState, Problem,
-                                  RailStatus, ResponderCounters, Thresholds, Verdict)
+from linkpassd.core.model import (
+    AgentLinkStatus,
+    CounterSample,
+    DaemonStatus,
+    Drain,
+    GroupStatus,
+    LinkSample,
+    ModuleIdentity,
+    OpticsReading,
+    PortSensors,
+    PortState,
+    Problem,
+    RailStatus,
+    ResponderCounters,
+    Thresholds,
+    Verdict,
+)
 from linkpassd.daemon import Daemon
-
-from corefixtures import rails_config
 
 RAIL_OF = {"eth0": "rail0", "eth1": "rail1"}
 CANDIDATES = {"rail0": ("rail0", "rail1"), "rail1": ("rail1", "rail0")}

@@ -14,11 +14,9 @@ import grpc
 from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.adapters.links import LinkSnapshot
 from linkpassd.agent import link as agentlink
-from linkpassd.core.model import (CounterSample, HealthPolicy, LinkSample, ModuleIdentity, OpticsReading,
-                                  Unreadable)
+from linkpassd.core.model import CounterSample, HealthPolicy, LinkSample, ModuleIdentity, OpticsReading, Unreadable
 from linkpassd.core.model import Thresholds as ModelThresholds
 from linkpassd.validate import hostcheck
-
 from test_agent import connected_agent, make_daemon, until
 from test_daemon_faults import link
 
