@@ -396,7 +396,7 @@ class Lab:
 
     def _stop_processes(self) -> list[str]:
         problems = []
-        for name, proc in self._procs:
+        for _name, proc in self._procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + PROC_STOP_S

@@ -236,7 +236,7 @@ class Validations:
                     done += 1
                     yield pb.ValidateResponse(progress=pb.ValidateProgress(
                         hosts_done=done, hosts_total=total, last_host=host))
-            for future, (host, _) in sorted(pending.items(), key=lambda item: item[1]):
+            for _future, (host, _) in sorted(pending.items(), key=lambda item: item[1]):
                 results[host] = pb.HostValidationResult(host_id=host, status=TIMED_OUT)
                 log.warning("validation_host_timed_out", run_id=run_id, host=host, after_s=timeout)
                 done += 1

@@ -282,8 +282,9 @@ def _evaluate(state: PortHealth, now: float, timers: Timers, policy: HealthPolic
                         good_worst=worst(state.good_worst, severity) if run else severity)
     else:
         relation = Relation.SAME
-    for guard, action in TRANSITIONS[(current, relation)]:
+    for guard, candidate in TRANSITIONS[(current, relation)]:
         if _guard(guard, state, severity, now, timers):
+            action = candidate
             break
     else:  # pragma: no cover - the table is total; a test proves it
         raise AssertionError(f"no transition for {current} on {relation}")

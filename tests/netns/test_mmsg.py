@@ -147,7 +147,7 @@ def test_port_unreachable_reaches_the_path_it_was_for_through_the_error_queue(la
             assert rs.open(loop), rs.error
             for pr in probers:
                 pr._loop = loop
-            for k in range(20):
+            for _ in range(20):
                 now = loop.time()
                 for pr in probers:
                     _, sends = pr.state.poll(now)

@@ -110,7 +110,10 @@ def test_operator_identity_is_one_operator_uri(auth, operator) -> None:
 
 def test_the_certs_script_writes_private_keys_and_refuses_bad_names(tmp_path: Path) -> None:
     d = tmp_path / "pki"
-    run = lambda *a: subprocess.run([str(CERTS_SCRIPT), *a], capture_output=True, text=True, timeout=60)  # noqa: E731
+
+    def run(*a: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(CERTS_SCRIPT), *a], capture_output=True, text=True, timeout=60)
+
     assert run("ca", str(d)).returncode == 0
     again = run("ca", str(d))
     assert again.returncode == 2 and "not overwriting" in again.stderr

@@ -563,7 +563,7 @@ def test_a_read_only_user_cannot_take_the_connections_root_and_admins_need(sock:
                                             (65532, 1, 1, 16)):  # a third finds none left
                 holders.append(hold_connections(sock, uid, n, closed))
                 assert LineReader(holders[-1]).line() == f"closed {closed}"
-                wait_for(lambda: proxy.readers == readers == proxy.active, f"{readers} relayed connections")
+                wait_for(lambda readers=readers: proxy.readers == readers == proxy.active, f"{readers} relayed connections")
             assert proxy.refused == 2
             assert run_ctl(sock, "status").exit_code == 0  # root
             admin = run(as_user(ctl_argv(sock, "status"), groups=str(grp.getgrnam(ADMIN_GROUP).gr_gid)))

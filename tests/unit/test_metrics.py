@@ -25,7 +25,7 @@ from linkpassd.adapters.metrics import (
     parse_listen,
     reason_class,
 )
-from linkpassd.core.events import EventKind, EventLog, Severity
+from linkpassd.core.events import Event, EventKind, EventLog, Severity
 from linkpassd.core.model import (
     AgentLinkStatus,
     CounterSample,
@@ -104,7 +104,10 @@ def realistic_snapshot() -> MetricsSnapshot:
 
 def cable_pull_events():
     log = EventLog("b00t")
-    ev = lambda kind, name, **kw: log.append(kind, name, wall=1000.0, mono=5.0, **kw)  # noqa: E731
+
+    def ev(kind: EventKind, name: str, **kw: object) -> Event:
+        return log.append(kind, name, wall=1000.0, mono=5.0, **kw)
+
     return [
         ev(EventKind.RAIL_PATH, "rail_path", rail="rail0", port="eth0", path="rail0",
            previous="unknown"),  # the first decision: no reroute
