@@ -438,7 +438,7 @@ class Snapshot:
     def _run(self, name: str, fn: Callable[[], str]) -> None:
         try:
             self.texts[name] = fn()
-        except Exception as exc:  # reported in the text; the trial goes on
+        except Exception as exc:  # noqa: BLE001 - reported in the text; the trial goes on
             self.texts[name] = f"{name} snapshot failed: {type(exc).__name__}: {exc}"
         self.steps[f"{name}_end"] = time.monotonic()
 

@@ -140,7 +140,7 @@ class ScaleLab:
         for stop in (self.stop_linkpassd, self.stop_frr, self.stop_responder):
             try:
                 stop()
-            except Exception as e:  # keep tearing down
+            except Exception as e:  # noqa: BLE001 - keep tearing down
                 errors.append(repr(e))
         if self._setter is not None:
             self._setter.close()

@@ -340,7 +340,7 @@ class Lab:
                 result = fn()
                 if isinstance(result, list):
                     problems.extend(result)
-            except Exception as exc:  # keep tearing down; report at the end
+            except Exception as exc:  # noqa: BLE001 - keep tearing down; report at the end
                 problems.append(f"{what}: {exc}")
 
         try:
@@ -390,7 +390,7 @@ class Lab:
         for node, frr in self._frr.items():
             try:
                 frr.stop(timeout=PROC_STOP_S)
-            except Exception as exc:  # the next node's FRR must still stop
+            except Exception as exc:  # noqa: BLE001 - the next node's FRR must still stop
                 problems.append(f"{node}: stopping FRR: {exc}")
         return problems
 

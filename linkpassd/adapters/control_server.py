@@ -305,7 +305,7 @@ class _ControlServicer(pb_grpc.ControlServiceServicer):
         the daemon has not judged it yet)."""
         try:
             rails = self._status_provider().rails
-        except Exception as exc:  # the answer is still NOT_FOUND, just without the list
+        except Exception as exc:  # noqa: BLE001 - the answer is still NOT_FOUND, just without the list
             log.warning("control_status_failed", error=str(exc))
             return grpc.StatusCode.NOT_FOUND, f"unknown port {port!r}"
         configured = list(dict.fromkeys(r.port for r in rails))

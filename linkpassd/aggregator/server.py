@@ -325,7 +325,7 @@ class AgentServicer:
                             f"no Hello within {self.hello_timeout_s:g} s of opening the stream") from None
         except StopAsyncIteration:
             raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, "the stream closed before its Hello") from None
-        except Exception as exc:  # the client went away (cancelled, reset) before its Hello
+        except Exception as exc:  # noqa: BLE001 - the client went away (cancelled, reset) before its Hello
             raise StreamEnd(grpc.StatusCode.CANCELLED, f"the stream failed before its Hello: {exc}") from None
         which = first.WhichOneof("body")
         if which != "hello":
@@ -372,7 +372,7 @@ class AgentServicer:
         if rows and rows[0].inventory:
             try:
                 return pb.Inventory.FromString(rows[0].inventory)
-            except Exception:  # stored by an older release: the next Inventory replaces it
+            except Exception:  # noqa: BLE001 - stored by an older release: the next Inventory replaces it
                 return None
         return None
 
@@ -403,7 +403,7 @@ class AgentServicer:
             self._pend(session, (END, None))  # the agent half-closed: finish what was read, then end
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - undecodable bytes or the call gone: told below
             if not context.done():
                 # The call is still up, so it did not go away: grpc could not
                 # decode what the agent sent (bytes that are not a

@@ -333,7 +333,7 @@ async def serve(listen: str, page_source: PageSource, health_source: HealthSourc
                 await _handle(reader, writer, page_source, health_source)
         except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError):
             pass  # the client went away or stalled: nothing to answer
-        except Exception as exc:  # never let one request take the server down
+        except Exception as exc:  # noqa: BLE001 - never let one request take the server down
             log.warning("web_request_failed", error=str(exc))
         finally:
             handlers.discard(task)
@@ -395,7 +395,7 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
         return
     try:
         page = await page_source()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a page that cannot be built answers 500, not a dropped connection
         log.warning("web_page_failed", error=str(exc))
         await _respond(writer, 500, "text/plain", f"the page could not be built: {exc}\n".encode(),
                        head_only=head_only)
