@@ -236,7 +236,8 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
         finally:
             fanout.unsubscribe(watcher)
 
-    async def GetSummary(self, request: pb.GetSummaryRequest, context: grpc.aio.ServicerContext) -> pb.GetSummaryResponse:
+    async def GetSummary(self, request: pb.GetSummaryRequest,
+                         context: grpc.aio.ServicerContext) -> pb.GetSummaryResponse:
         days = request.days or 7
         if days > MAX_SUMMARY_DAYS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"days {days}: at most {MAX_SUMMARY_DAYS}")
@@ -307,7 +308,8 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
         finally:
             session.commands.pop(command.id, None)
 
-    async def FleetDrain(self, request: pb.FleetDrainRequest, context: grpc.aio.ServicerContext) -> pb.FleetDrainResponse:
+    async def FleetDrain(self, request: pb.FleetDrainRequest,
+                         context: grpc.aio.ServicerContext) -> pb.FleetDrainResponse:
         by = await self._operator(context, "FleetDrain")
         d = request.duration_s
         if not math.isfinite(d) or d < 0:

@@ -410,9 +410,9 @@ class AgentServicer:
                 # ConnectRequest). Say so; a status OK would have the agent
                 # resend the same bytes for ever.
                 log.warning("agent_message_undecodable", host=session.host_id, error=str(exc))
+                first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 self._pend(session, (END, StreamEnd(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"a message after Hello is not a ConnectRequest: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")))
+                    grpc.StatusCode.INVALID_ARGUMENT, f"a message after Hello is not a ConnectRequest: {first_line}")))
                 return
             # the call went away (the agent cancelled, a reset): nobody to answer
             log.info("agent_stream_gone", host=session.host_id, error=str(exc).splitlines()[0] if str(exc) else "")

@@ -125,7 +125,8 @@ def select(request: pb.ValidateRequest) -> Selection:
     selected = full.select(request.hosts, request.rails)
     if not selected.ports:
         raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
-                           f"the plan has no port of hosts {sorted(request.hosts)[:10]} on rails {sorted(request.rails)}")
+                           f"the plan has no port of hosts {sorted(request.hosts)[:10]} "
+                           f"on rails {sorted(request.rails)}")
     return Selection(plan=selected, reference=full.select(rails=request.rails), hosts=selected.hosts(),
                      rails=selected.rails(), duration_s=duration)
 

@@ -205,7 +205,8 @@ def _summary_html(summary: fleet_pb2.GetSummaryResponse) -> str:
                    f'<td>{d.gpu_hours_saved:.1f}</td></tr>' for d in days)
     verdicts = ", ".join(f"{_e(k)} {v}" for k, v in sorted(summary.ports_by_verdict.items())) or "none"
     return (f'<p id="totals">{total_failures} failures absorbed, <strong>{total_hours:.1f} GPU-hours saved</strong> '
-            f'over {len(days)} day{"" if len(days) == 1 else "s"} (restart cost {summary.restart_cost_s / 60:g} min per failure × GPUs '
+            f'over {len(days)} day{"" if len(days) == 1 else "s"} '
+            f'(restart cost {summary.restart_cost_s / 60:g} min per failure × GPUs '
             f'behind the port). Ports now: {verdicts}.</p>'
             '<table id="accounting"><thead><tr><th>day (UTC)</th><th>failures absorbed</th>'
             f'<th>GPU-hours saved</th></tr></thead><tbody>{rows}</tbody></table>')

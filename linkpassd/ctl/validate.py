@@ -87,7 +87,8 @@ def run_validation(agg: Aggregator, request: pb.ValidateRequest) -> pb.Validatio
                     progress = response.progress
                     if bar is None:
                         bar = click.progressbar(length=max(progress.hosts_total, 1), label="validating",
-                                                file=sys.stderr, show_pos=True, item_show_func=lambda h: terminal.safe(h, one_line=True) if h else h)
+                                                file=sys.stderr, show_pos=True,
+                                                item_show_func=lambda h: terminal.safe(h, one_line=True) if h else h)
                         bar.__enter__()
                     bar.update(progress.hosts_done - bar.pos, progress.last_host or None)
             finally:

@@ -175,7 +175,8 @@ def plausible_batches(draw):
     text = st.one_of(st.sampled_from(["eth0", "rail0", ""]), st.text(max_size=20),
                      st.sampled_from(["\x1b]0;t\x07", "\u202e", "x" * 300]))
     events = [cpb.Event(boot_id=draw(st.sampled_from([boot, boot, "", "other"])), seq=seq,
-                        time=Timestamp(seconds=draw(st.one_of(st.integers(0, 2**33), st.sampled_from([-(2**62), 2**62])))),
+                        time=Timestamp(seconds=draw(st.one_of(st.integers(0, 2**33),
+                                                              st.sampled_from([-(2**62), 2**62])))),
                         kind=draw(st.integers(0, 12)), severity=draw(st.integers(0, 4)), name=draw(text),
                         port=draw(text), rail=draw(text), message=draw(text),
                         fields=draw(st.dictionaries(text, text, max_size=3)))
@@ -200,7 +201,8 @@ AGENT_BODY = st.one_of(
     st.builds(lambda boot, events, gf, gl: pb.ConnectRequest(events=pb.EventBatch(
         boot_id=boot, events=events, gap_first=gf, gap_last=gl)),
         BOOTS, st.lists(messages(cpb.Event), max_size=4),
-        st.sampled_from([0, 1, 2, 2**48, 2**63 - 1, 2**64 - 1]), st.sampled_from([0, 1, 3, 2**48, 2**63 - 1, 2**64 - 1])),
+        st.sampled_from([0, 1, 2, 2**48, 2**63 - 1, 2**64 - 1]),
+        st.sampled_from([0, 1, 3, 2**48, 2**63 - 1, 2**64 - 1])),
     st.binary(min_size=1, max_size=40),  # bytes that may not be a ConnectRequest at all
 )
 

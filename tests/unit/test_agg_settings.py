@@ -239,7 +239,8 @@ def test_serve_opens_a_postgresql_store_when_selected(pg_cluster, pg_databases) 
         served = asyncio.create_task(agg_main.serve(settings_for(dsn), stop=stop))
         def migrated() -> bool:
             try:
-                return pg_cluster.psql("SELECT version FROM linkpass_schema", database=database).strip() == str(SCHEMA_VERSION)
+                stored = pg_cluster.psql("SELECT version FROM linkpass_schema", database=database)
+                return stored.strip() == str(SCHEMA_VERSION)
             except subprocess.CalledProcessError:  # no such table yet
                 return False
 

@@ -425,7 +425,8 @@ def test_explain_without_provider_is_unimplemented(sock: Path) -> None:
                 pb_grpc.ControlServiceStub(channel).ExplainPort(pb.ExplainPortRequest(port="eth0"), timeout=5)
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert result.exit_code == 1
-    assert result.stderr == "linkpassctl: linkpassd answered UNIMPLEMENTED: this linkpassd serves no port explanations\n"
+    assert result.stderr == ("linkpassctl: linkpassd answered UNIMPLEMENTED: "
+                             "this linkpassd serves no port explanations\n")
     assert result.stdout == ""
 
 

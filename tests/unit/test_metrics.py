@@ -393,7 +393,8 @@ def test_ipv6_listen_addresses_take_brackets(served):
 
 
 @pytest.mark.parametrize("reason, cause", [
-    ("no carrier (operstate DOWN)", "carrier"), ("interface missing", "carrier"), ("no such port: the interface does not exist", "carrier"),
+    ("no carrier (operstate DOWN)", "carrier"), ("interface missing", "carrier"),
+    ("no such port: the interface does not exist", "carrier"),
     ("bfd:198.18.0.254: session Down (control detection time expired)", "bfd"),
     ("echo: all 2 peers unreachable: a, b", "echo"), ("optics: rx power -14 dBm", "optics"),
     ("counters: 40 CRC errors/s", "counters"), ("flaps: suppressed", "flap"), ("flap", "flap"),
