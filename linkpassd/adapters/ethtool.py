@@ -572,7 +572,7 @@ class EthtoolSensor:
             return more
         try:
             reading = decoder.decode({LOWER_PAGE0: page0, **more})
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - as above: a decoder bug must not end the daemon
             return Unreadable(f"{port}: module decoder failed: {type(e).__name__}: {e}")
         if isinstance(reading, Unreadable):
             return Unreadable(f"{port}: {reading.reason}")

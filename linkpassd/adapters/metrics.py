@@ -44,7 +44,7 @@ from linkpassd.adapters import metrics_http
 from linkpassd.core.events import (
     Event,
     EventKind,
-    reason_class,  # re-exported for tests
+    reason_class,
 )
 from linkpassd.core.model import AgentLinkStatus, CounterSample, ResponderCounters
 

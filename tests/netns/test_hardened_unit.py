@@ -21,6 +21,7 @@ here), PrivateDevices= and the other kernel-facing Protect*= settings.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import grp
 import json
@@ -189,7 +190,7 @@ print(repr({{"state": writes({str(state)!r}), "etc": writes("/etc"), "var": writ
 """
     proc = run_in(sandbox, ns.name, probe)
     assert proc.returncode == 0, proc.stderr
-    seen = eval(proc.stdout)  # our own repr of a dict of str
+    seen = ast.literal_eval(proc.stdout)  # our own repr: a dict of str and a list of int
     assert seen["state"] == "ok" and seen["tmp"] == "ok", seen
     assert seen["etc"] == seen["var"] == seen["run"] == "Read-only file system", seen
     net_admin_raw = (1 << 12) | (1 << 13)  # CAP_NET_ADMIN, CAP_NET_RAW

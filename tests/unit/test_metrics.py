@@ -23,9 +23,8 @@ from linkpassd.adapters.metrics import (
     MetricsSnapshot,
     ProbeMetrics,
     parse_listen,
-    reason_class,
 )
-from linkpassd.core.events import Event, EventKind, EventLog, Severity
+from linkpassd.core.events import Event, EventKind, EventLog, Severity, reason_class
 from linkpassd.core.model import (
     AgentLinkStatus,
     CounterSample,
