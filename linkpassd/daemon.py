@@ -52,6 +52,7 @@ from linkpassd.adapters.responderproc import ResponderProcess
 from linkpassd.adapters.sensor import Sensor
 from linkpassd.adapters.watchdog import Watchdog
 from linkpassd.agent.link import AggregatorLink, MeshPeersChanged
+from linkpassd.config.cli import add_config_options, config_choice
 from linkpassd.config.reference import control_socket_problem
 from linkpassd.core import alloc, apply, bfd, carried, drain, health, plan, policy
 from linkpassd.core.events import EventKind, Severity
@@ -896,23 +897,13 @@ def check_fd_limit(daemon: Daemon, config: Config) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="linkpassd", description=DESCRIPTION, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", metavar="FILE", default=None,
-                        help=f"the config file (TOML) [default: {DEFAULT_CONFIG}]")
-    parser.add_argument("--check-config", metavar="FILE", nargs="?", const=True, default=None,
-                        help="check the config (FILE, or the --config file) and that the "
-                             "aggregator would accept this host's certificate, without touching "
-                             "the system; print OK or the problem, then exit")
+    add_config_options(parser, default_path=DEFAULT_CONFIG,
+                       checks=" and that the aggregator would accept this host's certificate")
     parser.add_argument("--version", action="version", version=linkpassd.__version__)
-    args = parser.parse_args(argv)
-    if args.check_config is not None:
-        path = args.config or DEFAULT_CONFIG
-        if isinstance(args.check_config, str):
-            if args.config is not None and args.config != args.check_config:
-                parser.error(f"--config {args.config} and --check-config {args.check_config} "
-                             "name two files; give the file once")
-            path = args.check_config
-        return configmod.check_config_main(path)
-    config_path = args.config or DEFAULT_CONFIG
+    choice = config_choice(parser, parser.parse_args(argv), default_path=DEFAULT_CONFIG)
+    if choice.check_only:
+        return configmod.check_config_main(choice.path)
+    config_path = choice.path
     try:
         config = configmod.load_config(config_path)
         socket_problem = control_socket_problem(config.control_socket)

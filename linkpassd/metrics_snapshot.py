@@ -9,12 +9,12 @@ nothing of the daemon's.
 Its cost is one `status()` (what `linkpassctl status` costs) plus a walk over
 BFD sessions and echo paths, once per scrape: nothing per packet. The probe
 RTT histogram is counted by each echo prober as replies arrive (one bisect and
-one integer increment per reply, adapters.echo) and only copied here.
+one integer increment per reply, adapters.echo, into core.probe.RTT_BUCKETS_S) and
+only copied here.
 """
 
 from __future__ import annotations
 
-from linkpassd.adapters.echo import RTT_BUCKETS_S
 from linkpassd.adapters.metrics import (
     BfdMetrics,
     GroupMetrics,
@@ -27,6 +27,7 @@ from linkpassd.adapters.metrics import (
     RailMetrics,
 )
 from linkpassd.core.model import DaemonStatus, OpticsReading
+from linkpassd.core.probe import RTT_BUCKETS_S
 
 __all__ = ["MetricsSnapshot", "take", "from_status"]
 

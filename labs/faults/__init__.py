@@ -16,9 +16,8 @@ from labs.faults.blackhole import LeafPortBlackhole, SpineLinkBlackhole
 from labs.faults.link import CablePull, Flap
 from labs.faults.miswire import Miswire
 from labs.faults.nft import NftFault, OneWayLoss, RandomLoss, SilentBlackhole
-from labs.faults.optics import OpticDegradation, SimSensor
+from labs.faults.optics import OpticDegradation
 from labs.faults.pause import LeafPause
 
 __all__ = ["Fault", "CablePull", "Flap", "LeafPause", "LeafPortBlackhole", "Miswire", "NftFault",
-           "OneWayLoss", "RandomLoss", "SilentBlackhole", "SpineLinkBlackhole", "OpticDegradation",
-           "SimSensor"]
+           "OneWayLoss", "RandomLoss", "SilentBlackhole", "SpineLinkBlackhole", "OpticDegradation"]

@@ -39,6 +39,7 @@ from mininet.topo import Topo
 from labs.aggproc import AggregatorProc
 from labs.frr import BfdPeer, FrrBfd, mnexec_attach
 from labs.lldp import LabLldp, lldp_options, sniff_lldp
+from labs.simsensor import SimSensor
 from labs.topos import frrbgp
 from labs.topos.nl import LinkSetter, arp_who_has
 from labs.topos.plan import (
@@ -733,8 +734,6 @@ class Lab:
                 for rail in plan.rails}
 
     def _write_host_files(self, host: HostPlan) -> None:
-        from labs.faults.optics import SimSensor
-
         (self.run_dir(host) / "sim").mkdir(parents=True, exist_ok=True)
         if self.mechanism == "linkpassd":
             self.config_path(host).write_text(self.host_config_toml(host))

@@ -110,16 +110,12 @@ from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.wakeups import SharedTimer
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.model import Assessment, ResponderCounters
-from linkpassd.core.probe import ProbeConfig, Prober, Send, rail_ask_due
+from linkpassd.core.probe import RTT_BUCKETS_S, ProbeConfig, Prober, Send, rail_ask_due
 from linkpassd.core.schedule import send_slot
 
 _MAX_KERNEL_DELAY_S = 1.0  # beyond this a receive timestamp is a clock step, not a delay
 _RETRY_S = 1.0  # reopen a rail's socket this long after it failed (port or address missing)
 _MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: the enum's & costs more than the rest of a check
-# Upper bounds of the probe RTT histogram (seconds; +Inf is implied), for metrics:
-# each reply costs one bisect and one integer increment (see docs/metrics.md).
-RTT_BUCKETS_S = (50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 4e-3, 8e-3, 16e-3, 32e-3, 64e-3,
-                 0.128, 0.256, 0.512, 1.024)
 
 
 # --------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.adapters.control_convert import port_state_to_proto, timestamp
 from linkpassd.core.model import Config, PortState
+from linkpassd.core.probe import RTT_BUCKETS_S
 
 MAX_PEERS_PER_RAIL = 64  # more from the aggregator is a bug there; the rest are ignored
 _PATH_STATES = {"NEVER_UP": "init", "UP": "up", "SUSPECT": "up", "DOWN": "down"}
@@ -76,7 +77,6 @@ def path_samples(echo) -> list[PathSample]:
     """The echo service's paths now (adapters.echo.EchoService)."""
     if echo is None:
         return []
-    from linkpassd.adapters.echo import RTT_BUCKETS_S
     out = []
     for path, prober in echo.probers.items():
         state = prober.state

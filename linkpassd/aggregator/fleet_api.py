@@ -27,11 +27,12 @@ from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
 from linkpassd.aggregator import bounds, savings
 from linkpassd.aggregator.identity import peer_identity
 from linkpassd.aggregator.replicas import status_code
-from linkpassd.aggregator.store import EventQuery, HostRow, StoredEvent, StoreError
+from linkpassd.aggregator.session import HostSession, StreamEnd
+from linkpassd.aggregator.store import EventQuery, HostRow, StoredEvent, StoreError, kind_name
 from linkpassd.aggregator.validation import Validations
 
 if TYPE_CHECKING:
-    from linkpassd.aggregator.server import Fleet, HostSession
+    from linkpassd.aggregator.fleet import Fleet
 
 log = structlog.get_logger("linkpassd.aggregator.fleet")
 
@@ -56,7 +57,6 @@ def kind_filter(value: int) -> str:
     """A request's EventKind -> the store's kind string ("" = any)."""
     if value == 0:
         return ""
-    from linkpassd.aggregator.server import kind_name
     return kind_name(value)
 
 
@@ -269,7 +269,6 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
         command.id = fleet.command_id()
         command.by = by
         session = fleet.sessions.get(host_id)
-        from linkpassd.aggregator.server import StreamEnd  # circular at import time only
         try:
             if session is not None and session.open:
                 log.info("fleet_command", action=action, host=host_id, port=port, by=by, id=command.id)

@@ -77,7 +77,6 @@ from linkpassd.aggregator.pg_schema import (
     role_key,
 )
 from linkpassd.aggregator.savings import day_of
-from linkpassd.aggregator.settings import redacted_dsn
 from linkpassd.aggregator.sqlite_store import MAX_SEQ
 from linkpassd.aggregator.sqlite_store import _checked as checked_batch
 from linkpassd.aggregator.store import (
@@ -92,6 +91,7 @@ from linkpassd.aggregator.store import (
     StoreError,
     StoreStats,
 )
+from linkpassd.config.checks import redacted_dsn
 
 log = structlog.get_logger("linkpassd.aggregator.pg_store")
 

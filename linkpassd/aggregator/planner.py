@@ -72,7 +72,7 @@ def plan_rows(rows: list[tuple[str, str, str, str]], peers_per_rail: int,
 class MeshPlanner:
     def __init__(self, fleet: Any, settings: Settings, metrics: AggregatorMetrics,
                  debounce_s: float = 1.0, worker: Worker | None = None) -> None:
-        self._fleet = fleet  # server.Fleet: .sessions (host -> HostSession with .inventory, .send)
+        self._fleet = fleet  # fleet.Fleet: .sessions (host -> HostSession with .inventory, .send)
         self._settings = settings
         self._metrics = metrics
         self.debounce_s = debounce_s

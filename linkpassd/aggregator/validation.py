@@ -43,6 +43,7 @@ import grpc
 import structlog
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
+from linkpassd.aggregator.session import HostSession, StreamEnd
 from linkpassd.validate import localize as locate
 from linkpassd.validate import plan as cabling
 from linkpassd.validate import probeplan
@@ -50,7 +51,7 @@ from linkpassd.validate import schedule as rates
 from linkpassd.validate.plan import CablingPlan
 
 if TYPE_CHECKING:
-    from linkpassd.aggregator.server import Fleet, HostSession
+    from linkpassd.aggregator.fleet import Fleet
 
 log = structlog.get_logger("linkpassd.aggregator.validation")
 
@@ -278,7 +279,6 @@ class Validations:
     def _result(host: str, run_id: str, future: asyncio.Future[pb.CommandResult]) -> pb.HostValidationResult:
         """One host's answer as the report shows it: "ok" with its findings,
         or why it gave none."""
-        from linkpassd.aggregator.server import StreamEnd  # circular at import time only
 
         try:
             answer = future.result()

@@ -26,8 +26,8 @@ import structlog
 
 from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2
-from linkpassd.aggregator import grid
 from linkpassd.aggregator.identity import Refusal
+from linkpassd.fleet import grid
 
 log = structlog.get_logger("linkpassd.aggregator.web")
 

@@ -3,7 +3,10 @@
 Every option is declared once, in `SCHEMA` (config.schema), with its type,
 default, help text and checks. The same table drives validation
 (config.build) and the reference documentation (config.reference, committed
-as `docs/config.md`), so the two cannot disagree.
+as `docs/config.md`), so the two cannot disagree. linkpass-aggregator's
+options are declared the same way, in config.aggregator_schema (reference:
+`docs/aggregator-config.md`), and both daemons take `--config` and
+`--check-config` through config.cli.
 
 A bad config must never reach the kernel: the daemon refuses to start on one and
 keeps the last good config when a SIGHUP reload brings one.

@@ -309,7 +309,7 @@ SENSORS = Section(
     array=False,
     help="Where counters and optics are read from, and how often. `ethtool` reads the kernel "
          "(ethtool netlink, module EEPROM; a driver without a counter or module is normal); `sim` "
-         "reads simulated files (labs; format in labs/faults/simsensor.md).",
+         "reads simulated files (labs; format in labs/simsensor.md).",
     options=(
         Option("backend", STR, "ethtool", "`ethtool` or `sim`.", (_one_of("ethtool", "sim"),)),
         Option("sim_dir", STR, None, "Directory of `<port>.json` files for the `sim` backend.",

@@ -91,6 +91,12 @@ SEQ_MODULO = 2**32  # sequence numbers are 32-bit on the wire
 _MIN_LOSS_SAMPLE = 20  # steady outcomes needed before the measured loss sizes the confirmation
 _PRUNE_AFTER = 64  # unanswered probes remembered on a path that is not being judged
 _NO_SEND = float("-inf")
+# Upper bounds of a path's reply round-trip histogram (seconds; +Inf is
+# implied): the echo prober counts each reply into them (one bisect and one
+# integer increment), metrics export them, reports take the median from them
+# (docs/metrics.md).
+RTT_BUCKETS_S = (50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 4e-3, 8e-3, 16e-3, 32e-3, 64e-3,
+                 0.128, 0.256, 0.512, 1.024)
 
 
 # --------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 Everything shown comes from the daemon's answer; ages and uptime are computed
 from the time the daemon put in that answer (`served_at`), never from this
 process's clock. Failures print one line on stderr and exit with a code a
-script can branch on (ctl/exitcodes.py: daemon absent 3, refused 4, not found
+script can branch on (linkpassd/exitcodes.py: daemon absent 3, refused 4, not found
 5, bad argument 2): operators run this from scripts and during incidents,
 where a traceback is noise.
 """
@@ -28,7 +28,6 @@ from linkpassd._proto.linkpass.v1 import control_pb2 as pb
 from linkpassd._proto.linkpass.v1 import control_pb2_grpc as pb_grpc
 from linkpassd.core.drain import DrainError, parse_duration
 from linkpassd.ctl import terminal
-from linkpassd.ctl.exitcodes import ExitCode, epilog
 from linkpassd.ctl.fleet import fleet
 from linkpassd.ctl.nccl import nccl_env
 from linkpassd.ctl.render import (  # the renderers (to_json is also used by tests)
@@ -44,6 +43,7 @@ from linkpassd.ctl.render import (  # the renderers (to_json is also used by tes
 )
 from linkpassd.ctl.rpc import STATUS_EXIT, RpcTarget, status_of
 from linkpassd.ctl.validate import validate
+from linkpassd.exitcodes import ExitCode, epilog
 
 DEFAULT_SOCKET = "/run/linkpass/linkpassd.sock"
 DEFAULT_TIMEOUT_S = 5.0

@@ -23,7 +23,7 @@ import click
 from linkpassd.adapters.healthfile import HealthFile, HealthFileError, own_pid_namespace
 from linkpassd.core import healthdoc
 from linkpassd.ctl import terminal
-from linkpassd.ctl.exitcodes import ExitCode
+from linkpassd.exitcodes import ExitCode
 from linkpassd.timefmt import local_iso
 
 DEFAULT_HEALTH_FILE = "/run/linkpass/health.json"

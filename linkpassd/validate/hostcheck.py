@@ -23,7 +23,9 @@ The run fills the request's `duration_s`, on this timeline (t0 = start):
 So counters are compared over (almost) the whole duration, and the answer
 comes back a little after `duration_s` (the agent bounds the run by
 duration + a margin, agent.link). Whatever keeps a check from running is a
-named entry in `problems`, never an exception.
+named entry in `problems`, never an exception; what weakens a check that
+still ran (fewer probes sent than planned on a busy host) is a named entry
+in `notes`: the pairs count only the probes that went out.
 
 Sources: the daemon's own sensor (ethtool in production, the lab's sim
 files with `[sensors] backend = "sim"`), so a validation sees exactly what
@@ -342,6 +344,7 @@ async def validate_host(request: fleet_pb2.ValidateHost, context: HostContext,
             pair.flows, pair.flows_silent = tally.flows, tally.flows_silent
         result.pairs.append(pair)
     result.problems.extend(problems)
+    result.notes.extend(prober.notes)
     return result
 
 

@@ -50,7 +50,10 @@ only what earlier steps left unexplained, so one fault gives one finding):
    p one way costs the echo p.
 4. What is left failing is *unexplained* (one finding per rail), so no
    failure passes silently; hosts that could not run a check, or sent no
-   check for a planned port, are *incomplete*.
+   check for a planned port, are *incomplete*. A host's notes (a check
+   that ran with fewer probes than planned) are not findings: every pair
+   counts only the probes it sent, so the loss resolution already says
+   what the run could see, and the report lists the notes.
 
 Hosts without an "ok" result are left out (their pairs are not judged):
 the caller reports them (the aggregator's "no_result").

@@ -30,8 +30,8 @@ from labs.faults import (
     SilentBlackhole,
 )
 from labs.faults.nft import TABLE
-from labs.faults.optics import THRESHOLDS
 from labs.netnslib import wait_for_sync
+from labs.simsensor import THRESHOLDS
 from labs.topos.dualrail import dualrail
 from labs.topos.lab import (
     Lab,

@@ -20,9 +20,9 @@ from google.protobuf import timestamp_pb2
 from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
-from linkpassd.ctl.exitcodes import ExitCode
 from linkpassd.ctl.fleet import render_fleet_events, render_grid, render_summary
 from linkpassd.ctl.main import cli
+from linkpassd.exitcodes import ExitCode
 
 REPO = Path(__file__).resolve().parents[2]
 SERVED_AT = 1_800_000_000

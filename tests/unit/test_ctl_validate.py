@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
-from linkpassd.ctl.exitcodes import ExitCode
 from linkpassd.ctl.main import cli
+from linkpassd.exitcodes import ExitCode
 from test_ctl_fleet import ServerThread
 
 PLAN = """

@@ -327,3 +327,28 @@ def test_loss_everywhere_on_a_rail_is_blamed_on_no_single_port():
     (f,) = findings(fabric)
     assert (f.kind, f.rail) == ("unexplained", "rail1")
     assert "no single port to blame" in f.component
+
+
+def test_a_host_that_sent_fewer_probes_than_planned_is_a_note_not_a_finding():
+    """A busy host's prober falling behind (valprober's "could not keep up")
+    still ran its checks: its pairs count only what was sent, the loss
+    resolution coarsens accordingly, and no finding is made of it."""
+    import dataclasses
+
+    fabric = Fabric()
+    full = localize(fabric.plan, fabric.results())
+    results = fabric.results()
+    v = results["gpu-04"]
+    short = tuple(dataclasses.replace(p, burst_sent=p.burst_sent // 4, burst_received=p.burst_received // 4)
+                  for p in v.pairs)
+    note = "burst phase: sent 1400 of 5688 probes in 3 s (this host could not keep up)"
+    results["gpu-04"] = dataclasses.replace(v, pairs=short, notes=(note,))
+    analysis = localize(fabric.plan, results)
+    assert analysis.findings == ()
+    assert analysis.loss_resolution > full.loss_resolution
+    message = results["gpu-04"].to_proto()
+    assert list(message.notes) == [note] and not message.problems
+    assert type(v).from_proto(message).notes == (note,)
+    # the same note among the problems (a check that did not run) is a finding
+    results["gpu-04"] = dataclasses.replace(v, problems=(note,))
+    assert [f.kind for f in localize(fabric.plan, results).findings] == ["incomplete"]

@@ -15,15 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from corefixtures import rails_config
 from linkpassd import metrics_snapshot
-from linkpassd.adapters.echo import RTT_BUCKETS_S
-from linkpassd.adapters.metrics import (
-    BfdMetrics,
-    LoopLagMetrics,
-    Metrics,
-    MetricsSnapshot,
-    ProbeMetrics,
-    parse_listen,
-)
+from linkpassd.adapters.metrics import BfdMetrics, LoopLagMetrics, Metrics, MetricsSnapshot, ProbeMetrics, parse_listen
 from linkpassd.core.events import Event, EventKind, EventLog, Severity, reason_class
 from linkpassd.core.model import (
     AgentLinkStatus,
@@ -42,6 +34,7 @@ from linkpassd.core.model import (
     Thresholds,
     Verdict,
 )
+from linkpassd.core.probe import RTT_BUCKETS_S
 from linkpassd.daemon import Daemon
 
 RAIL_OF = {"eth0": "rail0", "eth1": "rail1"}

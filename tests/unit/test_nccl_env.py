@@ -15,7 +15,7 @@ from linkpassd.core import drain as drains
 from linkpassd.core import healthdoc
 from linkpassd.core.model import Drain, PortState, Verdict
 from linkpassd.ctl import main as ctl
-from linkpassd.ctl.exitcodes import ExitCode
+from linkpassd.exitcodes import ExitCode
 from tests.unit.corefixtures import ports, rails_config
 
 RDMA = {"eth0": ("mlx5_0", 1), "eth1": ("mlx5_1", 1), "eth2": ("mlx5_3", 1)}
