@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from linkpassd.adapters.optics import PageRef
-
 from labs.topos.plan import LabError
+from linkpassd.adapters.optics import PageRef
 
 SCHEMA = "linkpass.simsensor/1"
 LANES = 4

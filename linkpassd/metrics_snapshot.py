@@ -15,9 +15,17 @@ only copied here.
 
 from __future__ import annotations
 
-from linkpassd.adapters.metrics import (BfdMetrics, GroupMetrics, LoopLagMetrics, MetricsSnapshot,
-                                        OpticValue, PortCounters, PortMetrics, ProbeMetrics,
-                                        RailMetrics)
+from linkpassd.adapters.metrics import (
+    BfdMetrics,
+    GroupMetrics,
+    LoopLagMetrics,
+    MetricsSnapshot,
+    OpticValue,
+    PortCounters,
+    PortMetrics,
+    ProbeMetrics,
+    RailMetrics,
+)
 from linkpassd.core.model import DaemonStatus, OpticsReading
 from linkpassd.core.probe import RTT_BUCKETS_S
 

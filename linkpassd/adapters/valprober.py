@@ -48,9 +48,19 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from linkpassd.adapters.echoresponder import (_ANCILLARY, _RECV_BYTES, ECHO_PORT, KIND_REPLY,
-                                              KIND_REQUEST, SO_TIMESTAMPNS, EchoPacket, _cmsgs,
-                                              _random_id, _udp_socket, parse)
+from linkpassd.adapters.echoresponder import (
+    _ANCILLARY,
+    _RECV_BYTES,
+    ECHO_PORT,
+    KIND_REPLY,
+    KIND_REQUEST,
+    SO_TIMESTAMPNS,
+    EchoPacket,
+    _cmsgs,
+    _random_id,
+    _udp_socket,
+    parse,
+)
 
 _POLL_S = 0.02  # longest wait between looks at the stop flag and the send schedule
 _SENDS_PER_ROUND = 256  # then read replies before sending more

@@ -100,7 +100,7 @@ async def _every(interval_s: float, action, what: str) -> None:
     while True:
         try:
             await action()
-        except Exception as exc:  # one failed round must not end the loop
+        except Exception as exc:  # noqa: BLE001 - one failed round must not end the loop
             log.error(f"{what}_failed", error=str(exc))
         await asyncio.sleep(interval_s)
 

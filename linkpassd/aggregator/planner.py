@@ -210,7 +210,7 @@ class MeshPlanner:
             signature.update(row.host_id.encode() + b"\0" + row.inventory + b"\1")
             try:
                 inventory = pb.Inventory.FromString(row.inventory)
-            except Exception:  # an undecodable stored inventory: the host's next one replaces it
+            except Exception:  # noqa: BLE001 - an undecodable stored inventory: the host's next one replaces it
                 continue
             members.extend(mesh.members_from_inventory(row.host_id, inventory))
         if signature.digest() == self._shared_signature:

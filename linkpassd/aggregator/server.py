@@ -36,10 +36,18 @@ from linkpassd.aggregator.fleet import Fleet
 from linkpassd.aggregator.fleet_api import FleetServicer
 from linkpassd.aggregator.identity import Refusal, peer_identity
 from linkpassd.aggregator.metrics import AggregatorMetrics
-from linkpassd.aggregator.settings import Settings
 from linkpassd.aggregator.session import HostSession, StreamEnd
-from linkpassd.aggregator.store import (CHANNEL_HOSTS, RAIL_PATH, EventRow, OutOfOrder, Store,
-                                       StoreError, kind_name, severity_name)
+from linkpassd.aggregator.settings import Settings
+from linkpassd.aggregator.store import (
+    CHANNEL_HOSTS,
+    RAIL_PATH,
+    EventRow,
+    OutOfOrder,
+    Store,
+    StoreError,
+    kind_name,
+    severity_name,
+)
 from linkpassd.aggregator.watch import DEFAULT_QUEUE
 
 log = structlog.get_logger("linkpassd.aggregator")
@@ -136,7 +144,7 @@ class AgentServicer:
                             f"no Hello within {self.hello_timeout_s:g} s of opening the stream") from None
         except StopAsyncIteration:
             raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, "the stream closed before its Hello") from None
-        except Exception as exc:  # the client went away (cancelled, reset) before its Hello
+        except Exception as exc:  # noqa: BLE001 - the client went away (cancelled, reset) before its Hello
             raise StreamEnd(grpc.StatusCode.CANCELLED, f"the stream failed before its Hello: {exc}") from None
         which = first.WhichOneof("body")
         if which != "hello":
@@ -183,7 +191,7 @@ class AgentServicer:
         if rows and rows[0].inventory:
             try:
                 return pb.Inventory.FromString(rows[0].inventory)
-            except Exception:  # stored by an older release: the next Inventory replaces it
+            except Exception:  # noqa: BLE001 - stored by an older release: the next Inventory replaces it
                 return None
         return None
 
@@ -214,16 +222,16 @@ class AgentServicer:
             self._pend(session, (END, None))  # the agent half-closed: finish what was read, then end
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - undecodable bytes or the call gone: told below
             if not context.done():
                 # The call is still up, so it did not go away: grpc could not
                 # decode what the agent sent (bytes that are not a
                 # ConnectRequest). Say so; a status OK would have the agent
                 # resend the same bytes for ever.
                 log.warning("agent_message_undecodable", host=session.host_id, error=str(exc))
+                first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 self._pend(session, (END, StreamEnd(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"a message after Hello is not a ConnectRequest: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")))
+                    grpc.StatusCode.INVALID_ARGUMENT, f"a message after Hello is not a ConnectRequest: {first_line}")))
                 return
             # the call went away (the agent cancelled, a reset): nobody to answer
             log.info("agent_stream_gone", host=session.host_id, error=str(exc).splitlines()[0] if str(exc) else "")

@@ -126,7 +126,8 @@ def select(request: pb.ValidateRequest) -> Selection:
     selected = full.select(request.hosts, request.rails)
     if not selected.ports:
         raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
-                           f"the plan has no port of hosts {sorted(request.hosts)[:10]} on rails {sorted(request.rails)}")
+                           f"the plan has no port of hosts {sorted(request.hosts)[:10]} "
+                           f"on rails {sorted(request.rails)}")
     return Selection(plan=selected, reference=full.select(rails=request.rails), hosts=selected.hosts(),
                      rails=selected.rails(), duration_s=duration)
 
@@ -237,7 +238,7 @@ class Validations:
                     done += 1
                     yield pb.ValidateResponse(progress=pb.ValidateProgress(
                         hosts_done=done, hosts_total=total, last_host=host))
-            for future, (host, _) in sorted(pending.items(), key=lambda item: item[1]):
+            for _future, (host, _) in sorted(pending.items(), key=lambda item: item[1]):
                 results[host] = pb.HostValidationResult(host_id=host, status=TIMED_OUT)
                 log.warning("validation_host_timed_out", run_id=run_id, host=host, after_s=timeout)
                 done += 1

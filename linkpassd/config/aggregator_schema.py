@@ -9,8 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from linkpassd.config.checks import (BOOL, FLOAT, INT, NON_EMPTY, STR, _between, _dsn, _int_range,
-                                     _one_of, _printable, _server_listen)
+from linkpassd.config.checks import (
+    BOOL,
+    FLOAT,
+    INT,
+    NON_EMPTY,
+    STR,
+    _between,
+    _dsn,
+    _int_range,
+    _one_of,
+    _printable,
+    _server_listen,
+)
 from linkpassd.config.schema import Option, Section
 
 AGGREGATOR_DEFAULT_PATH = "/etc/linkpass/aggregator.toml"

@@ -17,14 +17,46 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any, NoReturn
 
-from linkpassd.config.checks import (MAX_FILE_BYTES, RESERVED_RULE_PRIORITIES, RESERVED_TABLES,
-                                     ConfigError, _count, _got, _Invalid, _parse_interface, _show)
-from linkpassd.config.schema import (AGGREGATOR, BFD, DAEMON, HEALTH, METRICS, MULTIPATH, OWNERSHIP,
-                                     PROBES, RAIL, ROUTING, SCHEMA, SENSORS, TIMERS, Section)
+from linkpassd.config.checks import (
+    MAX_FILE_BYTES,
+    RESERVED_RULE_PRIORITIES,
+    RESERVED_TABLES,
+    ConfigError,
+    _count,
+    _got,
+    _Invalid,
+    _parse_interface,
+    _show,
+)
+from linkpassd.config.schema import (
+    AGGREGATOR,
+    BFD,
+    DAEMON,
+    HEALTH,
+    METRICS,
+    MULTIPATH,
+    OWNERSHIP,
+    PROBES,
+    RAIL,
+    ROUTING,
+    SCHEMA,
+    SENSORS,
+    TIMERS,
+    Section,
+)
 from linkpassd.core import alloc
-from linkpassd.core.model import (AggregatorSettings, BfdSettings, Config, HealthPolicy,
-                                  MultipathConfig, Ownership, ProbeSettings, RailConfig,
-                                  SensorConfig, Timers)
+from linkpassd.core.model import (
+    AggregatorSettings,
+    BfdSettings,
+    Config,
+    HealthPolicy,
+    MultipathConfig,
+    Ownership,
+    ProbeSettings,
+    RailConfig,
+    SensorConfig,
+    Timers,
+)
 
 # --------------------------------------------------------------------------
 # Loading

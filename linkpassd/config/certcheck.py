@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import socket
 
-from linkpassd.fleet.identity import HOST_URI_PREFIX, from_certificate
 from linkpassd.core.model import AggregatorSettings
+from linkpassd.fleet.identity import HOST_URI_PREFIX, from_certificate
 
 
 def expected_host_id(settings: AggregatorSettings) -> tuple[str, str]:

@@ -12,9 +12,9 @@ import ipaddress
 import math
 import re
 from collections.abc import Callable, Sequence
-from urllib.parse import urlsplit, urlunsplit
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_PATH = "/etc/linkpass/linkpassd.toml"
 

@@ -300,8 +300,8 @@ class Prober:
     rail_asked: bool = False  # this silence has asked the rail's other paths to probe
     now: float = 0.0  # the latest time the prober was told (for the texts it writes)
     counters: ProbeCounters = field(default_factory=ProbeCounters)
-    _flights: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
-    _window: deque = field(init=False, repr=False)
+    _flights: OrderedDict[int, Flight] = field(default_factory=OrderedDict, init=False, repr=False)
+    _window: deque[bool] = field(init=False, repr=False)
     _window_lost: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -599,7 +599,8 @@ class Prober:
         cfg = self.config
         wait, span, gap = cfg.suspect_after_s, cfg.tolerance_s, cfg.max_gap_s
         need = (self.confirm or cfg.confirm_probes) + 1
-        start = prev = None
+        start: float | None = None
+        prev = 0.0  # read only once start is set
         count = 0
         for f in self._flights.values():
             t = f.sent_at
@@ -624,7 +625,7 @@ class Prober:
         if state is PathState.SUSPECT:
             spans, at, start = self._chain()
             self.silence_from = start
-            if spans and at <= now:
+            if spans and at is not None and start is not None and at <= now:
                 n = len(self._flights)
                 self._step(Evidence.TOLERANCE, now,
                            f"no reply to {n} probes over {(now - start) * 1e3:.1f} ms, longer "

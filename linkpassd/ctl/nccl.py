@@ -36,7 +36,7 @@ class NcclEnvError(click.ClickException):
         super().__init__(message)
         self.exit_code = int(exit_code)
 
-    def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
+    def show(self, file=None) -> None:
         terminal.echo(f"linkpassctl: nccl-env: {self.format_message()}", err=True)
 
 

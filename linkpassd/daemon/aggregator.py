@@ -29,9 +29,8 @@ import asyncio
 import math
 import os
 import socket
-from dataclasses import dataclass
-
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import grpc

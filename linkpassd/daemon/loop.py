@@ -44,8 +44,13 @@ from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.adapters import sdnotify
 from linkpassd.adapters.bfd import BfdEvent
 from linkpassd.adapters.control_server import ControlServer
-from linkpassd.adapters.kernel import (KernelAdapter, KernelOpError, KernelReadError,
-                                       KernelReadTimeout, KernelSocketError)
+from linkpassd.adapters.kernel import (
+    KernelAdapter,
+    KernelOpError,
+    KernelReadError,
+    KernelReadTimeout,
+    KernelSocketError,
+)
 from linkpassd.adapters.links import LinkEvent, LinkMonitor, LinkSnapshot
 from linkpassd.adapters.sensor import Sensor
 from linkpassd.adapters.watchdog import Watchdog
@@ -53,14 +58,22 @@ from linkpassd.agent import reports
 from linkpassd.core import alloc, apply, bfd, carried, health, plan, policy
 from linkpassd.core import drain as draincore
 from linkpassd.core.events import EventKind, Severity
-from linkpassd.core.model import (Assessment, Config, CounterSample, KernelState,
-                                  LinkSample, Op, OpticsReading, PortState, Unreadable,
-                                  Verdict)
+from linkpassd.core.model import (
+    Assessment,
+    Config,
+    CounterSample,
+    KernelState,
+    LinkSample,
+    Op,
+    OpticsReading,
+    PortState,
+    Unreadable,
+    Verdict,
+)
 from linkpassd.core.railverdict import rail_assessment
 from linkpassd.core.signals import bfd_assessment
 from linkpassd.daemon.aggregator import AggregatorLink, MeshPeersChanged
-from linkpassd.daemon.operations import (DrainCommand, Drains, EventRecorder, HealthPublisher,
-                                         cause_of)
+from linkpassd.daemon.operations import DrainCommand, Drains, EventRecorder, HealthPublisher, cause_of
 from linkpassd.daemon.probes import EchoChange, Probes
 from linkpassd.daemon.statefiles import ECHO_SIGNAL, StateFiles
 from linkpassd.daemon.status import StatusReport

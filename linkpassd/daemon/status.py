@@ -13,8 +13,17 @@ from typing import Protocol
 
 import linkpassd
 from linkpassd.core import apply, explain, health, policy
-from linkpassd.core.model import (Config, DaemonStatus, LinkSample, Op, OpticsReading,
-                                  PortSensors, PortState, Problem, Unreadable)
+from linkpassd.core.model import (
+    Config,
+    DaemonStatus,
+    LinkSample,
+    Op,
+    OpticsReading,
+    PortSensors,
+    PortState,
+    Problem,
+    Unreadable,
+)
 from linkpassd.daemon.aggregator import AggregatorLink
 from linkpassd.daemon.operations import EventRecorder
 from linkpassd.daemon.probes import Probes

@@ -69,8 +69,7 @@ from dataclasses import dataclass, field
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.validate.plan import CablingPlan, PlannedPort
-from linkpassd.validate.results import (Finding, HostResult, HostValidation, PairResult, PortCheck,
-                                        host_results)
+from linkpassd.validate.results import Finding, HostResult, HostValidation, PairResult, PortCheck, host_results
 
 __all__ = ["Analysis", "Finding", "HostResult", "HostValidation", "PairResult", "PortCheck", "Thresholds",
            "detectable_loss", "localize", "localize_proto", "loss_resolution", "probes_for"]
@@ -547,7 +546,8 @@ class _RailStage:
             intra = [p for p in self._open() if not p.cross_leaf and leaf in (p.leaf_a, p.leaf_b)]
             evidence = [f"{dead} of {len(items)} probed pairs from {leaf} to {len(own)} other leaves fail",
                         *_flow_evidence(items),
-                        f"pairs between the other leaves work; under {leaf}: " + (_share(intra) if intra else "none probed")]
+                        f"pairs between the other leaves work; under {leaf}: "
+                        + (_share(intra) if intra else "none probed")]
             confidence = _strength(dead) * ONE_LEAF_SPINE_FACTOR * _working_share(intra)
             kind, what = (("leaf", f"{leaf} ({self.rail}) uplinks: drops all traffic to other leaves")
                           if _all_dead(items) else

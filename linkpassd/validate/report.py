@@ -93,7 +93,8 @@ def render_text(report: fleet_pb2.ValidationReport) -> str:
         lines.append("  (no port checked, no pair probed)")
     for rail, row in sorted(rows.items()):
         lines.append(f"  {rail}: {row['ports']} ports checked, {row['pairs']} pairs probed, {row['failed']} failing; "
-                     f"low-rate loss {_loss(row['lost'], row['sent'])}, burst loss {_loss(row['blost'], row['bsent'])}; "
+                     f"low-rate loss {_loss(row['lost'], row['sent'])}, "
+                     f"burst loss {_loss(row['blost'], row['bsent'])}; "
                      f"RTT p50 {row['p50']} us, worst p99 {row['p99']} us")
     notes = [(h.host_id, n) for h in report.hosts if h.status == OK for n in h.validation.notes]
     if notes:

@@ -22,8 +22,8 @@ import sys
 import pytest
 
 from labs.daemonproc import DaemonProcess, assessment, rail_config_toml
-from labs.simsensor import CmisModule, SimSensor
 from labs.netnslib import wait_for_sync
+from labs.simsensor import CmisModule, SimSensor
 
 pytestmark = pytest.mark.netns
 

@@ -19,14 +19,13 @@ from pathlib import Path
 import pytest
 
 from labs.echopeer import EchoPeerProcess
-from labs.simsensor import SimSensor
 from labs.netnslib import run, wait_for
+from labs.simsensor import SimSensor
 from linkpassd._proto.linkpass.v1 import fleet_pb2
-from linkpassd.adapters import lldp
+from linkpassd.adapters import hostcheck, lldp
 from linkpassd.adapters.echoresponder import ECHO_PORT
 from linkpassd.adapters.simsensor import SimulatedSensor
 from linkpassd.adapters.valprober import FLOWS, Phases, Target, run_probes
-from linkpassd.adapters import hostcheck
 
 pytestmark = pytest.mark.netns
 

@@ -21,8 +21,7 @@ from pyroute2.netns import create_socket
 
 from labs.netnslib import run, wait_for
 from linkpassd.adapters import mmsg
-from linkpassd.adapters.echo import (KIND_REQUEST, MAGIC, PACKET, VERSION, EchoResponder,
-                                     EchoService, ProbePath)
+from linkpassd.adapters.echo import KIND_REQUEST, MAGIC, PACKET, VERSION, EchoResponder, EchoService, ProbePath
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.probe import ProbeConfig
 
@@ -140,7 +139,7 @@ def test_port_unreachable_reaches_the_path_it_was_for_through_the_error_queue(la
             assert rs.open(loop), rs.error
             for pr in probers:
                 pr._loop = loop
-            for k in range(20):
+            for _ in range(20):
                 now = loop.time()
                 for pr in probers:
                     _, sends = pr.state.poll(now)

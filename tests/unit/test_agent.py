@@ -15,14 +15,13 @@ import random
 import grpc
 import pytest
 
+from corefixtures import rails_config
 from linkpassd._proto.linkpass.v1 import fleet_pb2, fleet_pb2_grpc
 from linkpassd.adapters.links import LinkSnapshot
 from linkpassd.agent.client import AgentClient, backoff_s
-from linkpassd.agent.spool import Gap, Spool, SpoolWriter
+from linkpassd.agent.spool import Spool, SpoolWriter
 from linkpassd.core.model import AggregatorSettings, ProbeSettings
 from linkpassd.daemon.loop import Daemon
-
-from corefixtures import rails_config
 from test_daemon_faults import Clock, FakeKernel, link
 from test_spool import events
 
@@ -302,7 +301,8 @@ def test_probe_peers_reach_the_echo_paths_and_staying_probers_keep_running(tmp_p
         await daemon.handle([LinkSnapshot(samples={p: link(p) for p in ("eth0", "eth1")},
                                           reason="start")])
         daemon.sync_probes()
-        peers = lambda: sorted(p.peer for p in daemon.probes.echo.probers)
+        def peers():
+            return sorted(p.peer for p in daemon.probes.echo.probers)
         try:
             async with connected_agent(tmp_path, daemon) as fake:
                 # a bad address, an on-link one and an unknown rail are ignored
@@ -337,7 +337,8 @@ def test_the_hosts_that_probe_us_are_answered_and_a_bad_one_is_named_not_admitte
         await daemon.handle([LinkSnapshot(samples={p: link(p) for p in ("eth0", "eth1")},
                                           reason="start")])
         daemon.sync_probes()
-        admits = lambda address: daemon.probes.echo_spec.responder.allows(ipv4_int(address))
+        def admits(address):
+            return daemon.probes.echo_spec.responder.allows(ipv4_int(address))
         try:
             async with connected_agent(tmp_path, daemon) as fake:
                 assert not admits("198.19.0.44")
@@ -456,10 +457,10 @@ def test_a_cancel_that_lands_as_an_await_completes_still_stops_the_agent(tmp_pat
             task = asyncio.create_task(agent._stream(call))
             try:
                 if moment == "woken_while_idle":
-                    await until(lambda: agent._wake._waiters, "the agent waiting for work")
+                    await until(lambda agent=agent: agent._wake._waiters, "the agent waiting for work")
                     agent.wake()
                 else:
-                    await until(lambda: call.holding, f"the {moment} held")
+                    await until(lambda call=call: call.holding, f"the {moment} held")
                     call.gate.set_result(None)
                 for _ in range(steps):
                     await asyncio.sleep(0)

@@ -22,7 +22,6 @@ from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc
 from linkpassd.agent.client import AgentClient
 from linkpassd.agent.spool import SpoolWriter
 from linkpassd.core.model import AggregatorSettings
-
 from test_agent import FakeAggregator, FakeHost, new_spool, stop, until
 from test_spool import events
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from agg_tls import make_pki, serving, tls_settings
+from corefixtures import rails_config
 from linkpassd.adapters import control_convert
 from linkpassd.agent.client import AgentClient
 from linkpassd.agent.spool import SpoolWriter
@@ -19,9 +21,6 @@ from linkpassd.core.events import EventKind
 from linkpassd.core.model import AggregatorSettings
 from linkpassd.ctl.render import render_status
 from linkpassd.daemon.loop import Daemon
-
-from agg_tls import make_pki, serving, tls_settings
-from corefixtures import rails_config
 
 DEADLINE_S = 30.0
 

@@ -30,10 +30,18 @@ import pytest
 from linkpassd.aggregator import pg_schema, pg_store
 from linkpassd.aggregator.pg_store import PgStore
 from linkpassd.aggregator.store import (
-    CHANNEL_EVENTS, CHANNEL_HOSTS, EventQuery, StoreError, is_shared,
+    CHANNEL_EVENTS,
+    CHANNEL_HOSTS,
+    EventQuery,
+    StoreError,
+    is_shared,
 )
 from test_agg_store import (  # noqa: F401 - collected here, against PgStore
-    DEADLINE_S, REPO, held, rows, run,
+    DEADLINE_S,
+    REPO,
+    held,
+    rows,
+    run,
     test_a_restart_keeps_hosts_events_and_what_was_acked,
     test_any_interleaving_of_resent_batches_stores_each_event_once,
     test_concurrent_batches_from_eight_hosts_are_all_stored,

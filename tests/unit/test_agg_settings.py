@@ -76,7 +76,8 @@ def test_defaults_need_only_tls_or_insecure() -> None:
     ("[mesh]\npeers_per_rail = 5\nmax_peers_per_rail = 4\n[tls]\ninsecure = true", "mesh.max_peers_per_rail",
      "at least mesh.peers_per_rail (5)"),
     ('[web]\nlisten = "0.0.0.0:7443"\n[tls]\ninsecure = true', "web.listen", "same address as aggregator.listen"),
-    ("[validation]\nhost_budget_pps = 10\n[tls]\ninsecure = true", "validation.host_budget_pps", "10.0 is outside 100..1e+07"),
+    ("[validation]\nhost_budget_pps = 10\n[tls]\ninsecure = true", "validation.host_budget_pps",
+     "10.0 is outside 100..1e+07"),
     ("[webs]\nlisten = 1", "webs", "unknown section"),
     ("aggregator = 3", "aggregator", "expected a table [aggregator], got integer 3"),
 ])
@@ -245,7 +246,8 @@ def test_serve_opens_a_postgresql_store_when_selected(pg_cluster, pg_databases) 
         served = asyncio.create_task(agg_main.serve(settings_for(dsn), stop=stop))
         def migrated() -> bool:
             try:
-                return pg_cluster.psql("SELECT version FROM linkpass_schema", database=database).strip() == str(SCHEMA_VERSION)
+                stored = pg_cluster.psql("SELECT version FROM linkpass_schema", database=database)
+                return stored.strip() == str(SCHEMA_VERSION)
             except subprocess.CalledProcessError:  # no such table yet
                 return False
 

@@ -46,14 +46,14 @@ class FakeDaemon(pb_grpc.ControlServiceServicer):
         self.hang = False
         self.release = threading.Event()
 
-    def GetStatus(self, request, context):  # noqa: N802 - gRPC's name
+    def GetStatus(self, request, context):  # gRPC's name
         if self.hang:
             self.release.wait(30)  # bounded; released at teardown
         if self.abort:
             context.abort(*self.abort)
         return pb.GetStatusResponse(status=pb.DaemonStatus(hostname="h1"))
 
-    def ExplainPort(self, request, context):  # noqa: N802
+    def ExplainPort(self, request, context):
         if self.abort:
             context.abort(*self.abort)
         return pb.ExplainPortResponse()

@@ -2,12 +2,11 @@
 first link sample must not be lost, and a BFD Down set aside for our own
 lateness is asked again rather than forgotten."""
 
+from corefixtures import rails_config
 from linkpassd.adapters.bfd import BfdEvent, PeerSpec
 from linkpassd.core.bfd import State, StateChange
 from linkpassd.core.model import LinkSample, Verdict
 from linkpassd.daemon.loop import Daemon
-
-from corefixtures import rails_config
 
 
 def bfd_event(port: str, state: State, ever_up: bool = True, *, old: State = State.INIT,

@@ -15,13 +15,12 @@ import errno
 
 import pytest
 
+from corefixtures import rails_config
 from linkpassd.adapters.kernel import KernelOpError, KernelSocketError, Observation
 from linkpassd.adapters.links import LinkEvent, LinkSnapshot
 from linkpassd.core import plan
 from linkpassd.core.model import KernelState, LinkSample, Op, Verdict
 from linkpassd.daemon.loop import Daemon, Tick
-
-from corefixtures import rails_config
 
 
 class FakeKernel:
@@ -323,6 +322,7 @@ def test_a_carried_bad_verdict_that_names_no_signal_awaits_the_ports_own_probes(
     for: after a restart the port's own probes must prove it all the same
     (else it would be trusted after rise + hold-down on carrier alone)."""
     import json
+
     from linkpassd.core import carried as carriedmod
     kernel = FakeKernel()
     daemon, clock = make(tmp_path, kernel)

@@ -6,13 +6,12 @@ import asyncio
 import json
 
 from linkpassd.adapters.healthfile import HealthFile, own_pid_namespace
+from linkpassd.adapters.links import LinkEvent
 from linkpassd.core.events import EventKind
 from linkpassd.core.model import Drain, Verdict
 from linkpassd.daemon.loop import Tick
 from linkpassd.daemon.operations import DrainCommand
-
 from test_daemon_faults import FakeKernel, link, make, run, start
-from linkpassd.adapters.links import LinkEvent
 
 PORTS = ["eth0", "eth1", "eth2"]
 
@@ -226,6 +225,7 @@ def test_a_drain_whose_routes_cannot_move_is_answered_as_pending_but_kept(tmp_pa
 
 def test_a_drain_queued_behind_a_shutdown_is_answered_as_not_taken(tmp_path):
     import pytest
+
     from linkpassd.core import drain
     from linkpassd.daemon.loop import Shutdown, ShutdownRequested
     daemon, clock, kernel = started(tmp_path)
@@ -264,6 +264,7 @@ def test_explain_says_hold_down_until_when_while_carrier_is_back(tmp_path, monke
     """Issue 28: `explain` said "no carrier" while the carrier was back and
     the port in its hold-down. It says hold-down, and until when."""
     import time as time_mod
+
     from linkpassd.adapters import control_convert
     from linkpassd.ctl.render import render_explanation
     from test_daemon_faults import pull_cable

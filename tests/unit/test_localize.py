@@ -4,11 +4,11 @@ simulates what each fault does to port checks and probed pairs): every
 fault class is found, named at the right component, and nothing else is."""
 
 import pytest
-from validatefixtures import Fabric
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.validate.localize import Thresholds, detectable_loss, localize, localize_proto
 from linkpassd.validate.results import HostResult, PortCheck
+from validatefixtures import Fabric
 
 HOST_PORTS = [(f"gpu-{h:02d}", f"rail{r}") for h in range(1, 9) for r in range(2)]
 

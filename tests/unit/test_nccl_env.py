@@ -1,8 +1,8 @@
 """`linkpassctl nccl-env` through the real CLI, on health files written here."""
 
 import json
-import re
 import os
+import re
 import subprocess
 import time
 from dataclasses import replace

@@ -3,21 +3,18 @@ sockets: no root. The judgement (core.probe) is in test_probe_contract.py."""
 
 from __future__ import annotations
 
-import heapq
 import math
-import random
 import socket
 import struct
 import time
-from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from linkpassd.adapters import echo
 from linkpassd.core.admission import ResponderPolicy
-from linkpassd.core.model import Assessment, Verdict
-from linkpassd.core.probe import PathState, ProbeConfig, Prober
+from linkpassd.core.probe import PathState, ProbeConfig
 
 PEER = "198.18.1.2"
 INF = math.inf

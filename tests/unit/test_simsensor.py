@@ -9,7 +9,8 @@ import math
 import threading
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from labs.faults.optics import _fec_per_step
 from labs.simsensor import HEALTHY, LANES, THRESHOLDS, CmisModule, SimSensor

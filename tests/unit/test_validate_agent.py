@@ -12,13 +12,11 @@ import math
 import grpc
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2
-from linkpassd.adapters.links import LinkSnapshot
-from linkpassd.daemon import aggregator as agentlink
-from linkpassd.core.model import (CounterSample, HealthPolicy, LinkSample, ModuleIdentity, OpticsReading,
-                                  Unreadable)
-from linkpassd.core.model import Thresholds as ModelThresholds
 from linkpassd.adapters import hostcheck
-
+from linkpassd.adapters.links import LinkSnapshot
+from linkpassd.core.model import CounterSample, HealthPolicy, LinkSample, ModuleIdentity, OpticsReading, Unreadable
+from linkpassd.core.model import Thresholds as ModelThresholds
+from linkpassd.daemon import aggregator as agentlink
 from test_agent import connected_agent, make_daemon, until
 from test_daemon_faults import link
 

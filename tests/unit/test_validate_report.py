@@ -4,12 +4,12 @@ findings first, JSON that round-trips, a PNG heatmap, and the exit code rule."""
 import json
 
 import pytest
-from validatefixtures import Fabric
 
 from linkpassd.exitcodes import ExitCode
 from linkpassd.validate import report
 from linkpassd.validate.localize import localize
 from linkpassd.validate.results import HostResult
+from validatefixtures import Fabric
 
 
 def make_report(fabric, *, missing=()):
