@@ -19,10 +19,10 @@ from typing import Any, NoReturn
 
 from linkpassd.config.checks import (MAX_FILE_BYTES, RESERVED_RULE_PRIORITIES, RESERVED_TABLES,
                                      ConfigError, _count, _got, _Invalid, _parse_interface, _show)
-from linkpassd.config.schema import (AGGREGATOR, BFD, DAEMON, HEALTH, METRICS, MULTIPATH, OWNERSHIP,
+from linkpassd.config.schema import (AGGREGATOR, ANNOUNCE, BFD, DAEMON, HEALTH, METRICS, MULTIPATH, OWNERSHIP,
                                      PROBES, RAIL, ROUTING, SCHEMA, SENSORS, TIMERS, Section)
 from linkpassd.core import alloc
-from linkpassd.core.model import (AggregatorSettings, BfdSettings, Config, HealthPolicy,
+from linkpassd.core.model import (AggregatorSettings, AnnounceSettings, BfdSettings, Config, HealthPolicy,
                                   MultipathConfig, Ownership, ProbeSettings, RailConfig,
                                   SensorConfig, Timers)
 
@@ -175,7 +175,9 @@ class _Builder:
         bfd = self.section(doc, BFD)
         probes = self.section(doc, PROBES)
         routing = self.section(doc, ROUTING)
+        announce = self.section(doc, ANNOUNCE)
         self.check_ownership(own)
+        self.check_announce(announce, own)
         self.check_timers(timers)
         self.check_health(health)
         self.check_probes(probes)
@@ -228,6 +230,7 @@ class _Builder:
             bfd=BfdSettings(**bfd),
             probes=ProbeSettings(**probes),
             roce_rules=routing["roce_rules"],
+            announce=AnnounceSettings(**announce),
             auto_tables=self.auto_tables(rails, groups, probes["enabled"]),
             control_socket=daemon["control_socket"],
             run_dir=daemon["run_dir"],
@@ -329,6 +332,15 @@ class _Builder:
                         f"ownership.{kind}_min",
                         f"range {lo}..{hi} includes {value} ({what}), which linkpassd must never own",
                     )
+
+    def check_announce(self, announce: dict[str, Any], own: dict[str, Any]) -> None:
+        if own["table_min"] <= announce["table"] <= own["table_max"]:
+            self.fail("announce.table", f"{announce['table']} is inside the owned table range "
+                      f"{own['table_min']}..{own['table_max']}; the announcement table must be "
+                      "apart from the routing tables")
+        if announce["route_protocol"] == own["route_protocol"]:
+            self.fail("announce.route_protocol", f"{announce['route_protocol']} is "
+                      "ownership.route_protocol; announcements need their own protocol number")
 
     def check_timers(self, timers: dict[str, Any]) -> None:
         if timers["resync_interval_s"] < timers["tick_interval_s"]:

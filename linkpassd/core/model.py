@@ -111,6 +111,7 @@ class AnnounceSettings:
     detour_med: int = 100
     local_asn: int = 0  # for the FRR snippet only; 0: not set
     peer_asn: int = 0
+    frr_run_dir: str = "/var/run/frr"
 
 
 @dataclass(frozen=True)

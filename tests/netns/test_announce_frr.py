@@ -1,0 +1,180 @@
+"""[announce] against real FRR: linkpassd's announcement table, imported by the
+host's zebra and announced by its bgpd, learnt by a leaf running FRR bgpd.
+
+host namespace: lprail0 198.18.0.2, lprail1 198.18.1.2; FRR (zebra + bgpd)
+with the config linkpassd.announce_frr writes. leaf namespace: FRR bgpd with
+one eBGP session per rail (198.18.0.1, 198.18.1.1), accepting the two /32s.
+
+Shows: with both rails trusted each address is learnt over its own rail only;
+when linkpassd's verdict takes rail0 (a gray failure: carrier up, both BGP
+sessions Established) the leaf learns 198.18.0.2 through rail1 and no longer
+through rail0; restored, back over rail0; an address the host does not hold
+is refused and never reaches the table; FRR stopped: the table is still
+written and the adapter names what is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import replace
+
+import pytest
+
+from labs.frr import BgpNeighbor, BgpSpeaker, FrrBfd
+from labs.netnslib import HostLab, run
+from linkpassd.adapters.announce import Announcer
+from linkpassd.announce_frr import bgpd_config, zebra_config
+from linkpassd.config import parse_config
+from linkpassd.core import announce, policy
+from linkpassd.core.announce import Announcement, Role
+from linkpassd.core.model import PortState, Verdict
+
+pytestmark = pytest.mark.netns
+
+HOST_ASN, LEAF_ASN = 65101, 65001
+LEARN_TIMEOUT_S = 15.0  # BGP sessions and updates on a 2-core VM running two FRRs
+
+
+def host_config(lab: HostLab, frr_run_dir: str = "/var/run/frr"):
+    rails = "".join(
+        f'[[rail]]\nname = "rail{r.index}"\nport = "{r.port}"\naddress = "{r.address}/24"\n'
+        f'gateway = "{r.gateway}"\nbackups = ["rail{1 - r.index}"]\n' for r in lab.rails)
+    return parse_config(
+        f'[daemon]\ncontrol_socket = "/tmp/lp-unused.sock"\n'
+        f'[announce]\nenabled = true\nlocal_asn = {HOST_ASN}\npeer_asn = {LEAF_ASN}\n'
+        f'frr_run_dir = "{frr_run_dir}"\n' + rails)
+
+
+def states(cfg, **verdicts: Verdict) -> dict[str, PortState]:
+    return {r.port: PortState(r.port, verdicts.get(r.port, Verdict.UP), True, "x", 0.0)
+            for r in cfg.rails}
+
+
+def learnt(leaf: FrrBfd, prefix: str) -> dict[str, int]:
+    """The leaf's BGP paths for `prefix`: peer address -> MED."""
+    out = leaf.try_read(lambda: json.loads(leaf.vtysh(f"show bgp ipv4 unicast {prefix} json")))
+    return {p["peer"]["peerId"]: p.get("metric", 0) for p in (out or {}).get("paths", [])}
+
+
+def fib_via(lab: HostLab, address: str) -> list[str]:
+    """The leaf kernel's BGP route to `address`: its gateways."""
+    routes = [r for r in lab.leaf.ipj("route", "show", "proto", "bgp") if r.get("dst") == address]
+    return sorted(nh.get("gateway") for r in routes
+                  for nh in (r.get("nexthops") or [r]) if nh.get("gateway"))
+
+
+def wait(pred, what: str, timeout: float = LEARN_TIMEOUT_S):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def test_rail_addresses_follow_linkpassd_through_frr(netns_factory):
+    lab = HostLab.build(netns_factory, n_rails=2)
+    r0, r1 = lab.rails
+    cfg = host_config(lab)
+    host_frr = FrrBfd(lab.host.name, [], zebra_conf=zebra_config(cfg),
+                      bgpd_conf="frr defaults traditional\nhostname lp-host\n!\n" + bgpd_config(cfg))
+    leaf_frr = FrrBfd(lab.leaf.name, [], bgp=BgpSpeaker(
+        asn=LEAF_ASN, router_id=r0.gateway,
+        neighbors=tuple(BgpNeighbor(r.address, HOST_ASN, r.gateway) for r in lab.rails),
+        accept=tuple(f"{r.address}/32" for r in lab.rails)))
+    report: dict = {}
+    try:
+        leaf_frr.start()
+        host_frr.start()
+        cfg = replace(cfg, announce=replace(cfg.announce, frr_run_dir=str(host_frr.run_dir)))
+        wait(lambda: set(leaf_frr.bgp_states().values()) == {"Established"}, "both sessions up",
+             30.0)
+        run(scenario(lab, cfg, host_frr, leaf_frr, report), timeout=120)
+    except BaseException:
+        print(host_frr.logs())
+        print(leaf_frr.logs())
+        raise
+    finally:
+        for frr in (host_frr, leaf_frr):
+            try:
+                frr.stop()
+            finally:
+                frr.cleanup()
+    print("announce via FRR:", report)
+
+
+async def scenario(lab, cfg, host_frr, leaf_frr, report) -> None:
+    r0, r1 = lab.rails
+    a0, a1 = r0.address, r1.address
+    ipr = lab.host.iproute()
+    async with ipr:
+        ann = Announcer(ipr, cfg.announce, cfg.announce.frr_run_dir)
+
+        def decide(**verdicts):
+            return announce.plan(cfg, cfg.announce, policy.decide(cfg, states(cfg, **verdicts)).rails)
+
+        async def until(pred, what, timeout=LEARN_TIMEOUT_S):
+            return await asyncio.to_thread(wait, pred, what, timeout)
+
+        # 1. Both rails trusted: each address over its own rail, MED 0.
+        healthy = decide()
+        result = await ann.apply(cfg, healthy)
+        assert result.refused == [] and result.errors == []
+        assert sorted(result.added) == [(a0, 1000), (a1, 1001)]
+        t0 = time.monotonic()
+        await until(lambda: learnt(leaf_frr, f"{a0}/32") == {a0: 0}
+                    and learnt(leaf_frr, f"{a1}/32") == {a1: 0}, "own-rail announcements")
+        report["learnt_s"] = round(time.monotonic() - t0, 3)
+        # zebra never installs a /32 through itself: over its own rail the
+        # leaf's connected route carries the address (a spine would use the /32).
+        assert fib_via(lab, a0) == [] and fib_via(lab, a1) == []
+        state = await ann.frr_state(healthy)
+        assert state.ok, state.problems
+
+        # 2. linkpassd distrusts rail0 (gray: carrier and both sessions stay up).
+        failed = decide(lprail0=Verdict.DEGRADED)
+        assert failed[a0].via == "rail1" and failed[a0].role is Role.DETOUR
+        t_fail = time.monotonic()
+        result = await ann.apply(cfg, failed)
+        assert result.added == [(a0, 1001)] and result.removed == [(a0, 1000)]
+        await until(lambda: learnt(leaf_frr, f"{a0}/32") == {a1: 100}, "rail0's address via rail1")
+        report["detour_learnt_s"] = round(time.monotonic() - t_fail, 3)
+        await until(lambda: fib_via(lab, a0) == [a1], "leaf FIB via rail1")
+        report["detour_fib_s"] = round(time.monotonic() - t_fail, 3)
+        assert learnt(leaf_frr, f"{a1}/32") == {a1: 0}
+        assert set(leaf_frr.bgp_states().values()) == {"Established"}
+
+        # 3. Trusted again: back over rail0 only.
+        t_back = time.monotonic()
+        await ann.apply(cfg, healthy)
+        await until(lambda: learnt(leaf_frr, f"{a0}/32") == {a0: 0}, "back over rail0")
+        await until(lambda: fib_via(lab, a0) == [], "leaf FIB back on the connected route")
+        report["restored_s"] = round(time.monotonic() - t_back, 3)
+        assert await ann.observe() == {a0: {1000}, a1: {1001}}
+
+        # 4. Never an address the host does not hold, even a configured-looking one.
+        bogus = dict(healthy)
+        bogus["198.18.9.9"] = Announcement("198.18.9.9", "rail0", "rail0", Role.OWNER, 1000)
+        result = await ann.apply(cfg, bogus)
+        assert result.refused == ["198.18.9.9"] and result.added == []
+        assert "198.18.9.9" not in await ann.observe()
+
+        # 5. FRR stopped: the table is still written, and what is missing is named.
+        await asyncio.to_thread(host_frr.stop, 10.0, ("bgpd", "zebra"))
+        state = await ann.frr_state(healthy)
+        assert state.missing_daemons == ("zebra", "bgpd")
+        assert any("FRR not running" in p for p in state.problems)
+        result = await ann.apply(cfg, failed)
+        assert result.errors == [] and (a0, 1001) in result.added
+        assert await ann.observe() == {a0: {1001}, a1: {1001}}
+
+        # 6. An address the host stops holding is withdrawn from the table (and
+        # refused), though it is configured.
+        lab.host.ip("addr", "del", f"{a1}/24", "dev", r1.port)
+        result = await ann.apply(cfg, failed)
+        assert result.refused == [a1] and result.removed == [(a1, 1001)]
+        assert await ann.observe() == {a0: {1001}}
