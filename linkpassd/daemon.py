@@ -33,7 +33,7 @@ from pyroute2 import AsyncIPRoute
 
 import linkpassd
 from linkpassd import config as configmod
-from linkpassd import logs
+from linkpassd import announcing, logs
 from linkpassd.adapters import sdnotify
 from linkpassd.adapters.bfd import BfdAgent, BfdEvent, PeerSpec
 from linkpassd.adapters.control_server import ControlServer, ControlSocketError
@@ -399,6 +399,7 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
             # changed: a failover never waits for an earlier failure.
             if now >= self.hold_until or decision.desired != self.failed_desired:
                 await self._reconcile(decision, now)
+        await announcing.step(self, decision, now)
         self._save_verdicts()
         self._save_mesh()
 
