@@ -9,7 +9,9 @@ table, derived from linkpassd's config.
   from the rail address;
 - per session, an outbound route-map that passes exactly the routes whose
   metric names that rail (core.announce.metric_of): the rail's own address
-  with MED 0, another rail's address (a detour) with MED ``detour_med``.
+  with MED ``owner_med``, another rail's address (a detour) with MED 0, so a
+  detour wins over an own-rail announcement a broken session could not
+  withdraw.
   Everything else is denied.
 
 ``python -m linkpassd.announce_frr /etc/linkpass/linkpassd.toml`` prints it.
@@ -57,11 +59,11 @@ def bgpd_config(config: Config, *, router_id: str | None = None,
         out += [f"route-map {name} permit 10",
                 f" match ip address prefix-list {_name('own', r.name)}",
                 f" match metric {metric}",
-                " set metric 0",
+                f" set metric {a.owner_med}",
                 f"route-map {name} permit 20",
                 " match ip address prefix-list lp-announce",
                 f" match metric {metric}",
-                f" set metric {a.detour_med}",
+                " set metric 0",
                 f"route-map {name} deny 100", "!"]
     out += [f"router bgp {a.local_asn}"]
     out += [f" bgp router-id {router_id or config.rails[0].address}"]

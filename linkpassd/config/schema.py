@@ -429,9 +429,11 @@ ANNOUNCE = Section(
                "Route metric of an announcement over the first rail; rail N (in config order) "
                "uses `metric_base` + N. FRR's per-rail route-maps match it.",
                (_int_range(1, U32_MAX - 4096),)),
-        Option("detour_med", INT, 100,
-               "MED of an address announced over another rail's session (its own rail: 0), so "
-               "the fabric prefers the owner rail when both are heard.", (_int_range(1, U32_MAX),)),
+        Option("owner_med", INT, 100,
+               "MED of an address announced over its own rail's session; over another rail's "
+               "session (a detour) the MED is 0, so that a leaf still holding the own rail's "
+               "announcement from a session that cannot carry the withdrawal (a gray failure "
+               "the leaf does not see) prefers the detour.", (_int_range(1, U32_MAX),)),
         Option("local_asn", INT, 0,
                "The host's AS number, for the printed FRR config only (0: not set).",
                (_int_range(0, U32_MAX),)),

@@ -108,7 +108,7 @@ class AnnounceSettings:
     table: int = 250
     route_protocol: int = 202
     metric_base: int = 1000
-    detour_med: int = 100
+    owner_med: int = 100
     local_asn: int = 0  # for the FRR snippet only; 0: not set
     peer_asn: int = 0
     frr_run_dir: str = "/var/run/frr"

@@ -8,7 +8,9 @@ one eBGP session per rail (198.18.0.1, 198.18.1.1), accepting the two /32s.
 Shows: with both rails trusted each address is learnt over its own rail only;
 when linkpassd's verdict takes rail0 (a gray failure: carrier up, both BGP
 sessions Established) the leaf learns 198.18.0.2 through rail1 and no longer
-through rail0; restored, back over rail0; an address the host does not hold
+through rail0; restored, back over rail0; with rail0 blackholed at the leaf
+(its session cannot carry the withdrawal) the leaf still forwards through
+rail1, since the detour's MED beats the stale path; an address the host does not hold
 is refused and never reaches the table; FRR stopped: the table is still
 written and the adapter names what is missing.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from dataclasses import replace
 
@@ -34,6 +37,7 @@ from linkpassd.core.model import PortState, Verdict
 pytestmark = pytest.mark.netns
 
 HOST_ASN, LEAF_ASN = 65101, 65001
+OWNER_MED = 100  # [announce] owner_med's default; a detour goes out with MED 0
 LEARN_TIMEOUT_S = 15.0  # BGP sessions and updates on a 2-core VM running two FRRs
 
 
@@ -126,8 +130,8 @@ async def scenario(lab, cfg, host_frr, leaf_frr, report) -> None:
         assert result.refused == [] and result.errors == []
         assert sorted(result.added) == [(a0, 1000), (a1, 1001)]
         t0 = time.monotonic()
-        await until(lambda: learnt(leaf_frr, f"{a0}/32") == {a0: 0}
-                    and learnt(leaf_frr, f"{a1}/32") == {a1: 0}, "own-rail announcements")
+        await until(lambda: learnt(leaf_frr, f"{a0}/32") == {a0: OWNER_MED}
+                    and learnt(leaf_frr, f"{a1}/32") == {a1: OWNER_MED}, "own-rail announcements")
         report["learnt_s"] = round(time.monotonic() - t0, 3)
         # zebra never installs a /32 through itself: over its own rail the
         # leaf's connected route carries the address (a spine would use the /32).
@@ -141,20 +145,43 @@ async def scenario(lab, cfg, host_frr, leaf_frr, report) -> None:
         t_fail = time.monotonic()
         result = await ann.apply(cfg, failed)
         assert result.added == [(a0, 1001)] and result.removed == [(a0, 1000)]
-        await until(lambda: learnt(leaf_frr, f"{a0}/32") == {a1: 100}, "rail0's address via rail1")
+        await until(lambda: learnt(leaf_frr, f"{a0}/32") == {a1: 0}, "rail0's address via rail1")
         report["detour_learnt_s"] = round(time.monotonic() - t_fail, 3)
         await until(lambda: fib_via(lab, a0) == [a1], "leaf FIB via rail1")
         report["detour_fib_s"] = round(time.monotonic() - t_fail, 3)
-        assert learnt(leaf_frr, f"{a1}/32") == {a1: 0}
+        assert learnt(leaf_frr, f"{a1}/32") == {a1: OWNER_MED}
         assert set(leaf_frr.bgp_states().values()) == {"Established"}
 
         # 3. Trusted again: back over rail0 only.
         t_back = time.monotonic()
         await ann.apply(cfg, healthy)
-        await until(lambda: learnt(leaf_frr, f"{a0}/32") == {a0: 0}, "back over rail0")
+        await until(lambda: learnt(leaf_frr, f"{a0}/32") == {a0: OWNER_MED}, "back over rail0")
         await until(lambda: fib_via(lab, a0) == [], "leaf FIB back on the connected route")
         report["restored_s"] = round(time.monotonic() - t_back, 3)
         assert await ann.observe() == {a0: {1000}, a1: {1001}}
+
+        # 3b. A blackhole on rail0 (the leaf drops everything on its rail0 port):
+        # rail0's BGP session cannot carry the withdrawal and stays Established
+        # until its hold timer, yet the leaf forwards to 198.18.0.2 via rail1,
+        # because the detour (MED 0) beats the stale own-rail path.
+        hole = f"lp_announce_hole{os.getpid()}"
+        lab.leaf.nft(f"""
+table inet {hole} {{
+  chain in {{ type filter hook input priority 0; iifname "{r0.peer}" drop; }}
+  chain out {{ type filter hook output priority 0; oifname "{r0.peer}" drop; }}
+}}""")
+        try:
+            t_hole = time.monotonic()
+            await ann.apply(cfg, failed)
+            await until(lambda: fib_via(lab, a0) == [a1], "leaf FIB via rail1 despite the stale path")
+            report["blackhole_detour_fib_s"] = round(time.monotonic() - t_hole, 3)
+            assert learnt(leaf_frr, f"{a0}/32") == {a0: OWNER_MED, a1: 0}  # rail0's path is stale
+            assert leaf_frr.bgp_states()[a0] == "Established"
+        finally:
+            lab.leaf.nft(f"delete table inet {hole}\n")
+        await ann.apply(cfg, healthy)
+        await until(lambda: learnt(leaf_frr, f"{a0}/32") == {a0: OWNER_MED}, "healed")
+        await until(lambda: fib_via(lab, a0) == [], "leaf FIB back on the connected route")
 
         # 4. Never an address the host does not hold, even a configured-looking one.
         bogus = dict(healthy)
