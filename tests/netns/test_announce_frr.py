@@ -25,6 +25,9 @@ from dataclasses import replace
 
 import pytest
 
+from labs.daemonproc import DaemonProcess, assessment, rail_config_toml
+from labs.echopeer import NETNS_PEER as ECHO_PEER
+from labs.echopeer import EchoPeerProcess
 from labs.frr import BgpNeighbor, BgpSpeaker, FrrBfd
 from labs.netnslib import HostLab, run
 from linkpassd.adapters.announce import Announcer
@@ -38,7 +41,8 @@ pytestmark = pytest.mark.netns
 
 HOST_ASN, LEAF_ASN = 65101, 65001
 OWNER_MED = 100  # [announce] owner_med's default; a detour goes out with MED 0
-LEARN_TIMEOUT_S = 15.0  # BGP sessions and updates on a 2-core VM running two FRRs
+LEARN_TIMEOUT_S = 15.0
+FABRIC = "198.18.0.0/16"  # sources the daemon's echo responder answers  # BGP sessions and updates on a 2-core VM running two FRRs
 
 
 def host_config(lab: HostLab, frr_run_dir: str = "/var/run/frr"):
@@ -205,3 +209,130 @@ table inet {hole} {{
         result = await ann.apply(cfg, failed)
         assert result.refused == [a1] and result.removed == [(a1, 1001)]
         assert await ann.observe() == {a0: {1001}}
+
+
+# --------------------------------------------------------------------------
+# The daemon: linkpassd drives the announcements from its own verdicts.
+# --------------------------------------------------------------------------
+
+NH0, NH1 = 1_000_100, 1_000_101
+RAIL0_TABLE = 10100
+PROBES = ('[probes]\nenabled = true\ninterval_ms = 50\n'
+          f'fabric_prefixes = ["{FABRIC}"]\n')
+
+
+def daemon_toml(lab, sock: str, run_dir: str, frr_run_dir: str) -> str:
+    announce_section = (f'[announce]\nenabled = true\nlocal_asn = {HOST_ASN}\n'
+                        f'peer_asn = {LEAF_ASN}\nfrr_run_dir = "{frr_run_dir}"\n')
+    return rail_config_toml(sock, run_dir, lab.rails, rise=2, hold_down_s=1.0,
+                            extra=PROBES + announce_section,
+                            probe_peers=[[ECHO_PEER], [ECHO_PEER]])
+
+
+def problems(status: dict | None) -> list[str]:
+    return [f"{p.get('what')}: {p.get('detail')}" for p in (status or {}).get("problems", [])]
+
+
+def test_linkpassd_moves_the_announcement_on_an_echo_verdict(lab, tmp_path):
+    """Replies lost on rail0 (one-way, UDP echo only): the leaf's BGP session
+    over rail0 is unaffected and sees nothing; linkpassd's echo verdict moves
+    rail0's table to rail1 and 198.18.0.2's announcement with it. A restart
+    of linkpassd withdraws nothing; FRR stopped is reported and outgoing
+    failover goes on."""
+    r0, r1 = lab.rails
+    a0, a1 = r0.address, r1.address
+    lab.leaf.ip("link", "set", "lo", "up")
+    lab.leaf.ip("addr", "add", f"{ECHO_PEER}/32", "dev", "lo")
+    sock, cfg_path = str(tmp_path / "ctl.sock"), tmp_path / "linkpassd.toml"
+    snippet_cfg = parse_config(daemon_toml(lab, sock, str(tmp_path), "/var/run/frr"))
+    host_frr = FrrBfd(lab.host.name, [], zebra_conf=zebra_config(snippet_cfg),
+                      bgpd_conf="frr defaults traditional\nhostname lp-host\n!\n"
+                      + bgpd_config(snippet_cfg))
+    leaf_frr = FrrBfd(lab.leaf.name, [], bgp=BgpSpeaker(
+        asn=LEAF_ASN, router_id=r0.gateway,
+        neighbors=tuple(BgpNeighbor(r.address, HOST_ASN, r.gateway) for r in lab.rails),
+        accept=tuple(f"{r.address}/32" for r in lab.rails)))
+    hole = f"lp_announce_replies{os.getpid()}"
+    replies_lost = (f"table inet {hole} {{\n  chain out {{ type filter hook output priority 0; "
+                    f'oifname "{r0.peer}" udp sport 4793 drop; }}\n}}\n')
+    report: dict = {}
+    daemon = None
+    try:
+        leaf_frr.start()
+        host_frr.start()
+        cfg_path.write_text(daemon_toml(lab, sock, str(tmp_path), str(host_frr.run_dir)))
+        wait(lambda: set(leaf_frr.bgp_states().values()) == {"Established"}, "sessions up", 30.0)
+        with EchoPeerProcess(lab.leaf.name, duration=120):
+            daemon = DaemonProcess(lab.host.name, cfg_path, sock, tmp_path / "linkpassd.log")
+            daemon.start()
+            daemon.wait_ready()
+            wait(lambda: learnt(leaf_frr, f"{a0}/32") == {a0: OWNER_MED}
+                 and learnt(leaf_frr, f"{a1}/32") == {a1: OWNER_MED}, "own-rail announcements")
+            wait(lambda: assessment(daemon.status(), r0.port, "echo").get("status") == "ok",
+                 "echo up on rail0", 10.0)
+
+            # 1. Gray failure only linkpassd sees.
+            lab.leaf.nft(replies_lost)
+            cut = time.monotonic()
+            wait(lambda: fib_via(lab, a0) == [a1], "leaf forwards rail0's address via rail1")
+            report["fault_to_leaf_fib_s"] = round(time.monotonic() - cut, 3)
+            assert lab.host.route_nhid(RAIL0_TABLE) == NH1
+            assert learnt(leaf_frr, f"{a0}/32") == {a1: 0}  # withdrawn over rail0's session
+            assert leaf_frr.bgp_states()[a0] == "Established"  # which is fine all along
+
+            # 2. A restart withdraws nothing: sample the leaf throughout.
+            samples = []
+            daemon.stop()
+            assert set(lab.host.ipj("route", "show", "table", "250")[i]["dst"]
+                       for i in range(2)) == {a0, a1}
+            daemon.start()
+            deadline = time.monotonic() + 20.0
+            while time.monotonic() < deadline:
+                samples.append(learnt(leaf_frr, f"{a0}/32"))
+                st = daemon.status()
+                if st and int(st.get("reconciles", 0)) >= 1 and len(samples) > 20:
+                    break
+            for _ in range(10):  # and a while after the first decisions
+                samples.append(learnt(leaf_frr, f"{a0}/32"))
+                time.sleep(0.1)
+            report["restart_samples"] = len(samples)
+            assert all(s == {a1: 0} for s in samples), samples
+            assert lab.host.route_nhid(RAIL0_TABLE) == NH1  # the verdict was carried over
+
+            # 3. Healed: back over rail0 after the hold-down.
+            lab.leaf.nft(f"delete table inet {hole}\n")
+            healed = time.monotonic()
+            wait(lambda: learnt(leaf_frr, f"{a0}/32") == {a0: OWNER_MED}, "back over rail0")
+            report["heal_to_own_rail_s"] = round(time.monotonic() - healed, 3)
+            assert time.monotonic() - healed >= 1.0  # hold-down_s
+            assert lab.host.route_nhid(RAIL0_TABLE) == NH0
+
+            # 4. FRR stopped: reported; outgoing failover and the table go on.
+            host_frr.stop(10.0, ("bgpd", "zebra"))
+            wait(lambda: any("FRR not running" in p for p in problems(daemon.status())),
+                 "FRR reported missing", 15.0)
+            lab.leaf.nft(replies_lost)
+            wait(lambda: lab.host.route_nhid(RAIL0_TABLE) == NH1, "rail0 table on rail1", 5.0)
+            wait(lambda: {r["dst"]: r.get("metric") for r in
+                          lab.host.ipj("route", "show", "table", "250")}.get(a0) == 1001,
+                 "announcement table still written", 5.0)
+            assert daemon.proc.poll() is None
+            lab.leaf.nft(f"delete table inet {hole}\n")
+            log = daemon.log()
+            assert "announce" in log
+    except BaseException:
+        print(host_frr.logs())
+        print(leaf_frr.logs())
+        if daemon is not None:
+            print(daemon.log()[-6000:])
+        raise
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        lab.leaf.nft(f"table inet {hole} {{}}\ndelete table inet {hole}\n")
+        for frr in (host_frr, leaf_frr):
+            try:
+                frr.stop()
+            finally:
+                frr.cleanup()
+    print("announce via linkpassd:", report)
