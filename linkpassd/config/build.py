@@ -334,6 +334,9 @@ class _Builder:
                     )
 
     def check_announce(self, announce: dict[str, Any], own: dict[str, Any]) -> None:
+        if announce["table"] in RESERVED_TABLES:
+            self.fail("announce.table", f"{announce['table']} is the kernel's "
+                      f"{RESERVED_TABLES[announce['table']]} table")
         if own["table_min"] <= announce["table"] <= own["table_max"]:
             self.fail("announce.table", f"{announce['table']} is inside the owned table range "
                       f"{own['table_min']}..{own['table_max']}; the announcement table must be "

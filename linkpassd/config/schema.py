@@ -421,7 +421,7 @@ ANNOUNCE = Section(
         Option("table", INT, 250,
                "Kernel table of the announcements, imported by FRR (`ip import-table`); never "
                "used for forwarding. Outside the owned table range and not 253, 254 or 255.",
-               (_int_range(1, 252),)),
+               (_U32,)),
         Option("route_protocol", INT, 202,
                "`rtm_protocol` of the announcement routes; different from "
                "`ownership.route_protocol`.", (ROUTE_PROTOCOL,)),
