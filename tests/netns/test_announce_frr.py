@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import time
 from dataclasses import replace
 
@@ -229,6 +231,14 @@ def daemon_toml(lab, sock: str, run_dir: str, frr_run_dir: str) -> str:
                             probe_peers=[[ECHO_PEER], [ECHO_PEER]])
 
 
+def ctl_events(sock: str) -> list[dict]:
+    """`linkpassctl events -o json` of the running daemon (this boot)."""
+    proc = subprocess.run([sys.executable, "-m", "linkpassd.ctl.main", "--socket", sock,
+                           "events", "-o", "json"], capture_output=True, text=True, timeout=20)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout).get("events", [])
+
+
 def problems(status: dict | None) -> list[str]:
     return [f"{p.get('what')}: {p.get('detail')}" for p in (status or {}).get("problems", [])]
 
@@ -318,8 +328,15 @@ def test_linkpassd_moves_the_announcement_on_an_echo_verdict(lab, tmp_path):
                  "announcement table still written", 5.0)
             assert daemon.proc.poll() is None
             lab.leaf.nft(f"delete table inet {hole}\n")
-            log = daemon.log()
-            assert "announce" in log
+            events = [e for e in ctl_events(sock) if e.get("kind") == "EVENT_KIND_ANNOUNCE"]
+            fields = [e.get("fields", {}) for e in events]
+            # This boot: first the carried-over detour (previous unknown), then step 4's.
+            detours = [f for f in fields if f.get("change") == "detoured"]
+            assert [(f["address"], f["via"], f["previous"]) for f in detours] == \
+                [(a0, "rail1", "unknown"), (a0, "rail1", "rail0")], fields
+            assert any(f.get("change") == "restored" and f["via"] == "rail0" for f in fields)
+            missing = next(f for f in fields if f.get("frr") == "missing")
+            assert "FRR not running: zebra, bgpd" in missing["problems"], missing
     except BaseException:
         print(host_frr.logs())
         print(leaf_frr.logs())
