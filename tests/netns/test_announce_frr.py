@@ -213,6 +213,39 @@ table inet {hole} {{
         assert await ann.observe() == {a0: {1001}}
 
 
+def test_frr_that_does_not_import_the_table_is_named(netns_factory):
+    """FRR running but misconfigured (no `ip import-table`): the adapter says
+    which addresses zebra has not imported, and nothing else."""
+    lab = HostLab.build(netns_factory, n_rails=2)
+    cfg = host_config(lab)
+    host_frr = FrrBfd(lab.host.name, [], bgpd_conf="frr defaults traditional\nhostname lp-host\n!\n"
+                      + bgpd_config(cfg))  # zebra without the import
+    try:
+        host_frr.start()
+        cfg = replace(cfg, announce=replace(cfg.announce, frr_run_dir=str(host_frr.run_dir)))
+
+        async def check():
+            ipr = lab.host.iproute()
+            async with ipr:
+                ann = Announcer(ipr, cfg.announce, cfg.announce.frr_run_dir)
+                want = announce.plan(cfg, cfg.announce,
+                                     policy.decide(cfg, states(cfg)).rails)
+                await ann.apply(cfg, want)
+                await asyncio.sleep(1.0)  # what zebra would have imported by now
+                return await ann.frr_state(want)
+
+        state = run(check(), timeout=30)
+        assert state.missing_daemons == ()
+        assert state.not_imported == tuple(sorted(r.address for r in lab.rails))
+        assert state.problems == ("not imported by zebra (ip import-table): "
+                                  "198.18.0.2, 198.18.1.2",)
+    finally:
+        try:
+            host_frr.stop()
+        finally:
+            host_frr.cleanup()
+
+
 # --------------------------------------------------------------------------
 # The daemon: linkpassd drives the announcements from its own verdicts.
 # --------------------------------------------------------------------------
