@@ -40,11 +40,13 @@ def zebra_config(config: Config) -> str:
 
 def bgpd_config(config: Config, *, router_id: str | None = None,
                 advertisement_interval_s: int = 0) -> str:
-    """bgpd's part. Needs `[announce] local_asn` and `peer_asn`."""
+    """bgpd's part. Needs `[announce] local_asn`; without `peer_asn` each
+    session takes any external AS (leaves of different rails in different ASes)."""
     a = config.announce
-    if not a.local_asn or not a.peer_asn:
-        raise SnippetError(f"{config.source}: [announce] local_asn and peer_asn must be set to "
-                           "write the FRR config")
+    if not a.local_asn:
+        raise SnippetError(f"{config.source}: [announce] local_asn must be set to write the FRR "
+                           "config")
+    remote = str(a.peer_asn) if a.peer_asn else "external"  # a leaf per rail, each its own AS
     out = []
     out += [f"ip prefix-list lp-announce seq {5 * (k + 1)} permit {r.address}/32"
             for k, r in enumerate(config.rails)]
@@ -68,7 +70,7 @@ def bgpd_config(config: Config, *, router_id: str | None = None,
     out += [f"router bgp {a.local_asn}"]
     out += [f" bgp router-id {router_id or config.rails[0].address}"]
     for r in config.rails:
-        out += [f" neighbor {r.gateway} remote-as {a.peer_asn}",
+        out += [f" neighbor {r.gateway} remote-as {remote}",
                 f" neighbor {r.gateway} description linkpass {r.name} ({r.port})",
                 f" neighbor {r.gateway} update-source {r.address}",
                 f" neighbor {r.gateway} advertisement-interval {advertisement_interval_s}"]

@@ -438,7 +438,9 @@ ANNOUNCE = Section(
                "The host's AS number, for the printed FRR config only (0: not set).",
                (_int_range(0, U32_MAX),)),
         Option("peer_asn", INT, 0,
-               "The leaves' AS number, for the printed FRR config only (0: not set).",
+               "The leaves' AS number, for the printed FRR config only (0: each session "
+               "accepts any external AS, `remote-as external`, as when every rail's leaf has "
+               "its own AS).",
                (_int_range(0, U32_MAX),)),
         Option("frr_run_dir", STR, "/var/run/frr",
                "Where FRR keeps its pid files (zebra.pid, bgpd.pid): how linkpassd tells whether "

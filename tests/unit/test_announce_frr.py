@@ -67,6 +67,8 @@ def test_snippet_has_a_session_and_route_map_per_rail():
 def test_snippet_needs_the_as_numbers(tmp_path, capsys):
     with pytest.raises(SnippetError):
         bgpd_config(config("[announce]\nenabled = true\n"))
+    text = bgpd_config(config("[announce]\nenabled = true\nlocal_asn = 65101\n"))
+    assert " neighbor 198.18.0.1 remote-as external" in text
     path = tmp_path / "c.toml"
     path.write_text('[daemon]\ncontrol_socket = "/tmp/lp.sock"\n' + RAILS)
     assert announce_frr.main([str(path)]) == 1
