@@ -10,7 +10,7 @@ when linkpassd's verdict takes rail0 (a gray failure: carrier up, both BGP
 sessions Established) the leaf learns 198.18.0.2 through rail1 and no longer
 through rail0; restored, back over rail0; with rail0 blackholed at the leaf
 (its session cannot carry the withdrawal) the leaf still forwards through
-rail1, since the detour's MED beats the stale path; an address the host does not hold
+rail1, the stale own-rail path being unusable there; an address the host does not hold
 is refused and never reaches the table; FRR stopped: the table is still
 written and the adapter names what is missing.
 """
@@ -66,6 +66,12 @@ def learnt(leaf: FrrBfd, prefix: str) -> dict[str, int]:
     """The leaf's BGP paths for `prefix`: peer address -> MED."""
     out = leaf.try_read(lambda: json.loads(leaf.vtysh(f"show bgp ipv4 unicast {prefix} json")))
     return {p["peer"]["peerId"]: p.get("metric", 0) for p in (out or {}).get("paths", [])}
+
+
+def valid(leaf: FrrBfd, prefix: str) -> dict[str, bool]:
+    """The leaf's BGP paths for `prefix`: peer address -> usable."""
+    out = leaf.try_read(lambda: json.loads(leaf.vtysh(f"show bgp ipv4 unicast {prefix} json")))
+    return {p["peer"]["peerId"]: bool(p.get("valid")) for p in (out or {}).get("paths", [])}
 
 
 def fib_via(lab: HostLab, address: str) -> list[str]:
@@ -168,8 +174,9 @@ async def scenario(lab, cfg, host_frr, leaf_frr, report) -> None:
 
         # 3b. A blackhole on rail0 (the leaf drops everything on its rail0 port):
         # rail0's BGP session cannot carry the withdrawal and stays Established
-        # until its hold timer, yet the leaf forwards to 198.18.0.2 via rail1,
-        # because the detour (MED 0) beats the stale own-rail path.
+        # until its hold timer, yet the leaf forwards to 198.18.0.2 via rail1:
+        # the stale own-rail path is held but invalid here (its next hop is the
+        # address itself), so the detour is the only usable path.
         hole = f"lp_announce_hole{os.getpid()}"
         lab.leaf.nft(f"""
 table inet {hole} {{
@@ -182,6 +189,7 @@ table inet {hole} {{
             await until(lambda: fib_via(lab, a0) == [a1], "leaf FIB via rail1 despite the stale path")
             report["blackhole_detour_fib_s"] = round(time.monotonic() - t_hole, 3)
             assert learnt(leaf_frr, f"{a0}/32") == {a0: OWNER_MED, a1: 0}  # rail0's path is stale
+            assert valid(leaf_frr, f"{a0}/32") == {a0: False, a1: True}
             assert leaf_frr.bgp_states()[a0] == "Established"
         finally:
             lab.leaf.nft(f"delete table inet {hole}\n")
