@@ -10,8 +10,8 @@ table, derived from linkpassd's config.
 - per session, an outbound route-map that passes exactly the routes whose
   metric names that rail (core.announce.metric_of): the rail's own address
   with MED ``owner_med``, another rail's address (a detour) with MED 0, so a
-  detour wins over an own-rail announcement a broken session could not
-  withdraw.
+  detour wins over a usable own-rail announcement that a broken session could
+  not withdraw.
   Everything else is denied.
 
 ``python -m linkpassd.announce_frr /etc/linkpass/linkpassd.toml`` prints it.

@@ -431,9 +431,10 @@ ANNOUNCE = Section(
                (_int_range(1, U32_MAX - 4096),)),
         Option("owner_med", INT, 100,
                "MED of an address announced over its own rail's session; over another rail's "
-               "session (a detour) the MED is 0, so that a leaf still holding the own rail's "
+               "session (a detour) the MED is 0, so that a switch still holding a usable own-rail "
                "announcement from a session that cannot carry the withdrawal (a gray failure "
-               "the leaf does not see) prefers the detour.", (_int_range(1, U32_MAX),)),
+               "the leaf does not see) prefers the detour (docs/bgp.md).",
+               (_int_range(1, U32_MAX),)),
         Option("local_asn", INT, 0,
                "The host's AS number, for the printed FRR config only (0: not set).",
                (_int_range(0, U32_MAX),)),
