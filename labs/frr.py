@@ -207,9 +207,14 @@ class FrrBfd:
 
     def __init__(self, netns: str | None, peers: Sequence[BfdPeer],
                  log_level: str = "informational", *, runner: Sequence[str] | None = None,
-                 profiles: Sequence[BfdProfile] = (), bgp: BgpSpeaker | None = None):
+                 profiles: Sequence[BfdProfile] = (), bgp: BgpSpeaker | None = None,
+                 zebra_conf: str = "", bgpd_conf: str | None = None):
         if (netns is None) == (runner is None):
             raise ValueError("give exactly one of netns and runner")
+        if bgp is not None and bgpd_conf is not None:
+            raise ValueError("give at most one of bgp and bgpd_conf")
+        self.zebra_conf = zebra_conf  # appended to zebra's config
+        self.bgpd_conf = bgpd_conf  # bgpd's whole config, written as given
         self.netns = netns
         self.runner: tuple[str, ...] = tuple(runner) if runner is not None else netns_exec(netns)
         self.peers_conf = tuple(peers)
@@ -233,10 +238,12 @@ class FrrBfd:
         self.dir = Path(tempfile.mkdtemp(prefix="lp-frr-"))
         for sub in ("etc", "run", "log"):
             self._path(sub).mkdir()
-        self._path("etc", "zebra.conf").write_text("hostname lp-zebra\n")
+        self._path("etc", "zebra.conf").write_text("hostname lp-zebra\n" + self.zebra_conf)
         self._path("etc", "bfdd.conf").write_text(bfdd_config(self.peers_conf, self.profiles))
         if self.bgp is not None:
             self._path("etc", "bgpd.conf").write_text(bgpd_config(self.bgp))
+        elif self.bgpd_conf is not None:
+            self._path("etc", "bgpd.conf").write_text(self.bgpd_conf)
         self._path("etc", "vtysh.conf").write_text("")
         for root, _dirs, files in os.walk(self.dir):
             shutil.chown(root, FRR_USER, FRR_USER)
@@ -276,7 +283,7 @@ class FrrBfd:
             self._spawn("zebra")
             self._wait(lambda: self._path("run", "zserv.api").exists(), deadline, "zebra socket")
             self._spawn("bfdd", ["--bfdctl", str(self._path("run", "bfdd.sock"))])
-            if self.bgp is not None:
+            if self.bgp is not None or self.bgpd_conf is not None:
                 self._spawn("bgpd")
             wanted = {p.peer for p in self.peers_conf}
             self._wait(lambda: wanted <= {p.get("peer") for p in self._try_peers()}, deadline,
@@ -285,6 +292,9 @@ class FrrBfd:
                 neighbors = {n.address for n in self.bgp.neighbors}
                 self._wait(lambda: neighbors <= set(self.try_read(self.bgp_neighbors) or {}),
                            deadline, "bgpd neighbours")
+            elif self.bgpd_conf is not None:
+                self._wait(lambda: self.try_read(self.bgp_neighbors) is not None, deadline,
+                           "bgpd vty")
         except BaseException:
             self.stop()
             raise
@@ -299,10 +309,10 @@ class FrrBfd:
                 raise FrrError(f"timed out waiting for {what}\n{self.logs()}")
             time.sleep(0.05)
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM each daemon by PID (bgpd, bfdd, then zebra), SIGKILL after
-        `timeout`."""
-        for name in ("bgpd", "bfdd", "zebra"):
+    def stop(self, timeout: float = 10.0, daemons: Sequence[str] = ("bgpd", "bfdd", "zebra")) -> None:
+        """SIGTERM each daemon by PID (bgpd, bfdd, then zebra; or only
+        `daemons`), SIGKILL after `timeout`."""
+        for name in daemons:
             proc = self.procs.get(name)
             if proc is None or proc.poll() is not None:
                 continue
@@ -360,7 +370,7 @@ class FrrBfd:
     def bgp_neighbors(self) -> dict[str, dict]:
         """``show bgp neighbors json``: neighbour address -> its state
         (``bgpState``, ``bfdInfo``...)."""
-        if self.bgp is None:
+        if self.bgp is None and self.bgpd_conf is None:
             raise FrrError("this FRR runs no bgpd")
         out = json.loads(self.vtysh("show bgp neighbors json"))
         if not isinstance(out, dict):

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -257,6 +257,14 @@ class Metrics:
                                "Configuration reloads, by result (accepted, refused).", ("result",))
         for result in ("accepted", "refused"):
             self.reloads.labels(result)
+        self.announce_changes = counter(
+            "linkpass_announce_changes_total", "Changes of where a rail address is announced "
+            "([announce]), by the rail owning it and the change (announced, detoured, "
+            "detour_moved, restored, withdrawn).", ("rail", "change"))
+        self.announce_frr_ok = Gauge(
+            "linkpass_announce_frr_ok", "1 while FRR runs and imports the announcement table, "
+            "0 while something is missing (the status's problems say what), by announcement "
+            "table; absent until read.", ("table",), registry=registry)
         self.reconcile_seconds = Histogram(
             "linkpass_reconcile_duration_seconds", "Time of one reconcile pass (decide, plan, "
             "kernel writes).", buckets=RECONCILE_BUCKETS_S, registry=registry)
@@ -306,6 +314,12 @@ class Metrics:
             self.reloads.labels("accepted").inc()
         elif kind is EventKind.RELOAD_REFUSED:
             self.reloads.labels("refused").inc()
+        elif kind is EventKind.ANNOUNCE:
+            if event.field("frr"):
+                self.announce_frr_ok.labels(event.field("table") or "unknown").set(
+                    1 if event.field("frr") == "ok" else 0)
+            elif event.field("change"):
+                self.announce_changes.labels(event.rail, event.field("change")).inc()
 
     def on_reconcile(self, duration_s: float, writes: int) -> None:
         """One reconcile pass took `duration_s` and made `writes` kernel writes."""

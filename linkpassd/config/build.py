@@ -30,6 +30,7 @@ from linkpassd.config.checks import (
 )
 from linkpassd.config.schema import (
     AGGREGATOR,
+    ANNOUNCE,
     BFD,
     DAEMON,
     HEALTH,
@@ -47,6 +48,7 @@ from linkpassd.config.schema import (
 from linkpassd.core import alloc
 from linkpassd.core.model import (
     AggregatorSettings,
+    AnnounceSettings,
     BfdSettings,
     Config,
     HealthPolicy,
@@ -230,7 +232,9 @@ class _Builder:
         bfd = self.section(doc, BFD)
         probes = self.section(doc, PROBES)
         routing = self.section(doc, ROUTING)
+        announce = self.section(doc, ANNOUNCE)
         self.check_ownership(own)
+        self.check_announce(announce, own)
         self.check_timers(timers)
         self.check_health(health)
         self.check_probes(probes)
@@ -283,6 +287,7 @@ class _Builder:
             bfd=BfdSettings(**bfd),
             probes=ProbeSettings(**probes),
             roce_rules=routing["roce_rules"],
+            announce=AnnounceSettings(**announce),
             auto_tables=self.auto_tables(rails, groups, probes["enabled"]),
             control_socket=daemon["control_socket"],
             run_dir=daemon["run_dir"],
@@ -384,6 +389,18 @@ class _Builder:
                         f"ownership.{kind}_min",
                         f"range {lo}..{hi} includes {value} ({what}), which linkpassd must never own",
                     )
+
+    def check_announce(self, announce: dict[str, Any], own: dict[str, Any]) -> None:
+        if announce["table"] in RESERVED_TABLES:
+            self.fail("announce.table", f"{announce['table']} is the kernel's "
+                      f"{RESERVED_TABLES[announce['table']]} table")
+        if own["table_min"] <= announce["table"] <= own["table_max"]:
+            self.fail("announce.table", f"{announce['table']} is inside the owned table range "
+                      f"{own['table_min']}..{own['table_max']}; the announcement table must be "
+                      "apart from the routing tables")
+        if announce["route_protocol"] == own["route_protocol"]:
+            self.fail("announce.route_protocol", f"{announce['route_protocol']} is "
+                      "ownership.route_protocol; announcements need their own protocol number")
 
     def check_timers(self, timers: dict[str, Any]) -> None:
         if timers["resync_interval_s"] < timers["tick_interval_s"]:

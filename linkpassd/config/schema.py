@@ -435,6 +435,52 @@ ROUTING = Section(
     ),
 )
 
+ANNOUNCE = Section(
+    "announce",
+    array=False,
+    help="Announce the host's rail addresses to the fabric through FRR on the host "
+         "(docs/bgp.md): each rail address (/32) over its own rail's BGP session while the rail "
+         "carries its own traffic, over the session of the rail that carries it otherwise, with "
+         "the same hold-down as the routes. linkpassd writes the announcements as routes in "
+         "`table`; FRR's zebra imports that table and bgpd announces it per rail "
+         "(`python -m linkpassd.announce_frr CONFIG` prints that FRR config). Off by default.",
+    options=(
+        Option("enabled", BOOL, False, "Write announcements (and report FRR's state)."),
+        Option("table", INT, 250,
+               "Kernel table of the announcements, imported by FRR (`ip import-table`); never "
+               "used for forwarding. Outside the owned table range and not 253, 254 or 255.",
+               (_U32,)),
+        Option("route_protocol", INT, 202,
+               "`rtm_protocol` of the announcement routes; different from "
+               "`ownership.route_protocol`.", (ROUTE_PROTOCOL,)),
+        Option("metric_base", INT, 1000,
+               "Route metric of an announcement over the first rail; rail N (in config order) "
+               "uses `metric_base` + N. FRR's per-rail route-maps match it.",
+               (_int_range(1, U32_MAX - 4096),)),
+        Option("owner_med", INT, 100,
+               "MED of an address announced over its own rail's session; over another rail's "
+               "session (a detour) the MED is 0, so that a switch still holding a usable own-rail "
+               "announcement from a session that cannot carry the withdrawal (a gray failure "
+               "the leaf does not see) prefers the detour (docs/bgp.md).",
+               (_int_range(1, U32_MAX),)),
+        Option("local_asn", INT, 0,
+               "The host's AS number, for the printed FRR config only (0: not set).",
+               (_int_range(0, U32_MAX),)),
+        Option("peer_asn", INT, 0,
+               "The leaves' AS number, for the printed FRR config only (0: each session "
+               "accepts any external AS, `remote-as external`, as when every rail's leaf has "
+               "its own AS).",
+               (_int_range(0, U32_MAX),)),
+        Option("frr_run_dir", STR, "/var/run/frr",
+               "Where FRR keeps its pid files (zebra.pid, bgpd.pid): how linkpassd tells whether "
+               "FRR is running.", (_abs_path(),)),
+    ),
+    rules=(
+        "`table` outside the owned table range",
+        "`route_protocol` is not `ownership.route_protocol`",
+    ),
+)
+
 RAIL = Section(
     "rail",
     array=True,
@@ -539,4 +585,4 @@ MULTIPATH = Section(
 )
 
 SCHEMA: tuple[Section, ...] = (DAEMON, METRICS, AGGREGATOR, OWNERSHIP, TIMERS, HEALTH, SENSORS, BFD, PROBES, ROUTING,
-                               RAIL, MULTIPATH)
+                               ANNOUNCE, RAIL, MULTIPATH)

@@ -39,6 +39,7 @@ class EventKind(enum.StrEnum):
     RESYNC = "resync"  # the link event stream overran; state re-read in full
     RECONCILE_FAILED = "reconcile_failed"  # a pass failed as a whole
     SIGNAL = "signal"  # a BFD session or echo path changed state (evidence, not a verdict)
+    ANNOUNCE = "announce"  # where a rail address is announced changed, or FRR's state (core.announce)
 
 
 class Severity(enum.StrEnum):

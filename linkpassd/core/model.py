@@ -99,6 +99,21 @@ class RailConfig:
 
 
 @dataclass(frozen=True)
+class AnnounceSettings:
+    """``[announce]``: the host's rail addresses announced through FRR
+    (core.announce; config.schema has the help)."""
+
+    enabled: bool = False
+    table: int = 250
+    route_protocol: int = 202
+    metric_base: int = 1000
+    owner_med: int = 100
+    local_asn: int = 0  # for the FRR snippet only; 0: not set
+    peer_asn: int = 0
+    frr_run_dir: str = "/var/run/frr"
+
+
+@dataclass(frozen=True)
 class BfdSettings:
     interval_ms: int = 300
     detect_mult: int = 3
@@ -177,6 +192,7 @@ class Config:
     sensors: SensorConfig = field(default_factory=SensorConfig)
     bfd: BfdSettings = field(default_factory=BfdSettings)
     probes: ProbeSettings = field(default_factory=ProbeSettings)
+    announce: AnnounceSettings = field(default_factory=AnnounceSettings)
     roce_rules: bool = True
     # Tables the config file left to linkpassd, by core.alloc's table keys
     # ("rail:NAME", "probe:NAME", "group:NAME"). The builder fills them in as

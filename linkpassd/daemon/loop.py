@@ -73,6 +73,7 @@ from linkpassd.core.model import (
 from linkpassd.core.railverdict import rail_assessment
 from linkpassd.core.signals import bfd_assessment
 from linkpassd.daemon.aggregator import AggregatorLink, MeshPeersChanged
+from linkpassd.daemon.announcing import Announcements
 from linkpassd.daemon.operations import DrainCommand, Drains, EventRecorder, HealthPublisher, cause_of
 from linkpassd.daemon.probes import EchoChange, Probes
 from linkpassd.daemon.statefiles import ECHO_SIGNAL, StateFiles
@@ -166,7 +167,9 @@ class Daemon:
         self.aggregator = AggregatorLink(lambda: self.config, self, self.drains, self.files,
                                          self.queue.put_nowait, self.recorder.boot_id)
         self.recorder.sinks.append(self.aggregator.offer)  # a bounded hand-off, never a wait
-        self.report = StatusReport(self, self.probes, self.files, self.recorder, self.aggregator)
+        self.announcements = Announcements(self.recorder.emit, wallclock)
+        self.report = StatusReport(self, self.probes, self.files, self.recorder, self.aggregator,
+                                   self.announcements)
 
     # ------------------------------------------------------------------ tasks
 
@@ -448,6 +451,7 @@ class Daemon:
             # changed: a failover never waits for an earlier failure.
             if now >= self.hold_until or decision.desired != self.failed_desired:
                 await self._reconcile(decision, now)
+        await self.announcements.step(self.config, decision, now)  # never raises
         self.files.save_verdicts(self.health, self.config.health)
         self.aggregator.save_mesh()
 

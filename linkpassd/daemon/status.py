@@ -25,6 +25,7 @@ from linkpassd.core.model import (
     Unreadable,
 )
 from linkpassd.daemon.aggregator import AggregatorLink
+from linkpassd.daemon.announcing import Announcements
 from linkpassd.daemon.operations import EventRecorder
 from linkpassd.daemon.probes import Probes
 from linkpassd.daemon.statefiles import StateFiles
@@ -56,12 +57,13 @@ class LoopState(Protocol):
 
 class StatusReport:
     def __init__(self, loop: LoopState, probes: Probes, files: StateFiles, recorder: EventRecorder,
-                 aggregator: AggregatorLink) -> None:
+                 aggregator: AggregatorLink, announcements: Announcements) -> None:
         self.loop = loop
         self.probes = probes
         self.files = files
         self.recorder = recorder
         self.aggregator = aggregator
+        self.announcements = announcements
 
     def explain(self, port: str) -> explain.Explanation | None:
         v = self.loop
@@ -124,4 +126,5 @@ class StatusReport:
         out += [Problem("foreign", f.description, f"protocol {f.protocol}, inside an owned range",
                         since) for f, since in v.foreign]
         out += self.probes.echo_port_problems()
+        out += self.announcements.problems()
         return tuple(out)

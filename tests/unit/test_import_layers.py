@@ -42,6 +42,8 @@ PARTS: dict[str, str] = {
     # the programs
     "linkpassd.daemon": "daemon",
     "linkpassd.metrics_snapshot": "daemon",
+    # prints the host's FRR config for [announce] from linkpassd's config
+    "linkpassd.announce_frr": "daemon",
     "linkpassd.agent": "daemon",
     "linkpassd.aggregator": "aggregator",
     "linkpassd.ctl": "ctl",

@@ -34,6 +34,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_RESYNC: _ClassVar[EventKind]
     EVENT_KIND_RECONCILE_FAILED: _ClassVar[EventKind]
     EVENT_KIND_SIGNAL: _ClassVar[EventKind]
+    EVENT_KIND_ANNOUNCE: _ClassVar[EventKind]
 
 class Severity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -59,6 +60,7 @@ EVENT_KIND_CONFLICT: EventKind
 EVENT_KIND_RESYNC: EventKind
 EVENT_KIND_RECONCILE_FAILED: EventKind
 EVENT_KIND_SIGNAL: EventKind
+EVENT_KIND_ANNOUNCE: EventKind
 SEVERITY_UNSPECIFIED: Severity
 SEVERITY_INFO: Severity
 SEVERITY_WARNING: Severity

@@ -1,0 +1,109 @@
+"""The FRR side of ``[announce]`` (docs/bgp.md): the zebra and bgpd config a
+host needs so that FRR announces what linkpassd writes in its announcement
+table, derived from linkpassd's config.
+
+- zebra imports the table (``ip import-table <table>``);
+- bgpd redistributes it (``redistribute table <table>``), accepting only the
+  host's rail addresses;
+- one eBGP session per rail, toward the rail's gateway (the leaf), sourced
+  from the rail address;
+- per session, an outbound route-map that passes exactly the routes whose
+  metric names that rail (core.announce.metric_of): the rail's own address
+  with MED ``owner_med``, another rail's address (a detour) with MED 0, so a
+  detour wins over a usable own-rail announcement that a broken session could
+  not withdraw.
+  Everything else is denied.
+
+``python -m linkpassd.announce_frr /etc/linkpass/linkpassd.toml`` prints it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from linkpassd.core.announce import metric_of
+from linkpassd.core.model import Config
+
+
+class SnippetError(ValueError):
+    pass
+
+
+def _name(prefix: str, rail: str) -> str:
+    return f"lp-{prefix}-{rail}"
+
+
+def zebra_config(config: Config) -> str:
+    return f"ip import-table {config.announce.table}\n"
+
+
+def bgpd_config(config: Config, *, router_id: str | None = None,
+                advertisement_interval_s: int = 0) -> str:
+    """bgpd's part. Needs `[announce] local_asn`; without `peer_asn` each
+    session takes any external AS (leaves of different rails in different ASes)."""
+    a = config.announce
+    if not a.local_asn:
+        raise SnippetError(f"{config.source}: [announce] local_asn must be set to write the FRR "
+                           "config")
+    remote = str(a.peer_asn) if a.peer_asn else "external"  # a leaf per rail, each its own AS
+    out = []
+    out += [f"ip prefix-list lp-announce seq {5 * (k + 1)} permit {r.address}/32"
+            for k, r in enumerate(config.rails)]
+    out.append("!")
+    for r in config.rails:
+        out += [f"ip prefix-list {_name('own', r.name)} seq 5 permit {r.address}/32"]
+    out += ["!", "route-map lp-announce-redistribute permit 10",
+            " match ip address prefix-list lp-announce", "!"]
+    for r in config.rails:
+        metric = metric_of(config, a, r.name)
+        name = _name("out", r.name)
+        out += [f"route-map {name} permit 10",
+                f" match ip address prefix-list {_name('own', r.name)}",
+                f" match metric {metric}",
+                f" set metric {a.owner_med}",
+                f"route-map {name} permit 20",
+                " match ip address prefix-list lp-announce",
+                f" match metric {metric}",
+                " set metric 0",
+                f"route-map {name} deny 100", "!"]
+    out += [f"router bgp {a.local_asn}"]
+    out += [f" bgp router-id {router_id or config.rails[0].address}"]
+    for r in config.rails:
+        out += [f" neighbor {r.gateway} remote-as {remote}",
+                f" neighbor {r.gateway} description linkpass {r.name} ({r.port})",
+                f" neighbor {r.gateway} update-source {r.address}",
+                f" neighbor {r.gateway} advertisement-interval {advertisement_interval_s}"]
+    out += [" !", " address-family ipv4 unicast",
+            f"  redistribute table {a.table} route-map lp-announce-redistribute"]
+    for r in config.rails:
+        out += [f"  neighbor {r.gateway} route-map {_name('out', r.name)} out"]
+    out += [" exit-address-family", "!"]
+    return "\n".join(out) + "\n"
+
+
+def snippet(config: Config) -> str:
+    return ("! zebra (zebra.conf or frr.conf)\n" + zebra_config(config) + "!\n"
+            "! bgpd (bgpd.conf or frr.conf)\n" + bgpd_config(config))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from linkpassd.config import ConfigError, load_config
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m linkpassd.announce_frr CONFIG", file=sys.stderr)
+        return 2
+    try:
+        config = load_config(args[0])
+        if not config.announce.enabled:
+            raise SnippetError(f"{config.source}: [announce] is not enabled")
+        sys.stdout.write(snippet(config))
+    except (ConfigError, SnippetError, OSError) as exc:
+        print(f"linkpassd.announce_frr: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
