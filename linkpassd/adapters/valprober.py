@@ -18,7 +18,7 @@ flows of one pair over different spines, so a dead spine link kills some of
 a pair's flows and spares the others - the signature that tells it from a
 dead port, which kills them all (validate.localize).
 
-It speaks the daemon's echo wire format (adapters.echoresponder) to the
+It speaks the daemon's echo wire format (core.wire) to the
 responders every linkpassd runs (or labs/echopeer.py): nothing new to open
 in fabric ACLs. Those responders answer only sources in their
 `fabric_prefixes` or probe peers, at most `responder_rate_pps` (default
@@ -48,9 +48,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from linkpassd.adapters.echoresponder import (_ANCILLARY, _RECV_BYTES, ECHO_PORT, KIND_REPLY,
-                                              KIND_REQUEST, SO_TIMESTAMPNS, EchoPacket, _cmsgs,
-                                              _random_id, _udp_socket, parse)
+from linkpassd.adapters.echoresponder import (_ANCILLARY, _RECV_BYTES, SO_TIMESTAMPNS, _cmsgs,
+                                              _random_id, _udp_socket)
+from linkpassd.core.direction import Receipts
+from linkpassd.core.wire import ECHO_PORT, KIND_REPLY, KIND_REQUEST, EchoPacket, parse
 
 _POLL_S = 0.02  # longest wait between looks at the stop flag and the send schedule
 _SENDS_PER_ROUND = 256  # then read replies before sending more
