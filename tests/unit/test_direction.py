@@ -241,3 +241,27 @@ def test_an_outage_is_classed_by_the_first_reply_after_it():
             now += 0.002
         assert p.state is PathState.UP
         assert "after DOWN; the outage was " + want in p.reason, p.reason
+
+
+def test_the_rail_verdict_names_the_direction_its_troubled_paths_share():
+    from linkpassd.core.model import Assessment, Verdict
+    from linkpassd.core.railverdict import rail_assessment
+
+    def path(peer, verdict, direction):
+        return Assessment(f"probe:{peer}", verdict, "degraded", "", direction=direction)
+    rail = rail_assessment([path("198.18.1.7", Verdict.DEGRADED, "requests"),
+                            path("198.18.1.8", Verdict.DEGRADED, "requests"),
+                            path("198.18.1.9", Verdict.UP, "none")])
+    assert rail.severity is Verdict.DEGRADED and rail.direction == "requests"
+    assert "loss towards the peers, replies fine (our transmit direction)" in rail.detail
+    rail = rail_assessment([path("198.18.1.7", Verdict.DOWN, "replies"),
+                            path("198.18.1.8", Verdict.DOWN, "replies")])
+    assert rail.severity is Verdict.DOWN and rail.direction == "replies"
+    assert "our receive direction" in rail.detail
+    rail = rail_assessment([path("198.18.1.7", Verdict.DOWN, "unknown"),
+                            path("198.18.1.8", Verdict.DOWN, "unknown")])
+    assert rail.direction == "unknown" and "which way is unknown" in rail.detail
+    mixed = rail_assessment([path("198.18.1.7", Verdict.DEGRADED, "requests"),
+                             path("198.18.1.8", Verdict.DEGRADED, "replies")])
+    assert "which way differs by peer (lost: 198.18.1.7 requests, 198.18.1.8 replies)" \
+        in mixed.detail
