@@ -279,7 +279,7 @@ class PortCheck(_message.Message):
     def __init__(self, port: _Optional[str] = ..., rail: _Optional[str] = ..., carrier: _Optional[bool] = ..., speed_mbps: _Optional[int] = ..., lldp_system: _Optional[str] = ..., lldp_port: _Optional[str] = ..., lldp_source: _Optional[str] = ..., optics_problems: _Optional[_Iterable[str]] = ..., counters_rising: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class PairResult(_message.Message):
-    __slots__ = ("rail", "peer", "peer_host", "sent", "received", "rtt_p50_us", "rtt_p99_us", "burst_sent", "burst_received", "flows", "flows_silent")
+    __slots__ = ("rail", "peer", "peer_host", "sent", "received", "rtt_p50_us", "rtt_p99_us", "burst_sent", "burst_received", "flows", "flows_silent", "requests_lost", "replies_lost", "receipts")
     RAIL_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
     PEER_HOST_FIELD_NUMBER: _ClassVar[int]
@@ -291,6 +291,9 @@ class PairResult(_message.Message):
     BURST_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     FLOWS_FIELD_NUMBER: _ClassVar[int]
     FLOWS_SILENT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_LOST_FIELD_NUMBER: _ClassVar[int]
+    REPLIES_LOST_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
     rail: str
     peer: str
     peer_host: str
@@ -302,7 +305,10 @@ class PairResult(_message.Message):
     burst_received: int
     flows: int
     flows_silent: int
-    def __init__(self, rail: _Optional[str] = ..., peer: _Optional[str] = ..., peer_host: _Optional[str] = ..., sent: _Optional[int] = ..., received: _Optional[int] = ..., rtt_p50_us: _Optional[int] = ..., rtt_p99_us: _Optional[int] = ..., burst_sent: _Optional[int] = ..., burst_received: _Optional[int] = ..., flows: _Optional[int] = ..., flows_silent: _Optional[int] = ...) -> None: ...
+    requests_lost: int
+    replies_lost: int
+    receipts: bool
+    def __init__(self, rail: _Optional[str] = ..., peer: _Optional[str] = ..., peer_host: _Optional[str] = ..., sent: _Optional[int] = ..., received: _Optional[int] = ..., rtt_p50_us: _Optional[int] = ..., rtt_p99_us: _Optional[int] = ..., burst_sent: _Optional[int] = ..., burst_received: _Optional[int] = ..., flows: _Optional[int] = ..., flows_silent: _Optional[int] = ..., requests_lost: _Optional[int] = ..., replies_lost: _Optional[int] = ..., receipts: _Optional[bool] = ...) -> None: ...
 
 class ValidateRequest(_message.Message):
     __slots__ = ("plan", "hosts", "rails", "duration_s")
