@@ -13,13 +13,20 @@ only what earlier steps left unexplained, so one fault gives one finding):
    counters rising (*counters*): one finding per port, the most specific
    kind first and the rest as evidence. A port with such a finding explains
    the pairs through it (a swapped cable also breaks its probes). No LLDP
-   neighbour at all (*lldp*) is reported but explains nothing.
+   neighbour at all (*lldp*) is reported but explains nothing; when a
+   blackhole or leaf finding covers its port it is part of that finding.
 2. Failing pairs (low-rate loss >= `fail_loss`: a blackhole, not loss):
    - *leaf*: every pair that touches any host under a leaf fails (intra-
      and cross-leaf) while the rest of the rail works: the leaf drops all.
    - *blackhole*: every pair of one host port fails while its peers' other
      pairs work: the host port, its cable or the leaf port (a leaf port
      that drops looks exactly like this; the finding names both ends).
+     Which way: from the responders' receipts when enough came back to
+     class the losses (core.direction); else from LLDP: no LLDP from the
+     leaf means the leaf-to-host direction is dead (host to leaf cannot be
+     seen: no reply comes back), LLDP as planned means host to leaf is dead
+     or the leaf's forwarding drops the port's traffic. The port's LLDP
+     finding, if any, is part of it (one fault, one finding).
    - Cross-leaf pairs that fail while intra-leaf pairs work point above the
      leaves. A flow is one UDP source port of a pair (the hosts spread each
      pair's probes over several, valprober); a fabric hashing ECMP on the
@@ -46,8 +53,12 @@ only what earlier steps left unexplained, so one fault gives one finding):
    >= `min_lost` losses with 95 % probability once its loss rate reaches
    lambda/n (Poisson; lambda = 6.3 for 3 losses; with min_lost = 1 this is
    the rule of three, 3/n). The report's loss_resolution is the worst
-   port's (`loss_resolution`). Loss is per round trip: a link that drops
-   p one way costs the echo p.
+   port's (`loss_resolution`). Loss is per round trip, and says so: a link
+   that drops p one way costs the echo p. Which way is from the
+   responders' receipts (the pairs' requests_lost / replies_lost): a
+   request lost from a pair the port's host sent is host to leaf, from a
+   pair it answered leaf to host, a reply the other way round; the finding
+   gives each direction's rate and names the transmitter to check first.
 4. What is left failing is *unexplained* (one finding per rail), so no
    failure passes silently; hosts that could not run a check, or sent no
    check for a planned port, are *incomplete*.
