@@ -499,9 +499,11 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         # otherwise. Suspicions are counted per path (`echo_counters`).
         if judged.status != "suspect" and judged.status != self.echo_logged.get(port):
             self.echo_logged[port] = judged.status
+            way = (f" ({judged.direction})"
+                   if judged.direction and judged.direction not in ("none", "unknown") else "")
             self._emit(EventKind.SIGNAL, "echo_paths", port=port, rail=self._rail_of(port),
-                       message=f"echo paths of {port}: {judged.status}", judged=judged.status,
-                       detail=judged.detail,
+                       message=f"echo paths of {port}: {judged.status}{way}", judged=judged.status,
+                       detail=judged.detail, direction=judged.direction,
                        paths=" ".join(f"{a.signal}={a.detail!r}" for a in paths))
         self._set_health(before, health.observe_probe(before, ECHO_SIGNAL, judged, now,
                                                       self.config.timers, self.config.health))

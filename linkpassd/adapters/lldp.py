@@ -294,7 +294,7 @@ def _packet_socket(port: str, netns: str | None) -> socket.socket:
     return sock
 
 
-async # How sniff_lldp says it listened for the whole window and heard no neighbour:
+# How sniff_lldp says it listened for the whole window and heard no neighbour:
 # a result (the check ran), unlike its other reasons (it could not listen).
 HEARD_NOTHING = "no LLDP frame within"
 
