@@ -104,18 +104,24 @@ class PortReport(_message.Message):
     def __init__(self, ports: _Optional[_Iterable[_Union[_control_pb2.PortState, _Mapping]]] = ..., paths: _Optional[_Iterable[_Union[PathState, _Mapping]]] = ..., rail_paths: _Optional[_Mapping[str, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class PathState(_message.Message):
-    __slots__ = ("port", "peer", "state", "loss", "rtt_p50_us")
+    __slots__ = ("port", "peer", "state", "loss", "rtt_p50_us", "direction", "requests_lost", "replies_lost")
     PORT_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     RTT_P50_US_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_LOST_FIELD_NUMBER: _ClassVar[int]
+    REPLIES_LOST_FIELD_NUMBER: _ClassVar[int]
     port: str
     peer: str
     state: str
     loss: float
     rtt_p50_us: int
-    def __init__(self, port: _Optional[str] = ..., peer: _Optional[str] = ..., state: _Optional[str] = ..., loss: _Optional[float] = ..., rtt_p50_us: _Optional[int] = ...) -> None: ...
+    direction: str
+    requests_lost: int
+    replies_lost: int
+    def __init__(self, port: _Optional[str] = ..., peer: _Optional[str] = ..., state: _Optional[str] = ..., loss: _Optional[float] = ..., rtt_p50_us: _Optional[int] = ..., direction: _Optional[str] = ..., requests_lost: _Optional[int] = ..., replies_lost: _Optional[int] = ...) -> None: ...
 
 class EventBatch(_message.Message):
     __slots__ = ("boot_id", "events", "gap_first", "gap_last")
