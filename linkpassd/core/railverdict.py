@@ -37,7 +37,8 @@ def rail_assessment(paths: Iterable[Assessment], name: str = "probe") -> Assessm
     down = sorted(a.signal.removeprefix("probe:") for a in judged if a.effective is Verdict.DOWN)
     bad_paths = [a for a in judged if a.effective in (Verdict.DOWN, Verdict.DEGRADED)]
     bad = sorted(a.signal.removeprefix("probe:") for a in bad_paths)
-    direction, which = _direction(bad_paths)
+    direction, which = _direction(bad_paths, ours=2 * len(bad) > len(judged) + len(confirming)
+                                  or len(down) == len(judged))
     if len(down) == len(judged) and confirming:
         return Assessment(name, None, "suspect",
                           f"{len(down)} of {len(judged) + len(confirming)} peers unreachable "
@@ -59,24 +60,32 @@ def rail_assessment(paths: Iterable[Assessment], name: str = "probe") -> Assessm
     return Assessment(name, Verdict.UP, "ok", f"all {len(judged)} peers answer")
 
 
-# What a direction shared by a rail's troubled paths says about the rail.
+# What a direction shared by most of a rail's paths says about the rail (our side)...
 _RAIL_WORDS = {
     "requests": "loss towards the peers, replies fine (our transmit direction)",
     "replies": "replies lost on the way back, requests reach the peers (our receive direction)",
     "both": "loss both ways",
 }
+# ...and by a few of them (their side).
+_PEER_WORDS = {"requests": "loss towards {peers}, replies fine",
+               "replies": "replies lost from {peers}, requests reach them",
+               "both": "loss both ways with {peers}"}
 
 
-def _direction(bad: list[Assessment]) -> tuple[str, str]:
+def _direction(bad: list[Assessment], ours: bool) -> tuple[str, str]:
     """The direction the troubled paths share (core.direction's words) and
-    a clause saying it, with each path's when they differ."""
+    a clause saying it (`ours`: as our rail's direction, else as the
+    peers'), with each path's when they differ."""
     if not bad:
         return "", ""
     kinds = {a.direction or "unknown" for a in bad}
     if len(kinds) == 1:
         (kind,) = kinds
         if kind in _RAIL_WORDS:
-            return kind, f"; {_RAIL_WORDS[kind]}"
+            if ours:
+                return kind, f"; {_RAIL_WORDS[kind]}"
+            peers = ", ".join(sorted(a.signal.removeprefix("probe:") for a in bad))
+            return kind, "; " + _PEER_WORDS[kind].format(peers=peers)
         return "unknown", ("; which way is unknown (nothing came back yet, or the peers keep "
                            "no receipts)")
     known = sorted(f"{a.signal.removeprefix('probe:')} {a.direction}" for a in bad

@@ -265,3 +265,16 @@ def test_the_rail_verdict_names_the_direction_its_troubled_paths_share():
                              path("198.18.1.8", Verdict.DEGRADED, "replies")])
     assert "which way differs by peer (lost: 198.18.1.7 requests, 198.18.1.8 replies)" \
         in mixed.detail
+
+
+def test_a_few_troubled_peers_are_named_as_theirs_not_our_rail_s():
+    from linkpassd.core.model import Assessment, Verdict
+    from linkpassd.core.railverdict import rail_assessment
+    rail = rail_assessment([
+        Assessment("probe:198.18.1.7", Verdict.DEGRADED, "degraded", "", direction="replies"),
+        Assessment("probe:198.18.1.8", Verdict.UP, "ok", "", direction="none"),
+        Assessment("probe:198.18.1.9", Verdict.UP, "ok", "", direction="none")])
+    assert rail.severity is Verdict.UP and rail.direction == "replies"
+    assert "trouble only towards 198.18.1.7 (their side); replies lost from 198.18.1.7, " \
+        "requests reach them" in rail.detail
+    assert "our receive direction" not in rail.detail
