@@ -437,8 +437,8 @@ class Prober:
         if self.stall_max_s >= self.config.lag_tolerance_s:
             parts.append(f"our longest stall {self.stall_max_s * 1e3:.1f} ms")
         r = self.receipts
-        if r.requests_lost or r.replies_lost or r.round_trip_only:
-            parts.append(r.words(self.peer))
+        if (r.requests_lost or r.replies_lost or r.round_trip_only) and not self.degraded:
+            parts.append(r.words(self.peer))  # a degraded path's reason says it already
         return ", ".join(parts)
 
     # --------------------------------------------------------------- inputs

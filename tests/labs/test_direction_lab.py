@@ -6,8 +6,9 @@ rail, 2 spines; linkpassd in every host probing its mesh peers, lldpd in
 every switch, a lab aggregator). One fault at a time, injected with
 nftables (labs/faults):
 
-- one-way random loss at a host port (rules in the host) and at a leaf
-  port (rules in the leaf), each way: the host's linkpassd names the
+- one-way random loss at a leaf port (rules in the leaf), each way, and at
+  a host port, leaf to host (rules in the host; labs/faults/nft.py
+  HostPortLoss says why not host to leaf): the host's linkpassd names the
   direction in `linkpassctl explain` and in its echo_paths events (the
   responders' receipts), and `linkpassctl validate` gives one lossy_link
   finding naming the direction and the transmitter to check first;
@@ -93,8 +94,8 @@ def echo_events(lab, host: str, port: str) -> list[dict]:
     return [e for e in events if e.get("name") == "echo_paths" and e.get("port") == port]
 
 
-@pytest.mark.parametrize("where", ["host", "leaf"])
-@pytest.mark.parametrize("direction", ["host_to_leaf", "leaf_to_host"])
+@pytest.mark.parametrize("where, direction", [("leaf", "host_to_leaf"), ("leaf", "leaf_to_host"),
+                                              ("host", "leaf_to_host")])
 def test_one_way_loss_at_a_port_is_named_by_linkpassd_and_by_validate(dlab, where, direction):
     host = dlab.hosts[1]
     port = host.rail(0).port
