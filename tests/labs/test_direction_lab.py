@@ -111,7 +111,8 @@ def test_one_way_loss_at_a_port_is_named_by_linkpassd_and_by_validate(dlab, wher
         fault.clear()
     assert explained["state"]["verdict"] == "VERDICT_DEGRADED", explained
     assert any(e.get("fields", {}).get("direction") == PATH_DIRECTION[direction]
-               and f"({PATH_DIRECTION[direction]})" in e.get("message", "") for e in events), events
+               and f"({PATH_DIRECTION[direction]})" in e.get("message", "") for e in events), \
+        [(e.get("message"), e.get("fields", {}).get("detail")) for e in events]
     assert run.code == validation.EXIT_FINDINGS, summary(run.report)
     (found,) = findings(run.report)
     assert found["kind"] == "lossy_link", summary(run.report)
