@@ -3,13 +3,21 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST := $(VENV)/bin/pytest
 
-.PHONY: bootstrap test unit netns labs proto proto-check demo bench deb clean
+RUFF := $(VENV)/bin/ruff
+MYPY := $(VENV)/bin/mypy
+
+.PHONY: bootstrap lint test unit netns labs proto proto-check demo bench deb clean
 
 bootstrap:
 	./scripts/bootstrap.sh
 
-## make test: everything CI runs (unit, netns as root, generated-stub check)
-test: bootstrap proto-check
+## make lint: ruff over the tree, mypy --strict over linkpassd/core (docs/lint.md)
+lint: bootstrap
+	$(RUFF) check .
+	$(MYPY)
+
+## make test: everything CI runs (lint, generated-stub check, unit, netns as root)
+test: bootstrap lint proto-check
 	$(PYTEST) -q tests
 
 unit: bootstrap
@@ -47,4 +55,4 @@ deb:
 	./scripts/build-deb.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis *.egg-info build dist
+	rm -rf $(VENV) .pytest_cache .hypothesis .ruff_cache .mypy_cache *.egg-info build dist

@@ -238,7 +238,7 @@ class FrrBfd:
         if self.bgp is not None:
             self._path("etc", "bgpd.conf").write_text(bgpd_config(self.bgp))
         self._path("etc", "vtysh.conf").write_text("")
-        for root, dirs, files in os.walk(self.dir):
+        for root, _dirs, files in os.walk(self.dir):
             shutil.chown(root, FRR_USER, FRR_USER)
             for name in files:
                 shutil.chown(os.path.join(root, name), FRR_USER, FRR_USER)

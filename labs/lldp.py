@@ -32,15 +32,13 @@ import shutil
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from labs.topos.nl import socket_in_netns
-from labs.topos.plan import LabError
-
-if TYPE_CHECKING:
-    from labs.topos.lab import Lab
+from labs.topos.plan import FabricPlan, LabError
 
 LLDPD, LLDPCLI = "lldpd", "lldpcli"
 ETH_P_LLDP = 0x88CC
@@ -146,10 +144,27 @@ class Speaker:
             return "(no log)"
 
 
+class LabNodes(Protocol):
+    """What the lldpds need of their lab (topos.lab.Lab, which starts them):
+    its plan and work directory, which network namespace is which node, and
+    running commands inside a node."""
+
+    plan: FabricPlan
+    workdir: Path | None
+
+    @property
+    def netns_inodes(self) -> dict[int, str]: ...
+
+    def run(self, node: str, argv: Sequence[str] | str, *,
+            check: bool = True) -> subprocess.CompletedProcess: ...
+
+    def popen(self, node: str, argv: Sequence[str], **kw: Any) -> subprocess.Popen: ...
+
+
 class LabLldp:
     """The lldpds of one lab. Built by Lab when ``lldp`` is set."""
 
-    def __init__(self, lab: "Lab", options: dict):
+    def __init__(self, lab: LabNodes, options: dict):
         self.lab = lab
         self.options = options
         self.speakers: dict[str, Speaker] = {}
@@ -280,7 +295,7 @@ class LabLldp:
                 for port, found in self.neighbour_lists(node).items()}
 
 
-def _node_ports(lab: "Lab", node: str) -> list[str]:
+def _node_ports(lab: LabNodes, node: str) -> list[str]:
     """The node's lab interfaces by plan (lldpd's -I list)."""
     plan = lab.plan
     if node in plan.host_names:

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import os
 import grp
+import os
 import pwd
 import re
 import shutil
@@ -166,7 +166,7 @@ def _start(pg: PrivatePostgres, prefix: list[str], deadline_s: float) -> None:
         "logging_collector": "off",
     }
     args = [a for key, value in settings.items() for a in ("-c", f"{key}={value}")]
-    log = open(pg.log_path, "ab")  # noqa: SIM115 - the child keeps writing it; closed below
+    log = open(pg.log_path, "ab")  # the child keeps writing it; closed below
     try:
         pg.proc = subprocess.Popen([*prefix, str(pg.bindir / "postgres"), "-D", str(pg.datadir), *args],
                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env, cwd=pg.workdir)

@@ -44,8 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from labs.faults import (CablePull, Flap, Miswire, OneWayLoss, OpticDegradation, RandomLoss,
-                         SilentBlackhole)
+from labs.faults import CablePull, Flap, Miswire, OneWayLoss, OpticDegradation, RandomLoss, SilentBlackhole
 from labs.topos.dualrail import dualrail
 from labs.topos.lab import Lab
 from labs.topos.railopt import start_linkpassd
@@ -439,7 +438,7 @@ class Snapshot:
     def _run(self, name: str, fn: Callable[[], str]) -> None:
         try:
             self.texts[name] = fn()
-        except Exception as exc:  # reported in the text; the trial goes on
+        except Exception as exc:  # noqa: BLE001 - reported in the text; the trial goes on
             self.texts[name] = f"{name} snapshot failed: {type(exc).__name__}: {exc}"
         self.steps[f"{name}_end"] = time.monotonic()
 

@@ -9,16 +9,25 @@ nothing of the daemon's.
 Its cost is one `status()` (what `linkpassctl status` costs) plus a walk over
 BFD sessions and echo paths, once per scrape: nothing per packet. The probe
 RTT histogram is counted by each echo prober as replies arrive (one bisect and
-one integer increment per reply, adapters.echo) and only copied here.
+one integer increment per reply, adapters.echo, into core.probe.RTT_BUCKETS_S) and
+only copied here.
 """
 
 from __future__ import annotations
 
-from linkpassd.adapters.echo import RTT_BUCKETS_S
-from linkpassd.adapters.metrics import (BfdMetrics, GroupMetrics, LoopLagMetrics, MetricsSnapshot,
-                                        OpticValue, PortCounters, PortMetrics, ProbeMetrics,
-                                        RailMetrics)
+from linkpassd.adapters.metrics import (
+    BfdMetrics,
+    GroupMetrics,
+    LoopLagMetrics,
+    MetricsSnapshot,
+    OpticValue,
+    PortCounters,
+    PortMetrics,
+    ProbeMetrics,
+    RailMetrics,
+)
 from linkpassd.core.model import DaemonStatus, OpticsReading
+from linkpassd.core.probe import RTT_BUCKETS_S
 
 __all__ = ["MetricsSnapshot", "take", "from_status"]
 
@@ -27,23 +36,24 @@ _OPTIC_QUANTITIES = ("temperature_c", "voltage_v", "tx_bias_ma", "tx_power_dbm",
 
 
 def take(daemon) -> MetricsSnapshot:
-    """A snapshot of a running `linkpassd.daemon.Daemon` (on its loop)."""
-    status = daemon.status()
+    """A snapshot of a running `linkpassd.daemon.loop.Daemon` (on its loop)."""
+    status = daemon.report.status()
     config = daemon.config
     rail_of = {r.port: r.name for r in config.rails}
     candidates = {r.name: (r.name,) + tuple(r.backups) for r in config.rails}
     bfd = ()
-    if daemon.bfd is not None:
+    probers = daemon.probes
+    if probers.bfd is not None:
         bfd = tuple(BfdMetrics(session=s["name"], port=s["port"], rail=rail_of.get(s["port"], ""),
                                peer=s["peer"], state=s["state"], ups=s.get("up_count", 0),
                                downs=s.get("down_count", 0),
                                detection_time_s=(s["detection_time_ms"] / 1e3
                                                  if s.get("detection_time_ms") is not None else None))
-                    for s in daemon.bfd.status())
+                    for s in probers.bfd.status())
     probes = ()
-    if daemon.echo is not None:
-        probes = tuple(_probe(path, prober, rail_of) for path, prober in daemon.echo.probers.items())
-    lag = daemon.looplag
+    if probers.echo is not None:
+        probes = tuple(_probe(path, prober, rail_of) for path, prober in probers.echo.probers.items())
+    lag = probers.looplag
     loop_lag = LoopLagMetrics(recent_max_s=lag.worst_since(daemon.clock() - lag.history.window_s),
                               max_s=lag.max, stalls=lag.stalls, measurements=lag.count)
     return from_status(status, rail_of, candidates, bfd=bfd, probes=probes, loop_lag=loop_lag,

@@ -90,7 +90,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 stamp=.venv/.linkpass-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+# Reinstalled when pyproject.toml changed, or when a tool of the dev extra
+# that `make` runs is missing (a venv made before it was added).
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ ! -x .venv/bin/ruff ] || [ ! -x .venv/bin/mypy ]; then
   echo "bootstrap: installing Python dependencies into .venv"
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[dev,labs]'

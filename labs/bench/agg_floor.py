@@ -26,7 +26,7 @@ from linkpassd.aggregator.server import server_options
 
 
 class FloorServicer(pb_grpc.AgentServiceServicer):
-    async def Connect(self, requests, context):  # noqa: N802 - the gRPC method's name
+    async def Connect(self, requests, context):  # the gRPC method's name
         async for request in requests:
             which = request.WhichOneof("body")
             if which == "hello":

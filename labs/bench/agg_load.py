@@ -82,7 +82,7 @@ def cpu_s() -> float:
 class Host:
     """One simulated agent: its stream, its events in flight, its latencies."""
 
-    def __init__(self, index: int, stats: "Stats", targets: int):  # noqa: D107
+    def __init__(self, index: int, stats: "Stats", targets: int):
         self.host_id = f"lp-sim-{index:05d}"
         self.boot_id = uuid.uuid4().hex
         self.index = index

@@ -153,15 +153,18 @@ def stage_summary(before: list[dict], after: list[dict]) -> dict[str, dict]:
             continue
         buckets = sorted((float(k), v) for (s, k), v in diff.items()
                          if s == stage and k not in ("sum", "count", "created"))
-
-        def quantile(q: float) -> float | None:
-            for le, cumulative in buckets:
-                if cumulative >= q * count:
-                    return le
-            return None
         out[stage] = {"count": int(count), "mean": diff.get((stage, "sum"), 0.0) / count,
-                      "p50_le": quantile(0.5), "p99_le": quantile(0.99)}
+                      "p50_le": bucket_quantile(buckets, count, 0.5),
+                      "p99_le": bucket_quantile(buckets, count, 0.99)}
     return out
+
+
+def bucket_quantile(buckets: list[tuple[float, float]], count: float, q: float) -> float | None:
+    """The upper bound of the first cumulative bucket holding quantile q."""
+    for le, cumulative in buckets:
+        if cumulative >= q * count:
+            return le
+    return None
 
 
 def pct(values: list[float], q: float) -> float | None:

@@ -13,8 +13,9 @@ netlink write): carrier loss to route updated, the figure with the 5 ms target.
 The first figure is the kernel's: linkwatch delivers non-urgent carrier events
 (a physical NIC's, or a veth whose ifindex equals its peer's, as here) at most
 once a second for the whole machine, so on a busy host a pull can wait up to a
-second before any daemon could know. The bench reports it, it does not hide it. The cable is then restored and the bench waits for fail-back
-before the next trial. Writes JSON and a PNG to labs/bench/results/.
+second before any daemon could know. The bench reports it, it does not hide
+it. The cable is then restored and the bench waits for fail-back before the
+next trial. Writes JSON and a PNG to labs/bench/results/.
 
 Run as root from the repo root: .venv/bin/python -m labs.bench.carrier_failover
 """
@@ -234,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     s = summary
     print(f"carrier_failover: {len(rows)} trials")
     print(f"  kernel carrier event   median {s['kernel_ms']['median']:6.2f} ms  p99 {s['kernel_ms']['p99']:6.2f} ms")
-    print(f"  linkpassd table moved  median {s['linkpassd_ms']['median']:6.2f} ms  p99 {s['linkpassd_ms']['p99']:6.2f} ms")
+    print(f"  linkpassd table moved  median {s['linkpassd_ms']['median']:6.2f} ms  "
+          f"p99 {s['linkpassd_ms']['p99']:6.2f} ms")
     print(f"  carrier event -> route median {s['linkpassd_own_ms']['median']:6.2f} ms  "
           f"p99 {s['linkpassd_own_ms']['p99']:6.2f} ms  (linkpassd's own share)")
     ok = s["linkpassd_own_ms"]["median"] <= args.target_median_ms

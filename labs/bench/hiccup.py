@@ -390,9 +390,11 @@ class Cell:
         from labs.bench.probing import probes_up, wait
 
         started = time.monotonic()
-        left = lambda: max(0.1, started + timeout - time.monotonic())  # noqa: E731
+        def left() -> float:
+            return max(0.1, started + timeout - time.monotonic())
+
         for host, watch in self.watches.items():
-            wait(lambda: (watch.current() or watch.initial).oif == self.ports[host], left(),
+            wait(lambda watch=watch, host=host: (watch.current() or watch.initial).oif == self.ports[host], left(),
                  f"{self.mechanism}: {host}'s route back on {self.ports[host]}")
         if self.kind == "linkpassd":
             wait(lambda: probes_up(self.lab), left(), f"{self.mechanism}: echo probes up")

@@ -48,8 +48,9 @@ def main(peers: int, interval_ms: float, seconds: float, repeats: int) -> None:
         sock.setblocking(False)
         peers4 = {socket.inet_aton(echo_peer(r, k)): k for k in range(peers)}
         batch = RecvBatch(64, 48, 64)
+        fd = sock.fileno()
 
-        def readable(fd=sock.fileno(), batch=batch, peers4=peers4):
+        def readable(fd=fd, batch=batch, peers4=peers4):
             while True:
                 k = batch.recv(fd)
                 for i in range(k):

@@ -302,8 +302,8 @@ def blackout_cell(paths: int, interval_ms: int, trials: int, rng: random.Random)
                 run = run_traffic(
                     tmp, rx_ns=lab.leaf, tx_ns=lab.host, mode="kernel-path", dst=FLOW_SINK,
                     src=RAIL0_SRC, rate=1000, duration=2.0,
-                    faults=[(at, "inject", lambda: stamps.setdefault("inject", lab.blackhole(True))),
-                            (1.6, "clear", lambda: stamps.setdefault("clear", lab.blackhole(False)))])
+                    faults=[(at, "inject", lambda stamps=stamps: stamps.setdefault("inject", lab.blackhole(True))),
+                            (1.6, "clear", lambda stamps=stamps: stamps.setdefault("clear", lab.blackhole(False)))])
                 gap = fault_gap(run.rx, stamps["inject"])
                 ms = gap["gap_s"] * 1e3
                 rows.append({"paths": paths, "interval_ms": interval_ms, "trial": trial,

@@ -112,7 +112,7 @@ async def host(design: str, load: str, seconds: float) -> None:
         await asyncio.sleep(RELOAD_S if load == "reload" else 0.1)
         if load == "reload":
             reloads += 1
-            if design == "thread":  # what _sync_echo did: close the service, start a new one
+            if design == "thread":  # what the daemon once did on a reload: close the service, start a new one
                 responder.close()
                 responder = EchoResponder(PORT, policy=_policy(next(rates)))
                 responder.start()

@@ -21,8 +21,8 @@ which the default limit (5,000/s per source) would partly refuse.
 from __future__ import annotations
 
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -140,7 +140,7 @@ class ScaleLab:
         for stop in (self.stop_linkpassd, self.stop_frr, self.stop_responder):
             try:
                 stop()
-            except Exception as e:  # keep tearing down
+            except Exception as e:  # noqa: BLE001 - keep tearing down
                 errors.append(repr(e))
         if self._setter is not None:
             self._setter.close()

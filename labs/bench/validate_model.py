@@ -40,10 +40,10 @@ import time
 from dataclasses import dataclass
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2
+from linkpassd.adapters.hostcheck import END_READ_S, REPLY_GRACE_S
 from linkpassd.adapters.valprober import FLOWS
 from linkpassd.validate import report as reporting
 from linkpassd.validate import schedule as rates
-from linkpassd.validate.hostcheck import END_READ_S, REPLY_GRACE_S
 from linkpassd.validate.localize import Thresholds, localize
 from linkpassd.validate.plan import CablingPlan, PlannedPort
 from linkpassd.validate.probeplan import CROSS_PER_HOST, CROSS_PER_LEAF_PAIR, ProbePlan

@@ -16,9 +16,9 @@ from labs.faults.blackhole import LeafPortBlackhole, SpineLinkBlackhole, SpineLi
 from labs.faults.link import CablePull, Flap
 from labs.faults.miswire import Miswire
 from labs.faults.nft import HostPortLoss, NftFault, OneWayLoss, RandomLoss, SilentBlackhole
-from labs.faults.optics import OpticDegradation, SimSensor
+from labs.faults.optics import OpticDegradation
 from labs.faults.pause import LeafPause
 
 __all__ = ["Fault", "CablePull", "Flap", "HostPortLoss", "LeafPause", "LeafPortBlackhole", "Miswire",
            "NftFault", "OneWayLoss", "RandomLoss", "SilentBlackhole", "SpineLinkBlackhole",
-           "SpineLinkLoss", "OpticDegradation", "SimSensor"]
+           "SpineLinkLoss", "OpticDegradation"]

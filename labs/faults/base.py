@@ -144,7 +144,7 @@ class BackgroundFault(Fault):
         def run() -> None:
             try:
                 work()
-            except BaseException as exc:  # surfaced by wait()/clear()
+            except BaseException as exc:  # noqa: BLE001 - surfaced by wait()/clear()
                 self._error = exc
 
         self._thread = threading.Thread(target=run, daemon=True, name=name)

@@ -39,6 +39,7 @@ from mininet.topo import Topo
 from labs.aggproc import AggregatorProc
 from labs.frr import BfdPeer, FrrBfd, mnexec_attach
 from labs.lldp import LabLldp, lldp_options, sniff_lldp
+from labs.simsensor import SimSensor
 from labs.topos import frrbgp
 from labs.topos.nl import LinkSetter, arp_who_has
 from labs.topos.plan import (
@@ -77,8 +78,8 @@ class _Veth(Link):
         self._ifindex = (ifindex1, ifindex2)
         super().__init__(node1, node2, **params)
 
-    def makeIntfPair(self, intfname1, intfname2, addr1=None, addr2=None,  # noqa: N802 (Mininet API)
-                     node1=None, node2=None, deleteIntfs=True):  # noqa: N803
+    def makeIntfPair(self, intfname1, intfname2, addr1=None, addr2=None,  # Mininet API
+                     node1=None, node2=None, deleteIntfs=True):
         i1, i2 = self._ifindex
         argv = ["mnexec", "-a", str(node1.pid), "ip", "link", "add", "name", intfname1]
         argv += ["index", str(i1)] if i1 else []
@@ -95,7 +96,7 @@ class _Veth(Link):
 class RailOptTopo(Topo):
     """Mininet's view of a FabricPlan: every node a host, every cable a veth."""
 
-    def build(self, plan: FabricPlan, carrier_events: str = "physical") -> None:  # noqa: D102
+    def build(self, plan: FabricPlan, carrier_events: str = "physical") -> None:
         far = 0 if carrier_events == "physical" else 100_000
         for name in plan.node_names:
             self.addHost(name, ip=None)  # no Mininet 10/8 address, ever
@@ -340,7 +341,7 @@ class Lab:
                 result = fn()
                 if isinstance(result, list):
                     problems.extend(result)
-            except Exception as exc:  # keep tearing down; report at the end
+            except Exception as exc:  # noqa: BLE001 - keep tearing down; report at the end
                 problems.append(f"{what}: {exc}")
 
         try:
@@ -390,13 +391,13 @@ class Lab:
         for node, frr in self._frr.items():
             try:
                 frr.stop(timeout=PROC_STOP_S)
-            except Exception as exc:  # the next node's FRR must still stop
+            except Exception as exc:  # noqa: BLE001 - the next node's FRR must still stop
                 problems.append(f"{node}: stopping FRR: {exc}")
         return problems
 
     def _stop_processes(self) -> list[str]:
         problems = []
-        for name, proc in self._procs:
+        for _name, proc in self._procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + PROC_STOP_S
@@ -733,8 +734,6 @@ class Lab:
                 for rail in plan.rails}
 
     def _write_host_files(self, host: HostPlan) -> None:
-        from labs.faults.optics import SimSensor
-
         (self.run_dir(host) / "sim").mkdir(parents=True, exist_ok=True)
         if self.mechanism == "linkpassd":
             self.config_path(host).write_text(self.host_config_toml(host))

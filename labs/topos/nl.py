@@ -46,7 +46,7 @@ def socket_in_netns(pid: int, family: int = socket.AF_NETLINK,
             finally:
                 os.close(fd)
             result["sock"] = socket.socket(family, kind | socket.SOCK_CLOEXEC, proto)
-        except BaseException as exc:  # handed to the caller's thread
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
             result["error"] = exc
 
     thread = threading.Thread(target=work, name=f"lab-netns-{pid}")

@@ -549,7 +549,7 @@ def linkpassd_toml(host: HostPlan, *, control_socket: str, run_dir: str,
     gateway with a link-scope lookup, which only connected routes satisfy
     (checked on kernel 6.18).
 
-    Sensors: the `sim` backend, reading the files labs/faults/optics.py
+    Sensors: the `sim` backend, reading the files labs/simsensor.py
     writes under run_dir/sim (veth has no module and few counters), read
     five times a second so lab trials stay short.
 

@@ -27,8 +27,8 @@ import subprocess
 import sys
 import time
 
-from labs.topos.lab import CARRIER_EVENTS, Lab
 from labs.daemonproc import wait_ready
+from labs.topos.lab import CARRIER_EVENTS, Lab
 from labs.topos.plan import HOST_SPACE, MECHANISMS, FabricPlan
 
 DAEMON_READY_S = 20.0

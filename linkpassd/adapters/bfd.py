@@ -48,8 +48,19 @@ from dataclasses import dataclass
 import structlog
 
 from linkpassd.adapters.looplag import LoopLag
-from linkpassd.core.bfd import (SLOW_TX_US, Discarded, Invalid, Send, Session, SessionConfig, State,
-                                StateChange, decode, diag_name, encode)
+from linkpassd.core.bfd import (
+    SLOW_TX_US,
+    Discarded,
+    Invalid,
+    Send,
+    Session,
+    SessionConfig,
+    State,
+    StateChange,
+    decode,
+    diag_name,
+    encode,
+)
 
 BFD_PORT = 3784
 SRC_PORT_MIN, SRC_PORT_MAX = 49152, 65535

@@ -35,8 +35,8 @@ import pwd
 import re
 import socket
 import stat
-import tempfile
 import struct
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -279,7 +279,7 @@ class CredentialProxy:
             await self._relay(reader, writer, creds, admin)
         except asyncio.CancelledError:
             pass  # close(): the server is stopping
-        except Exception as exc:  # one bad connection must not reach the loop's handler
+        except Exception as exc:  # noqa: BLE001 - one bad connection must not reach the loop's handler
             log.warning("control_connection_failed", error=str(exc))
         finally:
             self._handlers.discard(task)

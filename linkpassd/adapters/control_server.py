@@ -58,7 +58,7 @@ from linkpassd.adapters.control_access import (
     prepare_private_dir,
     private_dir_for,
 )
-from linkpassd.adapters.control_convert import (  # noqa: F401 - re-exported: tests and callers use them here
+from linkpassd.adapters.control_convert import (
     drain_to_proto,
     event_to_proto,
     explanation_to_proto,
@@ -160,7 +160,8 @@ class _ControlServicer(pb_grpc.ControlServiceServicer):
         status = await self._snapshot(context)
         return links_to_proto(status, served_at=self._wall_clock())
 
-    async def ExplainPort(self, request: pb.ExplainPortRequest, context: grpc.aio.ServicerContext) -> pb.ExplainPortResponse:
+    async def ExplainPort(self, request: pb.ExplainPortRequest,
+                          context: grpc.aio.ServicerContext) -> pb.ExplainPortResponse:
         port = request.port
         if self._explain_provider is None:
             await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this linkpassd serves no port explanations")
@@ -194,7 +195,8 @@ class _ControlServicer(pb_grpc.ControlServiceServicer):
                                 f"boot_id {boot_id!r} is not this daemon's boot ({feed.boot_id!r}): linkpassd "
                                 f"restarted and that boot's events are gone; start again with after_seq 0")
 
-    async def ListEvents(self, request: pb.ListEventsRequest, context: grpc.aio.ServicerContext) -> pb.ListEventsResponse:
+    async def ListEvents(self, request: pb.ListEventsRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ListEventsResponse:
         feed = await self._feed(context)
         await self._same_boot(context, feed, request.boot_id)
         events, missed = feed.log.after(request.after_seq, request.limit or None)
@@ -305,7 +307,7 @@ class _ControlServicer(pb_grpc.ControlServiceServicer):
         the daemon has not judged it yet)."""
         try:
             rails = self._status_provider().rails
-        except Exception as exc:  # the answer is still NOT_FOUND, just without the list
+        except Exception as exc:  # noqa: BLE001 - the answer is still NOT_FOUND, just without the list
             log.warning("control_status_failed", error=str(exc))
             return grpc.StatusCode.NOT_FOUND, f"unknown port {port!r}"
         configured = list(dict.fromkeys(r.port for r in rails))

@@ -83,14 +83,32 @@ from dataclasses import dataclass, field
 
 from linkpassd.adapters.echorail import Outbox, RailSocket
 from linkpassd.adapters.echoresponder import (  # noqa: F401 - re-exported: callers use echo
-    _ANCILLARY, _HANDOFF_S, _RECV_BYTES, ECHO_PORT, IP_PKTINFO, KIND_REPLY, KIND_REQUEST, MAGIC,
-    PACKET, SCM_TIMESTAMPNS, SO_TIMESTAMPNS, VERSION, EchoPacket, EchoResponder, HeardCallback,
-    ResponderTally, _cmsgs, _random_id, _udp_socket, parse)
+    _ANCILLARY,
+    _HANDOFF_S,
+    _RECV_BYTES,
+    ECHO_PORT,
+    IP_PKTINFO,
+    KIND_REPLY,
+    KIND_REQUEST,
+    MAGIC,
+    PACKET,
+    SCM_TIMESTAMPNS,
+    SO_TIMESTAMPNS,
+    VERSION,
+    EchoPacket,
+    EchoResponder,
+    HeardCallback,
+    ResponderTally,
+    _cmsgs,
+    _random_id,
+    _udp_socket,
+    parse,
+)
 from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.wakeups import SharedTimer
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.model import Assessment, ResponderCounters
-from linkpassd.core.probe import ProbeConfig, Prober, Send, rail_ask_due
+from linkpassd.core.probe import RTT_BUCKETS_S, ProbeConfig, Prober, Send, rail_ask_due
 from linkpassd.core.schedule import send_slot
 from linkpassd.core.wire import RECEIPT_MODULO, RECEIPT_PRESENT
 
@@ -99,10 +117,6 @@ RECEIPT_COUNT = RECEIPT_MODULO - 1  # the receipt field's count bits (core.wire)
 _MAX_KERNEL_DELAY_S = 1.0  # beyond this a receive timestamp is a clock step, not a delay
 _RETRY_S = 1.0  # reopen a rail's socket this long after it failed (port or address missing)
 _MSG_TRUNC = int(socket.MSG_TRUNC)  # a plain int: the enum's & costs more than the rest of a check
-# Upper bounds of the probe RTT histogram (seconds; +Inf is implied), for metrics:
-# each reply costs one bisect and one integer increment (see docs/metrics.md).
-RTT_BUCKETS_S = (50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 4e-3, 8e-3, 16e-3, 32e-3, 64e-3,
-                 0.128, 0.256, 0.512, 1.024)
 
 
 # --------------------------------------------------------------------------
@@ -131,33 +145,25 @@ ChangeCallback = Callable[["EchoProber", Assessment], None]
 
 
 class EchoProber:
-    """One path: sends what the core asks and feeds back what comes in.
-    `on_change` hears every change of the path's verdict.
+    """One path of an EchoService: sends what the core asks and feeds back
+    what comes in. `on_change` hears every change of the path's verdict.
 
-    `rail`: the socket of the path's rail, shared with the rail's other paths
-    (adapters.echorail); a prober without one has its own. `timer`: the
-    service's one timer for all its paths (adapters.wakeups); a prober
-    without one makes its own. `read_first(now)`: reads every socket, before
-    anything is judged (default: its rail's), and returns the time as of
-    which every reply the kernel held has been read: the judgement is made
-    as of then, so a reply that arrived after it is never judged missing. `lag`: the loop-lag meter; how
-    late the loop ran is recorded for operators (Prober.stall_max_s), never
-    used as evidence."""
+    The service hands it the rest: `rail`, the socket of the path's rail,
+    shared with the rail's other paths (adapters.echorail), which the
+    service opens and closes; `timer`, the service's one timer for all its
+    paths (adapters.wakeups); `read_first(now)`, which reads every socket
+    before anything is judged and returns the time as of which every reply
+    the kernel held has been read: the judgement is made as of then, so a
+    reply that arrived after it is never judged missing. How late the loop
+    ran is recorded for operators (Prober.stall_max_s), never used as
+    evidence."""
 
     def __init__(self, path: ProbePath, config: ProbeConfig | None = None, *,
-                 echo_port: int = ECHO_PORT, tos: int = 0, netns: str | None = None,
-                 lag: LoopLag | None = None, on_change: ChangeCallback | None = None,
-                 prober_id: int | None = None,
-                 timer: SharedTimer | None = None,
-                 rail: RailSocket | None = None,
-                 read_first: Callable[[float], float] | None = None):
+                 rail: RailSocket, timer: SharedTimer, read_first: Callable[[float], float],
+                 on_change: ChangeCallback | None = None, prober_id: int | None = None):
         self.path = path
         self.peer4 = socket.inet_aton(path.peer)
         self.state = Prober(path.peer, config or ProbeConfig())
-        self.echo_port = echo_port
-        self.tos = tos
-        self.netns = netns
-        self.lag = lag
         self.on_change = on_change
         self.prober_id = prober_id or _random_id()
         self.icmp_errors = 0  # ICMP errors other than port unreachable (e.g. no ARP answer)
@@ -165,15 +171,10 @@ class EchoProber:
         self.rtt_sum_s = 0.0
         self.send_slot_s = 0.0  # the steady probe goes at the start of its slot (core.probe: poll)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._owns_rail = rail is None
-        if rail is None:
-            rail = RailSocket(path.port, path.source, echo_port, tos, netns,
-                              on_readable=self._readable)
         self.rail: RailSocket | None = rail
         rail.attach(self)
-        self.read_first = read_first if read_first is not None else self._read_rail
-        self._owns_timer = timer is None
-        self.timer = timer if timer is not None else SharedTimer(lag, batch=rail.outbox)
+        self.read_first = read_first
+        self.timer = timer
         self._reported: tuple | None = None
         # A silence of this path asks its rail's other paths to probe (core.probe: asks_rail).
         self.on_rail_silence: Callable[["EchoProber", float], None] | None = None
@@ -186,20 +187,14 @@ class EchoProber:
         the loop runs late for the first one: the service spreads its paths'
         probes over one interval this way."""
         self._loop = asyncio.get_running_loop()
-        if self.rail is not None and self.rail.sock is None and self._owns_rail:
-            self.rail.open(self._loop)
         if first_at is not None and self.state.next_send is None:
             self.state.next_send = first_at
         self._schedule()
 
     def close(self) -> None:
         self.timer.discard(self)
-        if self._owns_timer:
-            self.timer.close()
         if self.rail is not None:
             self.rail.detach(self)
-            if self._owns_rail:
-                self.rail.close()
             self.rail = None
 
     # ---- what the daemon reads -------------------------------------------------
@@ -261,22 +256,6 @@ class EchoProber:
         if send is not None:
             self._send(send, now)
             self._schedule()
-
-    def _read_rail(self, now: float) -> float:
-        if self.rail is not None:
-            self._handle(self.rail.drain(now, time.time(), 0.0))
-        return now
-
-    def _readable(self, rail: RailSocket) -> None:
-        """The loop's reader callback, for a prober with its own rail socket."""
-        now = self._loop.time()
-        with rail.outbox:
-            self._handle(rail.drain(now, time.time(), 0.0, readable=True))
-
-    @staticmethod
-    def _handle(touched: list["EchoProber"]) -> None:
-        for prober in touched:
-            prober._after()
 
     def reply(self, fields: tuple, rx: float | None, now: float, wall: float,
               lag: float) -> None:
@@ -424,10 +403,9 @@ class EchoService:
             rail = self.sockets[key] = RailSocket(path.port, path.source, self.echo_port,
                                                   self.tos, self.netns, self.outbox,
                                                   on_readable=self._readable)
-        prober = EchoProber(path, self.config, echo_port=self.echo_port, tos=self.tos,
-                            netns=self.netns, lag=self.lag, prober_id=self._prober_id,
-                            on_change=self._changed, timer=self.timer, rail=rail,
-                            read_first=self._read_all)
+        prober = EchoProber(path, self.config, rail=rail, timer=self.timer,
+                            read_first=self._read_all, on_change=self._changed,
+                            prober_id=self._prober_id)
         prober.on_rail_silence = self._rail_silence
         return prober
 

@@ -28,15 +28,29 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from linkpassd.adapters.echoresponder import SCM_TIMESTAMPNS, SO_TIMESTAMPNS, _udp_socket
-from linkpassd.adapters.mmsg import (HEADER_SIZE, NAME_SIZE, PORT_ADDR, RESULT, RESULT_OFFSET,
-                                     RecvBatch, SendBatch)
+from linkpassd.adapters.mmsg import HEADER_SIZE, NAME_SIZE, PORT_ADDR, RESULT, RESULT_OFFSET, RecvBatch, SendBatch
+from linkpassd.core.probe import Prober
 from linkpassd.core.wire import KIND_REQUEST, MAGIC, PACKET, VERSION
 
-if TYPE_CHECKING:
-    from linkpassd.adapters.echo import EchoProber
+
+class RailPath(Protocol):
+    """A path on a rail's socket, as the socket sees it (adapters.echo's
+    EchoProber is one): keyed by its peer's packed address, handed the
+    replies and ICMP errors from that peer, told when its probes left."""
+
+    peer4: bytes
+    prober_id: int
+    state: Prober
+
+    def reply(self, fields: tuple, rx: float | None, now: float, wall: float,
+              lag: float) -> None: ...
+    def icmp_error(self, err: int | None, now: float) -> None: ...
+    def send_failed(self, seq: int, at: float, err: int) -> None: ...
+    def sent_late(self, seq: int, at: float) -> None: ...
+    def after_change(self) -> None: ...
 
 IP_RECVERR = 11  # Linux; the socket module does not name it
 SO_RCVBUFFORCE = 33
@@ -115,13 +129,13 @@ class RailSocket:
         self.sock: socket.socket | None = None
         self.error = ""  # why the socket could not be opened, while it cannot
         self.opened_at: float | None = None  # loop time of the last attempt
-        self.by_peer: dict[bytes, EchoProber] = {}
+        self.by_peer: dict[bytes, RailPath] = {}
         self.foreign = 0  # datagrams from no peer of ours (or not from its echo port)
         # How well batching works (logged when the daemon stops): system calls
         # that sent or received, and the datagrams they carried.
         self.send_calls = self.sent = self.recv_calls = self.received = 0
         self._sends = SendBatch(_SEND_BATCH, PACKET.size)
-        self._queued: list[tuple[EchoProber, int, float]] = []  # per slot: prober, seq, now
+        self._queued: list[tuple[RailPath, int, float]] = []  # per slot: prober, seq, now
         self._recv = RecvBatch(_RECV_BATCH, _RECV_SLOT, _CONTROL_SLOT)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd = -1
@@ -131,11 +145,11 @@ class RailSocket:
 
     # ---- paths ---------------------------------------------------------------
 
-    def attach(self, prober: "EchoProber") -> None:
-        self.by_peer[socket.inet_aton(prober.path.peer)] = prober
+    def attach(self, prober: "RailPath") -> None:
+        self.by_peer[prober.peer4] = prober
 
-    def detach(self, prober: "EchoProber") -> None:
-        key = socket.inet_aton(prober.path.peer)
+    def detach(self, prober: "RailPath") -> None:
+        key = prober.peer4
         if self.by_peer.get(key) is prober:
             del self.by_peer[key]
 
@@ -187,7 +201,7 @@ class RailSocket:
 
     # ---- sending ---------------------------------------------------------------
 
-    def queue(self, prober: "EchoProber", seq: int, now: float) -> None:
+    def queue(self, prober: "RailPath", seq: int, now: float) -> None:
         """Send probe `seq` of `prober`, stamped `now`, with the rail's next batch."""
         batch = self._sends
         i = batch.add(prober.peer4, self.echo_port)
@@ -233,7 +247,7 @@ class RailSocket:
     # ---- receiving -------------------------------------------------------------
 
     def drain(self, now: float, wall: float, lag: float,
-              readable: bool = False) -> list["EchoProber"]:
+              readable: bool = False) -> list["RailPath"]:
         """Read every waiting reply (up to a bound) and hand each to its path;
         returns the paths that heard something (the owner then lets each
         judge and reschedule once). `now` is loop time, `wall` the unix time
@@ -241,7 +255,7 @@ class RailSocket:
         loop is running. `readable`: the loop said the socket is ready; if
         it holds no datagram, an ICMP error is waiting in its error queue
         (which must be read, or the socket stays ready for ever)."""
-        touched: list[EchoProber] = []
+        touched: list[RailPath] = []
         if self.sock is None:
             return touched
         batch, fd, by_peer, echo_port = self._recv, self._fd, self.by_peer, self.echo_port
@@ -283,10 +297,10 @@ class RailSocket:
             touched += self.read_errors(now)  # a full bound: errors may wait behind the data
         return touched
 
-    def read_errors(self, now: float) -> list["EchoProber"]:
+    def read_errors(self, now: float) -> list["RailPath"]:
         """Read the error queue (IP_RECVERR): each ICMP error names the probe's
         destination, so it is told to that path."""
-        touched: list[EchoProber] = []
+        touched: list[RailPath] = []
         sock = self.sock
         if sock is None:
             return touched

@@ -44,15 +44,30 @@ from pyroute2.netlink.exceptions import NetlinkDecodeError, NetlinkError, Netlin
 from pyroute2.netlink.generic import AsyncGenericNetlinkSocket
 from pyroute2.netlink.nlsocket import NetlinkRequest
 
-from linkpassd.adapters.ethtool_msgs import (
-    EEPROM_HALF_PAGE, EEPROM_PAGE_LEN, ETHTOOL_A_STATS_ETH_MAC_6_FCS_ERR,
-    ETHTOOL_A_STATS_ETH_PHY_5_SYM_ERR, ETHTOOL_FLAG_COMPACT_BITSETS, ETHTOOL_FLAG_STATS,
-    ETHTOOL_GENL_NAME, ETHTOOL_GENL_VERSION, ETHTOOL_MSG_FEC_GET, ETHTOOL_MSG_LINKSTATE_GET,
-    ETHTOOL_MSG_MODULE_EEPROM_GET, ETHTOOL_MSG_STATS_GET, ETHTOOL_STATS_CNT, ETHTOOL_STATS_ETH_MAC,
-    ETHTOOL_STATS_ETH_PHY, ext_state_name, ext_substate_name, fec_msg, linkstate_msg,
-    module_eeprom_msg, stats_msg,
-)
 from linkpassd.adapters import optics as module_decoder
+from linkpassd.adapters.ethtool_msgs import (
+    EEPROM_HALF_PAGE,
+    EEPROM_PAGE_LEN,
+    ETHTOOL_A_STATS_ETH_MAC_6_FCS_ERR,
+    ETHTOOL_A_STATS_ETH_PHY_5_SYM_ERR,
+    ETHTOOL_FLAG_COMPACT_BITSETS,
+    ETHTOOL_FLAG_STATS,
+    ETHTOOL_GENL_NAME,
+    ETHTOOL_GENL_VERSION,
+    ETHTOOL_MSG_FEC_GET,
+    ETHTOOL_MSG_LINKSTATE_GET,
+    ETHTOOL_MSG_MODULE_EEPROM_GET,
+    ETHTOOL_MSG_STATS_GET,
+    ETHTOOL_STATS_CNT,
+    ETHTOOL_STATS_ETH_MAC,
+    ETHTOOL_STATS_ETH_PHY,
+    ext_state_name,
+    ext_substate_name,
+    fec_msg,
+    linkstate_msg,
+    module_eeprom_msg,
+    stats_msg,
+)
 from linkpassd.adapters.optics import PageRef
 from linkpassd.core.model import CounterSample, OpticsReading, Unreadable
 
@@ -379,7 +394,7 @@ class EthtoolSensor:
         except OSError as e:  # the socket itself (ENOBUFS, namespace gone): start afresh
             self._drop_genl()
             raise _ReadFailed(f"{type(e).__name__}: {e}") from e
-        except Exception as e:  # noqa: BLE001 - undecodable replies: a sensor answer
+        except Exception as e:  # undecodable replies: a sensor answer
             raise _ReadFailed(f"{type(e).__name__}: {e}") from e
 
     async def _link(self, port: str):
@@ -397,7 +412,7 @@ class EthtoolSensor:
                 self._ipr = None
             reason = f"no answer in {self.request_timeout_s:g}s" if isinstance(e, TimeoutError) else str(e)
             raise _ReadFailed(reason) from e
-        except Exception as e:  # noqa: BLE001 - undecodable replies: a sensor answer
+        except Exception as e:  # undecodable replies: a sensor answer
             raise _ReadFailed(f"{type(e).__name__}: {e}") from e
         if not msgs:
             raise _ReadFailed("no RTM_NEWLINK in the reply")
@@ -557,7 +572,7 @@ class EthtoolSensor:
             return more
         try:
             reading = decoder.decode({LOWER_PAGE0: page0, **more})
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:  # noqa: BLE001 - as above: a decoder bug must not end the daemon
             return Unreadable(f"{port}: module decoder failed: {type(e).__name__}: {e}")
         if isinstance(reading, Unreadable):
             return Unreadable(f"{port}: {reading.reason}")

@@ -62,5 +62,7 @@ def raise_nofile(needed: int) -> FdLimit:
         except (ValueError, OSError) as exc:
             error = f"could not raise it: {exc}"
     now, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    shown = lambda v: _nr_open() if v == resource.RLIM_INFINITY else v  # noqa: E731
+
+    def shown(v: int) -> int:
+        return _nr_open() if v == resource.RLIM_INFINITY else v
     return FdLimit(before=shown(soft), soft=shown(now), hard=shown(hard), needed=needed, error=error)

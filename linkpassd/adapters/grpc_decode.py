@@ -23,7 +23,8 @@ class Undecodable:
     """What a request that did not decode becomes."""
 
     def __init__(self, type_name: str, error: Exception) -> None:
-        self.message = f"the request is not a valid {type_name}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+        first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+        self.message = f"the request is not a valid {type_name}: {first_line}"
 
 
 class _Capture:

@@ -128,7 +128,7 @@ class LinkMonitor:
                             continue
                         for sample in self.samples_of(msg):
                             await self.emit(LinkEvent(sample))
-            except Exception as exc:  # noqa: BLE001 - only ENOBUFS is recoverable here
+            except Exception as exc:  # only ENOBUFS is recoverable here
                 if not _is_enobufs(exc):
                     raise
                 self.resyncs += 1

@@ -1,6 +1,6 @@
 """LLDP neighbours of this host's ports: from lldpd when it runs, else off the wire.
 
-Fleet validation (linkpassd.validate.hostcheck) compares each port's LLDP
+Fleet validation (linkpassd.adapters.hostcheck) compares each port's LLDP
 neighbour with the cabling plan. Two sources, in this order:
 
 - lldpd, through its client: ``lldpctl -u SOCKET -f json0``. lldpd 1.0.16's

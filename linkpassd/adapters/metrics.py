@@ -37,13 +37,11 @@ from dataclasses import dataclass
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
-from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
-                                    Metric)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from linkpassd.adapters import metrics_http
-from linkpassd.core.events import reason_class  # noqa: F401 - re-exported for tests
-from linkpassd.core.events import Event, EventKind
+from linkpassd.core.events import Event, EventKind, reason_class
 from linkpassd.core.model import AgentLinkStatus, CounterSample, ResponderCounters
 
 log = structlog.get_logger("linkpassd.metrics")

@@ -32,7 +32,7 @@ BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nConten
 class _Handler(WSGIRequestHandler):
     timeout = READ_TIMEOUT_S  # StreamRequestHandler.setup() puts it on the socket
 
-    def log_message(self, format, *args):  # noqa: A002, ANN001, ANN002 - the base class's signature
+    def log_message(self, format, *args):
         """Scrapes are not logged."""
 
 
@@ -47,7 +47,7 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
         self.refused = 0  # connections answered 503 (tests read it)
         super().server_bind()
 
-    def process_request(self, request, client_address) -> None:  # noqa: ANN001 - socketserver's signature
+    def process_request(self, request, client_address) -> None:
         if not self._slots.acquire(blocking=False):
             self.refused += 1
             try:
@@ -63,7 +63,7 @@ class BoundedWSGIServer(ThreadingMixIn, WSGIServer):
             self._slots.release()
             raise
 
-    def process_request_thread(self, request, client_address) -> None:  # noqa: ANN001
+    def process_request_thread(self, request, client_address) -> None:
         cutoff = threading.Timer(self.deadline_s, _cut, (request,))
         cutoff.daemon = True
         cutoff.start()

@@ -260,7 +260,7 @@ class ResponderProcess:
             os.close(pidfd)
 
     def _stop_child(self) -> None:
-        proc, pidfd = self._proc, self._pidfd
+        proc = self._proc
         if proc is None:
             return
         self._readable()

@@ -1,7 +1,7 @@
 """What every health sensor backend answers, so code after the sensor is one path.
 
 Production uses ``EthtoolSensor`` (ethtool netlink, rtnetlink, module EEPROM);
-labs use ``SimulatedSensor`` (files written by labs/faults/optics.py).  Both
+labs use ``SimulatedSensor`` (files written by labs/simsensor.py).  Both
 return the core's value types and never raise for a bad or missing reading:
 "not supported" is a None field, "cannot be trusted" is ``Unreadable``.
 """

@@ -2,7 +2,7 @@
 
 Veth ports have no module EEPROM, so labs write one JSON file per port
 (``<run_dir>/sim/<port>.json``, format ``linkpass.simsensor/1`` in
-labs/faults/simsensor.md) and linkpassd reads it here instead of asking
+labs/simsensor.md) and linkpassd reads it here instead of asking
 ethtool.  The answers are the same value types as ``EthtoolSensor``'s, so
 health, policy and routing run their production code on them.  A file may
 carry the module's raw EEPROM pages instead of decoded values (``eeprom``):

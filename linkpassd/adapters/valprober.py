@@ -1,6 +1,6 @@
 """The validation prober: a fixed number of UDP echo probes to each peer, counted.
 
-Fleet validation (linkpassd.validate.hostcheck) asks every host to probe its
+Fleet validation (linkpassd.adapters.hostcheck) asks every host to probe its
 planned peers on each rail. Unlike the daemon's path probers (adapters.echo),
 which judge a path continuously, this one sends a known number of probes
 in two phases and reports what came back:
@@ -190,7 +190,8 @@ class ValidationProber:
         self.flows = flows
         self.prober_id = _random_id()
         self.tallies = [PairTally(t) for t in self.targets]
-        self.problems: list[str] = []
+        self.problems: list[str] = []  # checks that did not run: pairs not probed at all
+        self.notes: list[str] = []  # the check ran, weakened: fewer probes or flows than planned
         self.stray = 0  # replies not ours or from an address we did not probe
         self.unsent: dict[str, int] = {}  # why a due probe could not be sent -> how many
         self._rails: list[_Rail] = []
@@ -214,7 +215,7 @@ class ValidationProber:
                                      f"its {len(members)} pairs not probed")
                 continue
             if len(flows) < self.flows:
-                self.problems.append(f"{rail}: only {len(flows)} of {self.flows} source ports "
+                self.notes.append(f"{rail}: only {len(flows)} of {self.flows} source ports "
                                      f"open on {port}: {why}")
             for i in members:
                 self.tallies[i].flow_sent = [0] * len(flows)
@@ -255,7 +256,7 @@ class ValidationProber:
 
     def run(self, stop: threading.Event) -> None:
         """Both phases, then the grace for late replies; returns early when
-        `stop` is set. Results are in `tallies` and `problems`."""
+        `stop` is set. Results are in `tallies`, `problems` and `notes`."""
         try:
             self._open()
             if not self._rails:
@@ -275,8 +276,8 @@ class ValidationProber:
         finally:
             self._close()
             for why, count in sorted(self.unsent.items()):
-                self.problems.append(f"{count} probes could not be sent: {why} "
-                                     "(not counted as sent)")
+                self.notes.append(f"{count} probes could not be sent: {why} "
+                                  "(not counted as sent)")
 
     def _phase(self, phase: int, start: float, span: float, poller, by_fd,
                stop: threading.Event) -> float:
@@ -303,9 +304,10 @@ class ValidationProber:
             wait = 0.0 if done < due else min(_POLL_S, start + done * period - time.monotonic())
             self._read(poller, by_fd, max(0.0, wait))
         if done < total:
-            self.problems.append(
+            self.notes.append(
                 f"{'burst' if phase == BURST else 'low-rate'} phase: sent {done} of {total} "
-                f"probes in {span:g} s (this host could not keep up; the rest were not sent)")
+                f"probes in {span:g} s (this host could not keep up; the rest were not sent "
+                "and are not counted)")
         return max(start + span, time.monotonic())
 
     def _send(self, rail: _Rail, index: int, phase: int) -> None:

@@ -94,7 +94,7 @@ class StreamError(Exception):
 
 
 class AgentHost(Protocol):
-    """What the agent needs from its daemon (agent.link.DaemonHost)."""
+    """What the agent needs from its daemon (daemon.aggregator.DaemonHost)."""
 
     def inventory(self) -> fleet_pb2.Inventory: ...
 

@@ -2,7 +2,7 @@
 accepts of the peers the aggregator hands down (ProbePeers).
 
 Pure functions of the config and of values read from the daemon, except
-`path_samples` and `daemon_report`, which read the daemon's running state
+`path_samples`, which reads the echo service's running state
 (called on the loop, in the agent's own time: a report is built when the
 agent is about to send one, never inside a reconcile pass).
 """
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.adapters.control_convert import port_state_to_proto, timestamp
 from linkpassd.core.model import Config, PortState
+from linkpassd.core.probe import RTT_BUCKETS_S
 
 MAX_PEERS_PER_RAIL = 64  # more from the aggregator is a bug there; the rest are ignored
 _PATH_STATES = {"NEVER_UP": "init", "UP": "up", "SUSPECT": "up", "DOWN": "down"}
@@ -80,7 +81,6 @@ def path_samples(echo) -> list[PathSample]:
     """The echo service's paths now (adapters.echo.EchoService)."""
     if echo is None:
         return []
-    from linkpassd.adapters.echo import RTT_BUCKETS_S
     out = []
     for path, prober in echo.probers.items():
         state = prober.state
@@ -92,14 +92,6 @@ def path_samples(echo) -> list[PathSample]:
                               requests_lost=state.receipts.requests_lost,
                               replies_lost=state.receipts.replies_lost))
     return out
-
-
-def daemon_report(daemon, wall: float | None = None) -> fleet_pb2.PortReport:
-    """The PortReport of a running Daemon (ports as the policy sees them)."""
-    rails = daemon.decision.rails if daemon.decision is not None else ()
-    rail_paths = {r.name: r.active_rail or "none" for r in rails}
-    return port_report(daemon._unix_port_states(daemon.clock()), path_samples(daemon.echo),
-                       rail_paths, wall)
 
 
 def validate_peers(config: Config, message: fleet_pb2.ProbePeers

@@ -204,7 +204,7 @@ class Spool:
         except OSError as exc:
             log.error("spool_segment_unreadable", path=segment.path, error=str(exc))
             return segment
-        for offset, end, event in self._records(data, 0, count=True):
+        for _offset, end, event in self._records(data, 0, count=True):
             segment.size = end
             if event is not None:
                 segment.note(event.boot_id, event.seq)

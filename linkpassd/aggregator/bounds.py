@@ -25,7 +25,8 @@ MAX_RAILS = 256  # rails of one host (Inventory.rails, PortReport.rail_paths)
 MAX_PORTS = 1024  # PortReport.ports
 MAX_PATHS = 4096  # PortReport.paths: rails x peers per rail (the mesh gives <= 8 each by default)
 MAX_NAME_CHARS = 253  # ports, rails, peers, paths, phases, kinds: a DNS name's length
-MAX_TEXT_CHARS = 64 * 1024  # one message, evidence line or field value (the whole message is bounded by max_message_bytes)
+# One message, evidence line or field value (the whole message is bounded by max_message_bytes).
+MAX_TEXT_CHARS = 64 * 1024
 MAX_GPUS = 4096  # Inventory.rails[].gpus: GPUs behind one port (sums of GPU-hours)
 MAX_EVIDENCE = 64  # evidence lines per port
 MAX_FIELDS = 256  # Event.fields entries

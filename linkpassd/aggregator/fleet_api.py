@@ -27,11 +27,12 @@ from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
 from linkpassd.aggregator import bounds, savings
 from linkpassd.aggregator.identity import peer_identity
 from linkpassd.aggregator.replicas import status_code
-from linkpassd.aggregator.store import EventQuery, HostRow, StoredEvent, StoreError
+from linkpassd.aggregator.session import HostSession, StreamEnd
+from linkpassd.aggregator.store import EventQuery, HostRow, StoredEvent, StoreError, kind_name
 from linkpassd.aggregator.validation import Validations
 
 if TYPE_CHECKING:
-    from linkpassd.aggregator.server import Fleet, HostSession
+    from linkpassd.aggregator.fleet import Fleet
 
 log = structlog.get_logger("linkpassd.aggregator.fleet")
 
@@ -56,14 +57,13 @@ def kind_filter(value: int) -> str:
     """A request's EventKind -> the store's kind string ("" = any)."""
     if value == 0:
         return ""
-    from linkpassd.aggregator.server import kind_name
     return kind_name(value)
 
 
 def fleet_event(stored: StoredEvent) -> pb.FleetEvent:
     try:
         event = cpb.Event.FromString(stored.body)
-    except Exception:  # stored as received; a body we cannot parse still shows where it came from
+    except Exception:  # noqa: BLE001 - stored as received; a body we cannot parse still shows where it came from
         event = cpb.Event(boot_id=stored.boot_id, seq=stored.seq, port=stored.port,
                           message="(undecodable event body)")
     return pb.FleetEvent(host_id=stored.host_id, id=stored.id, event=event,
@@ -88,7 +88,7 @@ def _host_views(rows: Sequence[HostRow], connected: Sequence[bool], served_at: f
                 view.rails.extend(pb.Inventory.FromString(row.inventory).rails)
             if row.report:
                 view.report.CopyFrom(pb.PortReport.FromString(row.report))
-        except Exception as exc:  # one bad stored blob must not hide the fleet
+        except Exception as exc:  # noqa: BLE001 - one bad stored blob must not hide the fleet
             log.warning("host_row_undecodable", host=row.host_id, error=str(exc))
         views.append(view)
     return pb.ListHostsResponse(hosts=views, served_at=timestamp(served_at))
@@ -236,7 +236,8 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
         finally:
             fanout.unsubscribe(watcher)
 
-    async def GetSummary(self, request: pb.GetSummaryRequest, context: grpc.aio.ServicerContext) -> pb.GetSummaryResponse:
+    async def GetSummary(self, request: pb.GetSummaryRequest,
+                         context: grpc.aio.ServicerContext) -> pb.GetSummaryResponse:
         days = request.days or 7
         if days > MAX_SUMMARY_DAYS:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"days {days}: at most {MAX_SUMMARY_DAYS}")
@@ -268,7 +269,6 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
         command.id = fleet.command_id()
         command.by = by
         session = fleet.sessions.get(host_id)
-        from linkpassd.aggregator.server import StreamEnd  # circular at import time only
         try:
             if session is not None and session.open:
                 log.info("fleet_command", action=action, host=host_id, port=port, by=by, id=command.id)
@@ -307,7 +307,8 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
         finally:
             session.commands.pop(command.id, None)
 
-    async def FleetDrain(self, request: pb.FleetDrainRequest, context: grpc.aio.ServicerContext) -> pb.FleetDrainResponse:
+    async def FleetDrain(self, request: pb.FleetDrainRequest,
+                         context: grpc.aio.ServicerContext) -> pb.FleetDrainResponse:
         by = await self._operator(context, "FleetDrain")
         d = request.duration_s
         if not math.isfinite(d) or d < 0:

@@ -30,10 +30,11 @@ from linkpassd import logs
 from linkpassd.adapters import fdlimit, sdnotify
 from linkpassd.aggregator.metrics import AggregatorMetrics
 from linkpassd.aggregator.server import AggregatorServer
-from linkpassd.aggregator.settings import DEFAULT_PATH, Settings, load_settings, redacted_dsn
+from linkpassd.aggregator.settings import DEFAULT_PATH, Settings, load_settings
 from linkpassd.aggregator.store import EventQuery, Store, StoreError
 from linkpassd.aggregator.watch import newest_event_id
-from linkpassd.config.checks import ConfigError
+from linkpassd.config.checks import ConfigError, redacted_dsn
+from linkpassd.config.cli import add_config_options, config_choice
 
 log = structlog.get_logger("linkpassd.aggregator")
 
@@ -99,7 +100,7 @@ async def _every(interval_s: float, action, what: str) -> None:
     while True:
         try:
             await action()
-        except Exception as exc:  # one failed round must not end the loop
+        except Exception as exc:  # noqa: BLE001 - one failed round must not end the loop
             log.error(f"{what}_failed", error=str(exc))
         await asyncio.sleep(interval_s)
 
@@ -205,24 +206,13 @@ async def _start_web(settings: Settings, server: AggregatorServer, store):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="linkpass-aggregator",
                                      description="linkpass fleet aggregator (gRPC, mTLS)")
-    parser.add_argument("--config", metavar="FILE", default=None,
-                        help=f"config file (TOML; default {DEFAULT_PATH})")
-    # As linkpassd takes it: `--check-config FILE`, or `--config FILE --check-config`.
-    parser.add_argument("--check-config", metavar="FILE", nargs="?", const=True, default=None,
-                        help="validate the config (FILE, or the --config file) and read its TLS "
-                             "files, then exit")
+    add_config_options(parser, default_path=DEFAULT_PATH, checks=" and read its TLS files")
     parser.add_argument("--version", action="version", version=linkpassd.__version__)
-    args = parser.parse_args(argv)
-    if args.check_config is not None:
-        path = args.config or DEFAULT_PATH
-        if isinstance(args.check_config, str):
-            if args.config is not None and args.config != args.check_config:
-                parser.error(f"--config {args.config} and --check-config {args.check_config} "
-                             "name two files; give the file once")
-            path = args.check_config
-        return check_config(path)
+    choice = config_choice(parser, parser.parse_args(argv), default_path=DEFAULT_PATH)
+    if choice.check_only:
+        return check_config(choice.path)
     try:
-        settings = load_settings(args.config or DEFAULT_PATH)
+        settings = load_settings(choice.path)
     except ConfigError as exc:
         print(f"linkpass-aggregator: {exc}", file=sys.stderr)
         return 2

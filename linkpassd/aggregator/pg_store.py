@@ -68,16 +68,30 @@ import structlog
 
 from linkpassd.aggregator import pg_schema
 from linkpassd.aggregator.pg_schema import (
-    EVENTS_LOCK, HORIZON, LEAD_SPACE, LOCK_SPACE, MAX_TX_EVENTS, MIGRATION_LOCK, role_key,
+    EVENTS_LOCK,
+    HORIZON,
+    LEAD_SPACE,
+    LOCK_SPACE,
+    MAX_TX_EVENTS,
+    MIGRATION_LOCK,
+    role_key,
 )
 from linkpassd.aggregator.savings import day_of
-from linkpassd.aggregator.settings import redacted_dsn
 from linkpassd.aggregator.sqlite_store import MAX_SEQ
 from linkpassd.aggregator.sqlite_store import _checked as checked_batch
 from linkpassd.aggregator.store import (
-    CHANNEL_EVENTS, AddResult, DayTotal, EventQuery, EventRow, HostRow, PendingCommand, StoredEvent,
-    StoreError, StoreStats,
+    CHANNEL_EVENTS,
+    AddResult,
+    DayTotal,
+    EventQuery,
+    EventRow,
+    HostRow,
+    PendingCommand,
+    StoredEvent,
+    StoreError,
+    StoreStats,
 )
+from linkpassd.config.checks import redacted_dsn
 
 log = structlog.get_logger("linkpassd.aggregator.pg_store")
 
@@ -537,7 +551,8 @@ class PgStore:
 
     async def day_totals(self, since: float, until: float) -> list[DayTotal]:
         rows = await self._fetch("reading day totals",
-                                 "SELECT day, COUNT(*), LEAST(SUM(gpus), 9223372036854775807)::BIGINT FROM absorbed WHERE wall >= $1 AND wall < $2 "
+                                 "SELECT day, COUNT(*), LEAST(SUM(gpus), 9223372036854775807)::BIGINT "
+                                 "FROM absorbed WHERE wall >= $1 AND wall < $2 "
                                  'GROUP BY day ORDER BY day COLLATE "C"', float(since), float(until))
         return [DayTotal(day=day, failures_absorbed=n, gpus=gpus) for day, n, gpus in rows]
 
@@ -646,7 +661,8 @@ class PgStore:
                 await conn.execute("LOCK TABLE mesh IN SHARE ROW EXCLUSIVE MODE")
                 await conn.execute("DELETE FROM mesh")
                 if entries:
-                    await conn.execute("INSERT INTO mesh (host_id, entry) SELECT * FROM unnest($1::TEXT[], $2::BYTEA[])",
+                    await conn.execute("INSERT INTO mesh (host_id, entry) "
+                                       "SELECT * FROM unnest($1::TEXT[], $2::BYTEA[])",
                                        list(entries), [bytes(v) for v in entries.values()])
                 await conn.execute("INSERT INTO mesh_plan (generation) VALUES ($1) ON CONFLICT (one) "
                                    "DO UPDATE SET generation = excluded.generation", int(generation))

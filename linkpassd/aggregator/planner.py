@@ -72,7 +72,7 @@ def plan_rows(rows: list[tuple[str, str, str, str]], peers_per_rail: int,
 class MeshPlanner:
     def __init__(self, fleet: Any, settings: Settings, metrics: AggregatorMetrics,
                  debounce_s: float = 1.0, worker: Worker | None = None) -> None:
-        self._fleet = fleet  # server.Fleet: .sessions (host -> HostSession with .inventory, .send)
+        self._fleet = fleet  # fleet.Fleet: .sessions (host -> HostSession with .inventory, .send)
         self._settings = settings
         self._metrics = metrics
         self.debounce_s = debounce_s
@@ -210,7 +210,7 @@ class MeshPlanner:
             signature.update(row.host_id.encode() + b"\0" + row.inventory + b"\1")
             try:
                 inventory = pb.Inventory.FromString(row.inventory)
-            except Exception:  # an undecodable stored inventory: the host's next one replaces it
+            except Exception:  # noqa: BLE001 - an undecodable stored inventory: the host's next one replaces it
                 continue
             members.extend(mesh.members_from_inventory(row.host_id, inventory))
         if signature.digest() == self._shared_signature:

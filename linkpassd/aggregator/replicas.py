@@ -28,13 +28,14 @@ that dies takes nothing with it that the others need.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 import structlog
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
+from linkpassd.aggregator.session import StreamEnd
 from linkpassd.aggregator.store import (
     CHANNEL_COMMANDS,
     CHANNEL_EVENTS,
@@ -48,7 +49,10 @@ from linkpassd.aggregator.store import (
 )
 
 if TYPE_CHECKING:
-    from linkpassd.aggregator.server import Fleet
+    from linkpassd.aggregator.planner import MeshPlanner
+    from linkpassd.aggregator.session import HostSession
+    from linkpassd.aggregator.settings import Settings
+    from linkpassd.aggregator.watch import EventFanout
 
 log = structlog.get_logger("linkpassd.aggregator.replicas")
 
@@ -63,10 +67,22 @@ def status_code(number: int) -> grpc.StatusCode:
     return grpc.StatusCode.UNKNOWN
 
 
+class LocalFleet(Protocol):
+    """What the coordination uses of this replica's fleet (fleet.Fleet, which
+    makes the Replicas and holds it as `fleet.replicas`)."""
+
+    settings: Settings
+    clock: Callable[[], float]
+    command_timeout_s: float
+    sessions: Mapping[str, HostSession]
+    fanout: EventFanout
+    planner: MeshPlanner
+
+
 class Replicas:
     """This replica's side of the coordination; `fleet.replicas` when the store is shared."""
 
-    def __init__(self, fleet: Fleet, store: SharedStore, replica_id: str) -> None:
+    def __init__(self, fleet: LocalFleet, store: SharedStore, replica_id: str) -> None:
         self.fleet = fleet
         self.store = store
         self.id = replica_id
@@ -184,7 +200,6 @@ class Replicas:
             self._spawn(self._relay_one(pending))
 
     async def _relay_one(self, pending: PendingCommand) -> None:
-        from linkpassd.aggregator.server import StreamEnd  # circular at import time only
 
         code, message = grpc.StatusCode.UNAVAILABLE.value[0], f"host {pending.host_id} is not connected"
         session = self.fleet.sessions.get(pending.host_id)

@@ -22,38 +22,39 @@ TLS handshake fails first (identity.py).
 from __future__ import annotations
 
 import asyncio
-import collections
-import itertools
-import os
-import socket
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 import structlog
 
-from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd.adapters.grpc_decode import add_servicer
 from linkpassd.aggregator import bounds, savings
+from linkpassd.aggregator.fleet import Fleet
 from linkpassd.aggregator.fleet_api import FleetServicer
 from linkpassd.aggregator.identity import Refusal, peer_identity
 from linkpassd.aggregator.metrics import AggregatorMetrics
-from linkpassd.aggregator.planner import MeshPlanner
+from linkpassd.aggregator.session import HostSession, StreamEnd
 from linkpassd.aggregator.settings import Settings
-from linkpassd.aggregator.replicas import Replicas
-from linkpassd.aggregator.store import CHANNEL_HOSTS, EventRow, HostRow, OutOfOrder, Store, StoreError, is_shared
-from linkpassd.aggregator.watch import DEFAULT_QUEUE, EventFanout
-from linkpassd.aggregator.worker import Worker
+from linkpassd.aggregator.store import (
+    CHANNEL_HOSTS,
+    RAIL_PATH,
+    EventRow,
+    OutOfOrder,
+    Store,
+    StoreError,
+    kind_name,
+    severity_name,
+)
+from linkpassd.aggregator.watch import DEFAULT_QUEUE
 
 log = structlog.get_logger("linkpassd.aggregator")
 
 HELLO_TIMEOUT_S = 10.0  # a stream that says nothing this long after opening is refused
 MAX_EVENTS_PER_BATCH = 1000  # agents send <= 500
 INBOX_MAX = 64  # messages read but not handled yet, per stream (agents keep <= 8 batches unacked)
-OUTBOX_MAX = 1024  # responses not written yet, per stream
 MAX_RAILS = bounds.MAX_RAILS
 MAX_PATHS = bounds.MAX_PATHS
 MAX_ID_CHARS = 253
@@ -71,39 +72,11 @@ MAX_PENDING_STREAMS = 65536
 HANDSHAKE_TIMEOUT_MS = 10_000
 MAX_STREAMS_PER_CONNECTION = 1024
 LAG_TICK_S = 0.05  # the loop-lag probe's timer
-HEARTBEAT_FLUSH_S = 1.0  # heartbeats are written together at most this often (Fleet.heartbeat)
-MAX_REFUSALS = 1000  # refused hosts remembered for the page (Fleet.refuse)
 MERGED_EVENTS_MAX = 4000  # events of waiting batches stored in one call (8 agent batches of 500)
 
 
-class StreamEnd(Exception):
-    """End this stream with `code` and a message that says why."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-# Enum numbers -> the names stored, made once (a lookup per event instead of
-# the enum wrapper's Name and two string operations).
-_KIND_NAMES = {number: name.removeprefix("EVENT_KIND_").lower() for name, number in cpb.EventKind.items()}
-_SEVERITY_NAMES = {number: name.removeprefix("SEVERITY_").lower() for name, number in cpb.Severity.items()}
-RAIL_PATH = _KIND_NAMES[cpb.EVENT_KIND_RAIL_PATH]
 # What the reader queues for a stream's worker (HostSession.pending), by its first item.
 EVENTS, PORTS, INVENTORY, END = "events", "ports", "inventory", "end"
-
-
-def kind_name(value: int) -> str:
-    """EventKind number -> the core name ("rail_path"); unknown numbers (a newer agent) stay
-    visible as "kind_<n>" instead of failing the batch."""
-    name = _KIND_NAMES.get(value)
-    return name if name is not None else f"kind_{value}"
-
-
-def severity_name(value: int) -> str:
-    name = _SEVERITY_NAMES.get(value)
-    return name if name is not None else f"severity_{value}"
 
 
 def _check_inventory(inventory: pb.Inventory) -> None:
@@ -121,160 +94,6 @@ def _check_id(what: str, value: str) -> None:
         raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, f"Hello.{what} is empty")
     if len(value) > MAX_ID_CHARS or not value.isprintable() or value.strip() != value:
         raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, f"Hello.{what} {value[:80]!r} is not a valid name")
-
-
-class HostSession:
-    """One agent stream, from an accepted Hello to its end."""
-
-    def __init__(self, host_id: str, boot_id: str, version: str, peer: str) -> None:
-        self.host_id = host_id
-        self.boot_id = boot_id
-        self.version = version
-        self.peer = peer
-        self.inventory: pb.Inventory | None = None
-        # (when queued, the response): the queued time is the "outbox" stage.
-        # Unbounded as a queue, bounded by send() (OUTBOX_MAX), so finish()
-        # can always add the None that wakes the writer.
-        self.outbox: asyncio.Queue[tuple[float, pb.ConnectResponse] | None] = asyncio.Queue()
-        self.ended: asyncio.Future[StreamEnd | None] = asyncio.get_running_loop().create_future()
-        self.commands: dict[str, asyncio.Future[pb.CommandResult]] = {}
-        self.last_seq: dict[str, int] = {}  # per boot: the newest seq this stream sent
-        self.gone = False  # the call itself failed: nothing more can be written
-        self.gpus: dict[str, int] = {}  # rail -> GPUs behind it, from the newest inventory read
-        # Read, not handled yet (AgentServicer._take): (what, ..., when read);
-        # the worker task runs only while there is some.
-        self.pending: collections.deque[tuple] = collections.deque()
-        self.worker: asyncio.Task[None] | None = None
-
-    @property
-    def open(self) -> bool:
-        return not self.ended.done()
-
-    def finish(self, outcome: StreamEnd | None) -> None:
-        """End the stream (None: cleanly); the first outcome wins."""
-        if not self.ended.done():
-            self.ended.set_result(outcome)
-            self.outbox.put_nowait(None)  # the writer: no more to wait for
-        for future in self.commands.values():
-            if not future.done():
-                future.set_exception(StreamEnd(grpc.StatusCode.UNAVAILABLE,
-                                               f"host {self.host_id} disconnected before answering"))
-
-    def send(self, message: pb.ConnectResponse) -> None:
-        """Queue a response; an agent that stops reading its responses loses its stream."""
-        if not self.open:
-            return
-        if self.outbox.qsize() >= OUTBOX_MAX:
-            self.finish(StreamEnd(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                  f"host {self.host_id} is not reading its responses ({OUTBOX_MAX} queued)"))
-            return
-        self.outbox.put_nowait((time.perf_counter(), message))
-
-
-class Fleet:
-    """What the servicers share: live sessions and the components around them."""
-
-    def __init__(self, settings: Settings, store: Store, metrics: AggregatorMetrics,
-                 clock: Callable[[], float], *, watcher_queue: int = DEFAULT_QUEUE,
-                 command_timeout_s: float = 20.0) -> None:
-        self.settings = settings
-        self.store = store
-        self.metrics = metrics
-        self.clock = clock
-        self.command_timeout_s = command_timeout_s
-        self.sessions: dict[str, HostSession] = {}
-        # Hosts refused since this process started, newest last, by the
-        # host_id their Hello said; forgotten when that host is taken.
-        self.refused: dict[str, Refusal] = {}
-        self.fanout = EventFanout(store, queue_size=watcher_queue, on_drop=metrics.watchers_dropped.inc)
-        # One worker process for the big pure-Python jobs (mesh plans,
-        # validation plans and localisation), off the event loop.
-        self.worker = Worker("aggregator")
-        self.planner = MeshPlanner(self, settings, metrics, worker=self.worker)
-        self._command_ids = itertools.count(1)
-        self._instance = uuid.uuid4().hex[:8]
-        self._beats: dict[str, float] = {}  # heartbeats not written yet: host -> newest
-        self._beat_writer: asyncio.Task[None] | None = None
-        # Several replicas on one shared store: where hosts are, commands and
-        # the mesh go through the store (replicas.py). None: this process is
-        # the whole aggregator.
-        self.replicas: Replicas | None = (
-            Replicas(self, store, f"{socket.gethostname()}/{os.getpid()}/{self._instance}")  # type: ignore[arg-type]
-            if is_shared(store) else None)
-
-    def connected(self, row: HostRow, now: float) -> bool:
-        """Is the host on a stream (this replica's, or while shared, another live one's)?"""
-        if self.replicas is not None:
-            return self.replicas.connected(row, now)
-        session = self.sessions.get(row.host_id)
-        return session is not None and session.open
-
-    def heartbeat(self, host_id: str, now: float) -> None:
-        """A host's heartbeat, written with every other host's pending one in
-        a single store call (Store.touch_many) by one writer task.
-
-        Why not awaited on the host's stream: a heartbeat is no promise (no
-        ack; last_seen only says "heard lately", replicas call a host gone
-        after several heartbeats), and awaiting its commit held every message
-        the host sent after it (an incident's events) for one more group
-        commit. Why together: 16,384 hosts heartbeat ~3,300 times a second;
-        one write each was that many savepoints (SQLite) or transactions
-        and WAL flushes (PostgreSQL). Why at most every HEARTBEAT_FLUSH_S
-        (or half a heartbeat period, if shorter) and not as fast as the
-        store commits: a writer that wrote whatever had come in since its
-        last commit made one group commit (an fsync, two worker hand-offs)
-        for every one or two heartbeats, about 160 a second at 2,048
-        hosts, two thirds of the aggregator's CPU in a steady fleet. A
-        store failure here is logged; the host's next event batch fails
-        its stream as before."""
-        if now > self._beats.get(host_id, float("-inf")):
-            self._beats[host_id] = now
-        if self._beat_writer is None or self._beat_writer.done():
-            self._beat_writer = asyncio.create_task(self._write_beats())
-
-    async def _write_beats(self) -> None:
-        pause = min(HEARTBEAT_FLUSH_S, self.settings.heartbeat_s / 2)
-        while self._beats:
-            await asyncio.sleep(pause)
-            beats, self._beats = self._beats, {}
-            try:
-                await self.store.touch_many(beats)
-            except StoreError as exc:
-                log.warning("heartbeats_not_stored", hosts=len(beats), error=str(exc))
-
-    async def stop_heartbeats(self) -> None:
-        if self._beat_writer is not None:
-            self._beat_writer.cancel()
-            await asyncio.gather(self._beat_writer, return_exceptions=True)
-
-    def command_id(self) -> str:
-        return f"{self._instance}-{next(self._command_ids)}"
-
-    def refuse(self, refusal: Refusal) -> None:
-        """Remember a refused host for the page (at most MAX_REFUSALS, the
-        oldest forgotten first: a flood of bad Hellos cannot grow it)."""
-        self.refused.pop(refusal.host_id, None)
-        self.refused[refusal.host_id] = refusal
-        while len(self.refused) > MAX_REFUSALS:
-            del self.refused[next(iter(self.refused))]
-
-    def register(self, session: HostSession) -> None:
-        self.refused.pop(session.host_id, None)
-        old = self.sessions.get(session.host_id)
-        self.sessions[session.host_id] = session
-        if old is not None:
-            log.info("agent_replaced", host=session.host_id, old_peer=old.peer, peer=session.peer)
-            old.finish(StreamEnd(grpc.StatusCode.ABORTED, "replaced by a newer connection"))
-        self.metrics.hosts_connected.set(len(self.sessions))
-        self.planner.joined(session.host_id)
-
-    def unregister(self, session: HostSession) -> None:
-        if self.sessions.get(session.host_id) is session:
-            del self.sessions[session.host_id]
-            self.metrics.hosts_connected.set(len(self.sessions))
-            self.planner.left(session.host_id)
-            if self.replicas is not None:
-                self.replicas.left(session.host_id)
 
 
 class AgentServicer:
@@ -325,7 +144,7 @@ class AgentServicer:
                             f"no Hello within {self.hello_timeout_s:g} s of opening the stream") from None
         except StopAsyncIteration:
             raise StreamEnd(grpc.StatusCode.INVALID_ARGUMENT, "the stream closed before its Hello") from None
-        except Exception as exc:  # the client went away (cancelled, reset) before its Hello
+        except Exception as exc:  # noqa: BLE001 - the client went away (cancelled, reset) before its Hello
             raise StreamEnd(grpc.StatusCode.CANCELLED, f"the stream failed before its Hello: {exc}") from None
         which = first.WhichOneof("body")
         if which != "hello":
@@ -372,7 +191,7 @@ class AgentServicer:
         if rows and rows[0].inventory:
             try:
                 return pb.Inventory.FromString(rows[0].inventory)
-            except Exception:  # stored by an older release: the next Inventory replaces it
+            except Exception:  # noqa: BLE001 - stored by an older release: the next Inventory replaces it
                 return None
         return None
 
@@ -403,16 +222,16 @@ class AgentServicer:
             self._pend(session, (END, None))  # the agent half-closed: finish what was read, then end
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - undecodable bytes or the call gone: told below
             if not context.done():
                 # The call is still up, so it did not go away: grpc could not
                 # decode what the agent sent (bytes that are not a
                 # ConnectRequest). Say so; a status OK would have the agent
                 # resend the same bytes for ever.
                 log.warning("agent_message_undecodable", host=session.host_id, error=str(exc))
+                first_line = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
                 self._pend(session, (END, StreamEnd(
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"a message after Hello is not a ConnectRequest: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")))
+                    grpc.StatusCode.INVALID_ARGUMENT, f"a message after Hello is not a ConnectRequest: {first_line}")))
                 return
             # the call went away (the agent cancelled, a reset): nobody to answer
             log.info("agent_stream_gone", host=session.host_id, error=str(exc).splitlines()[0] if str(exc) else "")

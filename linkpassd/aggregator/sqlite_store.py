@@ -65,7 +65,15 @@ from typing import Any, TypeVar
 from linkpassd.aggregator import bounds
 from linkpassd.aggregator.savings import day_of
 from linkpassd.aggregator.store import (
-    AddResult, DayTotal, EventQuery, EventRow, HostRow, OutOfOrder, StoredEvent, StoreError, StoreStats,
+    AddResult,
+    DayTotal,
+    EventQuery,
+    EventRow,
+    HostRow,
+    OutOfOrder,
+    StoredEvent,
+    StoreError,
+    StoreStats,
 )
 
 T = TypeVar("T")
@@ -604,7 +612,8 @@ class SqliteStore:
 
     @staticmethod
     def _day_totals(conn: sqlite3.Connection, since: float, until: float) -> list[DayTotal]:
-        rows = conn.execute("SELECT day, COUNT(*), CAST(MIN(TOTAL(gpus), 9223372036854775807.0) AS INTEGER) FROM absorbed WHERE wall >= ? AND wall < ? "
+        rows = conn.execute("SELECT day, COUNT(*), CAST(MIN(TOTAL(gpus), 9223372036854775807.0) AS INTEGER) "
+                            "FROM absorbed WHERE wall >= ? AND wall < ? "
                             "GROUP BY day ORDER BY day", (since, until))
         return [DayTotal(day=day, failures_absorbed=n, gpus=gpus) for day, n, gpus in rows]
 

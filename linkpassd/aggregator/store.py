@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
+
 
 class StoreError(Exception):
     """The store refused or failed an operation; the message says which and why."""
@@ -28,6 +30,24 @@ class StoreError(Exception):
 
 class OutOfOrder(StoreError):
     """A batch whose seqs are not strictly increasing."""
+
+
+# Enum numbers -> the names stored (EventRow.kind, .severity), made once (a lookup per event instead of
+# the enum wrapper's Name and two string operations).
+_KIND_NAMES = {number: name.removeprefix("EVENT_KIND_").lower() for name, number in cpb.EventKind.items()}
+_SEVERITY_NAMES = {number: name.removeprefix("SEVERITY_").lower() for name, number in cpb.Severity.items()}
+RAIL_PATH = _KIND_NAMES[cpb.EVENT_KIND_RAIL_PATH]
+
+def kind_name(value: int) -> str:
+    """EventKind number -> the core name ("rail_path"); unknown numbers (a newer agent) stay
+    visible as "kind_<n>" instead of failing the batch."""
+    name = _KIND_NAMES.get(value)
+    return name if name is not None else f"kind_{value}"
+
+
+def severity_name(value: int) -> str:
+    name = _SEVERITY_NAMES.get(value)
+    return name if name is not None else f"severity_{value}"
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ import grpc
 import structlog
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
+from linkpassd.aggregator.session import HostSession, StreamEnd
 from linkpassd.validate import localize as locate
 from linkpassd.validate import plan as cabling
 from linkpassd.validate import probeplan
@@ -50,7 +51,7 @@ from linkpassd.validate import schedule as rates
 from linkpassd.validate.plan import CablingPlan
 
 if TYPE_CHECKING:
-    from linkpassd.aggregator.server import Fleet, HostSession
+    from linkpassd.aggregator.fleet import Fleet
 
 log = structlog.get_logger("linkpassd.aggregator.validation")
 
@@ -125,7 +126,8 @@ def select(request: pb.ValidateRequest) -> Selection:
     selected = full.select(request.hosts, request.rails)
     if not selected.ports:
         raise RequestError(grpc.StatusCode.INVALID_ARGUMENT,
-                           f"the plan has no port of hosts {sorted(request.hosts)[:10]} on rails {sorted(request.rails)}")
+                           f"the plan has no port of hosts {sorted(request.hosts)[:10]} "
+                           f"on rails {sorted(request.rails)}")
     return Selection(plan=selected, reference=full.select(rails=request.rails), hosts=selected.hosts(),
                      rails=selected.rails(), duration_s=duration)
 
@@ -236,7 +238,7 @@ class Validations:
                     done += 1
                     yield pb.ValidateResponse(progress=pb.ValidateProgress(
                         hosts_done=done, hosts_total=total, last_host=host))
-            for future, (host, _) in sorted(pending.items(), key=lambda item: item[1]):
+            for _future, (host, _) in sorted(pending.items(), key=lambda item: item[1]):
                 results[host] = pb.HostValidationResult(host_id=host, status=TIMED_OUT)
                 log.warning("validation_host_timed_out", run_id=run_id, host=host, after_s=timeout)
                 done += 1
@@ -277,7 +279,6 @@ class Validations:
     def _result(host: str, run_id: str, future: asyncio.Future[pb.CommandResult]) -> pb.HostValidationResult:
         """One host's answer as the report shows it: "ok" with its findings,
         or why it gave none."""
-        from linkpassd.aggregator.server import StreamEnd  # circular at import time only
 
         try:
             answer = future.result()

@@ -100,7 +100,7 @@ class EventFanout:
             self._wake.clear()
             try:
                 await self._deliver()
-            except Exception as exc:  # the store failing must not kill the fan-out
+            except Exception as exc:  # noqa: BLE001 - the store failing must not kill the fan-out
                 log.error("watch_read_failed", error=str(exc))
                 await asyncio.sleep(1.0)
                 self._wake.set()

@@ -26,8 +26,8 @@ import structlog
 
 from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2
-from linkpassd.aggregator import grid
 from linkpassd.aggregator.identity import Refusal
+from linkpassd.fleet import grid
 
 log = structlog.get_logger("linkpassd.aggregator.web")
 
@@ -66,7 +66,7 @@ def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _unix(ts) -> float:  # noqa: ANN001 - a google.protobuf.Timestamp
+def _unix(ts) -> float:
     return ts.seconds + ts.nanos / 1e9
 
 
@@ -173,7 +173,7 @@ def _hosts_not_reporting_html(hosts: fleet_pb2.ListHostsResponse, refused: Seque
             f'</tr></thead><tbody>{"".join(shown)}</tbody></table>{more}')
 
 
-def _enum_word(enum_type, value: int, prefix: str) -> str:  # noqa: ANN001 - a proto enum wrapper
+def _enum_word(enum_type, value: int, prefix: str) -> str:
     try:
         return enum_type.Name(value).removeprefix(prefix).lower()
     except ValueError:  # a value newer than this release
@@ -206,7 +206,8 @@ def _summary_html(summary: fleet_pb2.GetSummaryResponse) -> str:
                    f'<td>{d.gpu_hours_saved:.1f}</td></tr>' for d in days)
     verdicts = ", ".join(f"{_e(k)} {v}" for k, v in sorted(summary.ports_by_verdict.items())) or "none"
     return (f'<p id="totals">{total_failures} failures absorbed, <strong>{total_hours:.1f} GPU-hours saved</strong> '
-            f'over {len(days)} day{"" if len(days) == 1 else "s"} (restart cost {summary.restart_cost_s / 60:g} min per failure × GPUs '
+            f'over {len(days)} day{"" if len(days) == 1 else "s"} '
+            f'(restart cost {summary.restart_cost_s / 60:g} min per failure × GPUs '
             f'behind the port). Ports now: {verdicts}.</p>'
             '<table id="accounting"><thead><tr><th>day (UTC)</th><th>failures absorbed</th>'
             f'<th>GPU-hours saved</th></tr></thead><tbody>{rows}</tbody></table>')
@@ -334,7 +335,7 @@ async def serve(listen: str, page_source: PageSource, health_source: HealthSourc
                 await _handle(reader, writer, page_source, health_source)
         except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError):
             pass  # the client went away or stalled: nothing to answer
-        except Exception as exc:  # never let one request take the server down
+        except Exception as exc:  # noqa: BLE001 - never let one request take the server down
             log.warning("web_request_failed", error=str(exc))
         finally:
             handlers.discard(task)
@@ -396,7 +397,7 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
         return
     try:
         page = await page_source()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a page that cannot be built answers 500, not a dropped connection
         log.warning("web_page_failed", error=str(exc))
         await _respond(writer, 500, "text/plain", f"the page could not be built: {exc}\n".encode(),
                        head_only=head_only)

@@ -1,4 +1,4 @@
-"""`python -m linkpassd.config (--reference | FILE)`."""
+"""`python -m linkpassd.config (--reference [daemon | aggregator] | FILE)`."""
 
 import sys
 

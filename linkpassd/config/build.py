@@ -17,14 +17,46 @@ from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Any, NoReturn
 
-from linkpassd.config.checks import (MAX_FILE_BYTES, RESERVED_RULE_PRIORITIES, RESERVED_TABLES,
-                                     ConfigError, _count, _got, _Invalid, _parse_interface, _show)
-from linkpassd.config.schema import (AGGREGATOR, BFD, DAEMON, HEALTH, METRICS, MULTIPATH, OWNERSHIP,
-                                     PROBES, RAIL, ROUTING, SCHEMA, SENSORS, TIMERS, Section)
+from linkpassd.config.checks import (
+    MAX_FILE_BYTES,
+    RESERVED_RULE_PRIORITIES,
+    RESERVED_TABLES,
+    ConfigError,
+    _count,
+    _got,
+    _Invalid,
+    _parse_interface,
+    _show,
+)
+from linkpassd.config.schema import (
+    AGGREGATOR,
+    BFD,
+    DAEMON,
+    HEALTH,
+    METRICS,
+    MULTIPATH,
+    OWNERSHIP,
+    PROBES,
+    RAIL,
+    ROUTING,
+    SCHEMA,
+    SENSORS,
+    TIMERS,
+    Section,
+)
 from linkpassd.core import alloc
-from linkpassd.core.model import (AggregatorSettings, BfdSettings, Config, HealthPolicy,
-                                  MultipathConfig, Ownership, ProbeSettings, RailConfig,
-                                  SensorConfig, Timers)
+from linkpassd.core.model import (
+    AggregatorSettings,
+    BfdSettings,
+    Config,
+    HealthPolicy,
+    MultipathConfig,
+    Ownership,
+    ProbeSettings,
+    RailConfig,
+    SensorConfig,
+    Timers,
+)
 
 # --------------------------------------------------------------------------
 # Loading
@@ -34,27 +66,38 @@ from linkpassd.core.model import (AggregatorSettings, BfdSettings, Config, Healt
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and validate a config file. Every failure, I/O included, is a ConfigError."""
     source = os.fsdecode(path)
+    return parse_config(read_config_text(path, "a linkpassd config"), source)
+
+
+def read_config_text(path: str | os.PathLike[str], what: str) -> str:
+    """A config file's text (`what` it should be names it when it is far too
+    big); every failure, I/O included, is a ConfigError naming the file."""
+    source = os.fsdecode(path)
     try:
         with open(path, "rb") as handle:
             data = handle.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise ConfigError(source, None, f"cannot read: {exc.strerror or exc}") from None
     if len(data) > MAX_FILE_BYTES:
-        raise ConfigError(source, None, f"larger than {MAX_FILE_BYTES} bytes; not a linkpassd config")
+        raise ConfigError(source, None, f"larger than {MAX_FILE_BYTES} bytes; not {what}")
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         raise ConfigError(
             source, f"line {line}", f"not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})"
         ) from None
-    return parse_config(text, source)
 
 
 def parse_config(text: str, source: str = "<memory>") -> Config:
     """Validate TOML text; `source` names it in errors and in Config.source."""
+    return build_config(parse_toml(text, source), source)
+
+
+def parse_toml(text: str, source: str) -> dict[str, Any]:
+    """TOML text -> the document; a ConfigError with the line and column when it is not TOML."""
     try:
-        doc = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         where, reason = _toml_error_location(exc)
         raise ConfigError(source, where, f"invalid TOML: {reason}") from None
@@ -62,7 +105,6 @@ def parse_config(text: str, source: str = "<memory>") -> Config:
         raise ConfigError(source, None, "invalid TOML: nested too deeply") from None
     except ValueError as exc:  # e.g. an integer literal beyond Python's digit limit
         raise ConfigError(source, None, f"invalid TOML: {exc}") from None
-    return build_config(doc, source)
 
 
 _TOML_AT = re.compile(r"^(?P<msg>.*) \(at (?:line (?P<line>\d+), column (?P<col>\d+)|end of document)\)$", re.S)
@@ -85,6 +127,17 @@ def build_config(doc: Mapping[str, Any], source: str = "<memory>") -> Config:
     return _Builder(source).build(doc)
 
 
+def validate_sections(doc: Mapping[str, Any], schema: Sequence[Section],
+                      source: str) -> dict[str, dict[str, Any]]:
+    """Shape checks of a document whose sections are all plain tables (the
+    aggregator's): unknown sections and keys, types and each option's checks.
+    Every section's values, defaults filled in; checks across options are the
+    caller's."""
+    builder = _Builder(source, schema)
+    builder.top_level(doc)
+    return {section.name: builder.section(doc, section) for section in schema}
+
+
 # --------------------------------------------------------------------------
 # Validation
 # --------------------------------------------------------------------------
@@ -105,8 +158,9 @@ def _suggest(word: str, candidates: Sequence[str]) -> str:
 class _Builder:
     """One validation run; knows the source so every failure can name it."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, schema: Sequence[Section] = SCHEMA) -> None:
         self.source = source
+        self.schema = schema
 
     def fail(self, key: str | None, reason: str) -> NoReturn:
         raise ConfigError(self.source, key, reason)
@@ -114,11 +168,11 @@ class _Builder:
     # --- shape -------------------------------------------------------------
 
     def top_level(self, doc: Mapping[str, Any]) -> None:
-        names = [s.name for s in SCHEMA]
+        names = [s.name for s in self.schema]
         for key in doc:
             if key in names:
                 continue
-            home = next((s for s in SCHEMA if s.option(key)), None)
+            home = next((s for s in self.schema if s.option(key)), None)
             if home is not None:
                 self.fail(_key(key), f"key outside any section; it belongs in {home.header}")
             self.fail(_key(key), "unknown section" + _suggest(key, names))
@@ -132,7 +186,8 @@ class _Builder:
             if key not in known:
                 hint = _suggest(key, known)
                 if not hint:
-                    home = next((s for s in SCHEMA if s is not section and s.option(key)), None)
+                    home = next((s for s in self.schema if s is not section and s.option(key)),
+                                None)
                     hint = f"; it belongs in {home.header}" if home else ""
                 self.fail(f"{path}.{_key(key)}", "unknown key" + hint)
         values: dict[str, Any] = {}

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 DEFAULT_PATH = "/etc/linkpass/linkpassd.toml"
 
@@ -539,3 +540,114 @@ def _check_cidr(value: str) -> None:
 IPV4_INTERFACE = _Check("IPv4 `address/prefixlen` (prefix 1..31)", _check_interface)
 IPV4_ADDRESS = _Check("IPv4 address", _check_address)
 IPV4_CIDR = _Check("IPv4 CIDR, no host bits", _check_cidr)
+
+
+# --- text, listening addresses and database URLs (the aggregator) ----------
+
+
+def _printable() -> _Check:
+    def run(value: str) -> None:
+        for char in value:
+            if not char.isprintable():
+                raise _Invalid(f"{_show(value)} contains the control character {char!r}")
+
+    return _Check("printable", run)
+
+
+UNIX_PREFIX = "unix:"
+
+
+def split_listen(text: str) -> tuple[str, int]:
+    """"HOST:PORT" or "[V6]:PORT" -> (host, port); ValueError saying why not.
+    Port 0 means any free port (tests)."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError("expected HOST:PORT, e.g. 0.0.0.0:7443 or [::]:7443")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ValueError(f"{host} is not an IPv6 address") from None
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError("an IPv6 address needs brackets: [::]:7443")
+    elif not all(part and (part.isalnum() or set(part) <= set("abcdefghijklmnopqrstuvwxyz"
+                                                             "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-"))
+                 for part in host.split(".")):
+        raise ValueError(f"{host!r} is not an address or host name")
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"port {port!r} is not a number from 0 to 65535")
+    return host, int(port)
+
+
+def check_unix_listen(text: str) -> str:
+    """"unix:/absolute/path": a Unix socket (labs: daemons in network
+    namespaces reach it through the file system). ValueError saying why not."""
+    path = text[len(UNIX_PREFIX):]
+    if not path.startswith("/"):
+        raise ValueError(f"a Unix socket needs an absolute path: unix:/run/..., not {text!r}")
+    if len(path.encode()) > SUN_PATH_MAX:
+        raise ValueError(f"{path!r} is longer than a Unix socket name may be ({SUN_PATH_MAX} bytes)")
+    return text
+
+
+def _server_listen(*, optional: bool, unix: bool = False) -> _Check:
+    """Where a server listens: HOST:PORT (a name, IPv4, or [IPv6]; port 0: any
+    free port), with `unix` also unix:/abs/path, with `optional` also "" (off)."""
+    def run(value: str) -> None:
+        if optional and value == "":
+            return
+        try:
+            if unix and value.startswith(UNIX_PREFIX):
+                check_unix_listen(value)
+            else:
+                split_listen(value)
+        except ValueError as exc:
+            raise _Invalid(f"{_show(value)}: {exc}") from None
+
+    doc = "HOST:PORT (a name, IPv4 or [IPv6]; port 0: any free port)"
+    if unix:
+        doc += ", or unix:/abs/path (≤ 107 bytes)"
+    if optional:
+        doc = "empty (off), or " + doc
+    return _Check(doc, run)
+
+
+DSN_SCHEMES = ("postgresql", "postgres")
+
+
+def redacted_dsn(text: str) -> str:
+    """A DSN without its password, for messages (a config error must not print it)."""
+    try:
+        parts = urlsplit(text)
+        if parts.password is None:
+            return text
+        host = parts.netloc.rpartition("@")[2]
+        return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+    except ValueError:
+        return "(a DSN that is not a URL)"
+
+
+def _dsn() -> _Check:
+    """A postgresql:// URL (the host may be a Unix socket directory:
+    postgresql://user@/db?host=/run/postgresql), or empty. Shown without
+    its password in every error, so it checks its own characters too."""
+    def run(value: str) -> None:
+        if value == "":
+            return
+        shown = _show(redacted_dsn(value))
+        for char in value:
+            if not char.isprintable():
+                raise _Invalid(f"{shown} contains the control character {char!r}")
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError for a bad port
+        except ValueError as exc:
+            raise _Invalid(f"{shown} is not a postgresql:// URL ({exc})") from None
+        if parts.scheme not in DSN_SCHEMES or not value.startswith(f"{parts.scheme}://"):
+            raise _Invalid(f"{shown}: expected a postgresql:// URL, e.g. "
+                           "postgresql://linkpass@db.example/linkpass")
+        if any(c.isspace() for c in value):
+            raise _Invalid(f"{shown}: a URL has no spaces (percent-encode them)")
+
+    return _Check("empty, or a printable `postgresql://` URL", run)

@@ -1,9 +1,11 @@
-"""The config reference (docs/config.md), generated from the schema, and
+"""The config references, generated from the option tables (linkpassd's
+docs/config.md, linkpass-aggregator's docs/aggregator-config.md), and
 `linkpassd --check-config`.
 
-Regenerate the docs after changing the schema:
+Regenerate the docs after changing a table:
 
     .venv/bin/python -m linkpassd.config --reference > docs/config.md
+    .venv/bin/python -m linkpassd.config --reference aggregator > docs/aggregator-config.md
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from linkpassd.config.aggregator_schema import AGGREGATOR_DEFAULT_PATH, AGGREGATOR_SCHEMA
 from linkpassd.config.build import load_config
 from linkpassd.config.checks import DEFAULT_PATH, ConfigError, _count, _one_line
-from linkpassd.config.schema import SCHEMA
+from linkpassd.config.schema import SCHEMA, Section
 
 # --------------------------------------------------------------------------
 # Reference documentation
@@ -39,7 +42,7 @@ def _cell(text: str) -> str:
 
 
 def render_reference_markdown() -> str:
-    """The config reference, generated from SCHEMA (committed as docs/config.md)."""
+    """linkpassd's config reference, generated from SCHEMA (committed as docs/config.md)."""
     out = [
         "# linkpassd configuration reference",
         "",
@@ -60,7 +63,42 @@ def render_reference_markdown() -> str:
         "",
         "IPv4 only for now. A complete example is `examples/linkpassd.toml`.",
     ]
-    for section in SCHEMA:
+    return "\n".join(out + _sections_markdown(SCHEMA)) + "\n"
+
+
+def render_aggregator_reference() -> str:
+    """linkpass-aggregator's config reference, generated from AGGREGATOR_SCHEMA
+    (committed as docs/aggregator-config.md)."""
+    out = [
+        "# linkpass-aggregator configuration reference",
+        "",
+        "<!-- Generated from AGGREGATOR_SCHEMA in linkpassd/config/aggregator_schema.py; do not edit",
+        "     by hand. Regenerate with",
+        "     .venv/bin/python -m linkpassd.config --reference aggregator > docs/aggregator-config.md -->",
+        "",
+        f"linkpass-aggregator reads one TOML file, by default `{AGGREGATOR_DEFAULT_PATH}`. Every "
+        "section is optional, but `[tls]` must either name the certificates or say "
+        "`insecure = true`; options left out take the default shown. Unknown sections and keys, "
+        "wrong types and impossible values are errors: the aggregator refuses to start on a bad "
+        "file (exit status 2, which the unit's `RestartPreventExitStatus=` keeps from looping).",
+        "",
+        "Check a file: `linkpass-aggregator --check-config FILE` (or `linkpass-aggregator "
+        "--config FILE --check-config`): it also reads the TLS files (the CA parses, the "
+        "certificate matches its key) and, with SQLite, that the database's directory exists; "
+        "it does not connect to a PostgreSQL database. Errors are one line, "
+        "`<file>: <key path>: <reason>`, naming the value (a database URL without its "
+        "password).",
+        "",
+        "How to run it, certificates, replicas and sizing: docs/aggregator.md. A complete "
+        "example is `examples/aggregator.toml`.",
+    ]
+    return "\n".join(out + _sections_markdown(AGGREGATOR_SCHEMA)) + "\n"
+
+
+def _sections_markdown(schema: tuple[Section, ...]) -> list[str]:
+    """One heading, the help and a table of options per section."""
+    out: list[str] = []
+    for section in schema:
         out += ["", f"## `{section.header}`", "", section.help, ""]
         if section.switch:
             out += [f"Optional: without a `{section.header}` section the feature is off; with "
@@ -80,7 +118,10 @@ def render_reference_markdown() -> str:
         if section.rules:
             out += ["", "Also checked:", ""]
             out += [f"- {rule}" for rule in section.rules]
-    return "\n".join(out) + "\n"
+    return out
+
+
+REFERENCES = {"daemon": render_reference_markdown, "aggregator": render_aggregator_reference}
 
 
 # --------------------------------------------------------------------------
@@ -123,7 +164,7 @@ def check_config_main(path: str | os.PathLike[str]) -> int:
     """`linkpassd --check-config FILE`: 0 and an OK line, or 1 and the one-line error
     on stderr. Never a traceback: it runs in config pipelines. Beyond the file
     itself: [aggregator]'s host_id against its client certificate
-    (agent.certcheck), which the aggregator would refuse: 3 and that line, as
+    (config.certcheck), which the aggregator would refuse: 3 and that line, as
     the file itself is valid and linkpassd would run and protect the host."""
     try:
         config = load_config(path)
@@ -133,7 +174,7 @@ def check_config_main(path: str | os.PathLike[str]) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 1
-    from linkpassd.agent.certcheck import host_id_problem  # grpc and X.509: only when checking
+    from linkpassd.config.certcheck import host_id_problem  # X.509: only when checking
     problem = host_id_problem(config.aggregator)
     if problem is not None:
         print(f"{_one_line(config.source)}: {problem}", file=sys.stderr)
@@ -146,11 +187,14 @@ def check_config_main(path: str | os.PathLike[str]) -> int:
 
 
 def _main(argv: Sequence[str]) -> int:
-    if list(argv) == ["--reference"]:
-        sys.stdout.write(render_reference_markdown())
-        return 0
-    if len(argv) == 1 and not argv[0].startswith("-"):
-        return check_config_main(argv[0])
-    print("usage: python -m linkpassd.config (--reference | FILE)", file=sys.stderr)
+    args = list(argv)
+    if args[:1] == ["--reference"] and len(args) <= 2:
+        which = args[1] if len(args) == 2 else "daemon"
+        if which in REFERENCES:
+            sys.stdout.write(REFERENCES[which]())
+            return 0
+    if len(args) == 1 and not args[0].startswith("-"):
+        return check_config_main(args[0])
+    print("usage: python -m linkpassd.config (--reference [daemon | aggregator] | FILE)",
+          file=sys.stderr)
     return 2
-

@@ -9,13 +9,41 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from linkpassd.config.checks import (BOOL, FLOAT, IFNAME, INT, IPV4_ADDRESS, IPV4_CIDR,
-                                     IPV4_INTERFACE, NAME, NH_TIMER_MAX_S, NON_EMPTY,
-                                     ROUTE_PROTOCOL, STR, STR_LIST, STR_OR_LIST, SUN_PATH_MAX,
-                                     U32_MAX, UNIQUE, _abs_path, _at_least, _between, _Check, _each,
-                                     _empty_or, _greater_than, _group_name, _host_id, _host_port,
-                                     _int_range, _label, _listen_address, _one_of, _one_or_list,
-                                     _Type)
+from linkpassd.config.checks import (
+    BOOL,
+    FLOAT,
+    IFNAME,
+    INT,
+    IPV4_ADDRESS,
+    IPV4_CIDR,
+    IPV4_INTERFACE,
+    NAME,
+    NH_TIMER_MAX_S,
+    NON_EMPTY,
+    ROUTE_PROTOCOL,
+    STR,
+    STR_LIST,
+    STR_OR_LIST,
+    SUN_PATH_MAX,
+    U32_MAX,
+    UNIQUE,
+    _abs_path,
+    _at_least,
+    _between,
+    _Check,
+    _each,
+    _empty_or,
+    _greater_than,
+    _group_name,
+    _host_id,
+    _host_port,
+    _int_range,
+    _label,
+    _listen_address,
+    _one_of,
+    _one_or_list,
+    _Type,
+)
 
 # --------------------------------------------------------------------------
 # The schema: every option, once
@@ -281,7 +309,7 @@ SENSORS = Section(
     array=False,
     help="Where counters and optics are read from, and how often. `ethtool` reads the kernel "
          "(ethtool netlink, module EEPROM; a driver without a counter or module is normal); `sim` "
-         "reads simulated files (labs; format in labs/faults/simsensor.md).",
+         "reads simulated files (labs; format in labs/simsensor.md).",
     options=(
         Option("backend", STR, "ethtool", "`ethtool` or `sim`.", (_one_of("ethtool", "sim"),)),
         Option("sim_dir", STR, None, "Directory of `<port>.json` files for the `sim` backend.",

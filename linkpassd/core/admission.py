@@ -107,9 +107,10 @@ class ResponderPolicy:
 
     @classmethod
     def build(cls, local_addresses: Iterable[str] | None, fabric_prefixes: Iterable[str] = (),
-              peers: Iterable[str] = (), **limits) -> "ResponderPolicy":
+              peers: Iterable[str] = (), *, rate_pps: float = DEFAULT_RATE_PPS, burst: int = DEFAULT_BURST,
+              max_sources: int = DEFAULT_MAX_SOURCES) -> "ResponderPolicy":
         return cls(None if local_addresses is None else frozenset(local_addresses),
-                   tuple(fabric_prefixes), frozenset(peers), **limits)
+                   tuple(fabric_prefixes), frozenset(peers), rate_pps, burst, max_sources)
 
     def answers_to(self, packed_destination: bytes) -> bool:
         """Is this (network byte order) destination one we answer on?"""

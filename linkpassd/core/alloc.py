@@ -37,9 +37,9 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, TypeVar
 
-from linkpassd.core.model import Config, KernelState, MultipathConfig, RailConfig
+from linkpassd.core.model import Config, KernelState, MultipathConfig, RailConfig, Rule
 
 FORMAT_VERSION = 1
 
@@ -93,7 +93,12 @@ def group_shape(mp: MultipathConfig) -> tuple[bool, int]:
     return (True, mp.buckets)
 
 
-def _frozen(mapping: Mapping | None) -> Mapping:
+_V = TypeVar("_V")
+_Table = TypeVar("_Table", int, int | None)  # a rail's table, or its probe table (None: none)
+_Selector = tuple[str | None, str | None, int | None, int | None, int | None]  # a rule's match
+
+
+def _frozen(mapping: Mapping[str, _V] | None) -> Mapping[str, _V]:
     return MappingProxyType(dict(mapping or {}))
 
 
@@ -158,14 +163,14 @@ class Allocation:
         )
 
 
-def _lookup(mapping: Mapping, key: str, what: str):
+def _lookup(mapping: Mapping[str, _V], key: str, what: str) -> _V:
     try:
         return mapping[key]
     except KeyError:
         raise KeyError(f"no {what} {key!r} in the allocation; allocate() for this config first") from None
 
 
-def _object(doc: dict, key: str) -> dict:
+def _object(doc: dict[str, Any], key: str) -> dict[str, Any]:
     value = doc.get(key, {})
     if not isinstance(value, dict):
         raise AllocationFileError(f"{key}: expected an object, got {type(value).__name__}")
@@ -178,7 +183,7 @@ def _uint(value: Any, where: str) -> int:
     return value
 
 
-def _ints(doc: dict, key: str) -> dict[str, int]:
+def _ints(doc: dict[str, Any], key: str) -> dict[str, int]:
     return {name: _uint(value, f"{key}.{name}") for name, value in _object(doc, key).items()}
 
 
@@ -434,7 +439,7 @@ def resolve(config: Config, allocation: Allocation) -> Config:
     if not config.auto_tables:
         return config
 
-    def table(key: str, current):
+    def table(key: str, current: _Table) -> _Table:
         return tables.get(key, current) if key in config.auto_tables else current
 
     rails = tuple(replace(r, table=table(rail_table_key(r.name), r.table),
@@ -458,7 +463,7 @@ def derive(config: Config, observed: KernelState) -> Allocation:
         if ids:
             rail_nexthops[rail.name] = ids[0]
 
-    by_selector: dict[tuple, list] = {}
+    by_selector: dict[_Selector, list[Rule]] = {}
     for rule in sorted(observed.rules):
         by_selector.setdefault((rule.src, rule.dst, rule.ipproto, rule.dport, rule.sport),
                                []).append(rule)
@@ -466,7 +471,7 @@ def derive(config: Config, observed: KernelState) -> Allocation:
     priorities: dict[str, int] = {}
     tables: dict[str, int] = {}
 
-    def found(key: str, selector: tuple, table_key: str | None = None) -> None:
+    def found(key: str, selector: _Selector, table_key: str | None = None) -> None:
         rules = by_selector.get(selector)
         if not rules:
             return

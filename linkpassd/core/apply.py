@@ -46,7 +46,7 @@ class Failure:
 
 def backoff_s(attempts: int) -> float:
     """0.5 s after the first refusal, doubling, at most 30 s."""
-    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** max(0, attempts - 1))
+    return min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2.0 ** max(0, attempts - 1))
 
 
 def refused(previous: Failure | None, op: Op, error: str, foreign: bool, now: float) -> Failure:

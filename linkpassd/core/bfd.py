@@ -395,7 +395,8 @@ class Session:
 
     def tick(self, now: float) -> tuple[Session, list[Action]]:
         """Run what is due at `now`: detection expiry, then periodic transmission."""
-        s, actions = self, []
+        s = self
+        actions: list[Action] = []
         deadline = s.detect_deadline
         if deadline is not None and now >= deadline:
             if s.state in (State.INIT, State.UP):

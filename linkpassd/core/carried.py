@@ -39,7 +39,7 @@ class CarriedError(ValueError):
     """The verdict file is not one we wrote; the message says what is wrong."""
 
 
-def encode(verdicts: Mapping[str, tuple[Verdict, str, tuple[str, ...]]], written_at: float) -> dict:
+def encode(verdicts: Mapping[str, tuple[Verdict, str, tuple[str, ...]]], written_at: float) -> dict[str, Any]:
     """The verdict file's content: per port its verdict, reason and the
     signals behind a bad one; `written_at` is unix time."""
     return {
@@ -66,7 +66,7 @@ def decode(doc: Mapping[str, Any], now_wall: float) -> dict[str, Carried]:
         if not isinstance(entry, dict):
             raise CarriedError(f"ports.{port} is not an object")
         try:
-            verdict = Verdict(entry.get("verdict"))
+            verdict = Verdict(entry.get("verdict", ""))  # no verdict: ValueError, as a wrong one
         except ValueError:
             raise CarriedError(f"ports.{port}.verdict {entry.get('verdict')!r} is not a verdict") from None
         signals = entry.get("signals", [])

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import replace
-from typing import Mapping
+from typing import Any, Mapping
 
 from linkpassd.core.model import Drain, GroupStatus, PortState, RailStatus, Verdict
 
@@ -129,7 +129,7 @@ def apply(states: Mapping[str, PortState], drains: Mapping[str, Drain]) -> dict[
     return out
 
 
-def encode(drains: Mapping[str, Drain]) -> dict:
+def encode(drains: Mapping[str, Drain]) -> dict[str, Any]:
     return {"version": FILE_VERSION,
             "drains": [{"port": d.port, "reason": d.reason, "by": d.by, "at": d.at,
                         "until": d.until} for d in sorted(drains.values(), key=lambda d: d.port)]}

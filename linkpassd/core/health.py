@@ -22,11 +22,21 @@ Only `now` tells time here; the daemon passes its monotonic clock in.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
-from linkpassd.core.model import (Assessment, CounterSample, LinkSample, OpticsReading,
-                                  PortState, Timers, Unreadable, Verdict)
-from linkpassd.core.signals import CounterHistory, HealthPolicy, OpticsHistory, Signals, worst
+from linkpassd.core.model import (
+    Assessment,
+    CounterSample,
+    HealthPolicy,
+    LinkSample,
+    OpticsReading,
+    PortState,
+    Timers,
+    Unreadable,
+    Verdict,
+)
+from linkpassd.core.signals import CounterHistory, OpticsHistory, Signals, worst
 
 DEFAULT_POLICY = HealthPolicy()
 _RANK = {Verdict.UP: 0, Verdict.DEGRADED: 1, Verdict.DOWN: 2}
@@ -108,7 +118,7 @@ def initial(sample: LinkSample, now: float) -> PortHealth:
     return PortHealth(sample.port, Verdict.DOWN, now, reason=describe_bad(sample), last=sample)
 
 
-def restore(state: PortHealth, verdict: Verdict, reason: str, awaiting, now: float) -> PortHealth:
+def restore(state: PortHealth, verdict: Verdict, reason: str, awaiting: Iterable[str], now: float) -> PortHealth:
     """A port that was not trusted when the daemon last looked (a verdict file
     from before a restart, or its table found on a backup rail at adoption)
     starts as not trusted: with that verdict (or worse, if its link is bad
@@ -129,7 +139,7 @@ SENSOR_SIGNALS = ("counters", "optics")
 
 
 def reset_signals(state: PortHealth, policy: HealthPolicy = DEFAULT_POLICY, *,
-                  drop=(), restart=()) -> PortHealth:
+                  drop: Iterable[str] = (), restart: Iterable[str] = ()) -> PortHealth:
     """The one place signals are forgotten (reloads, a new sensor backend, a
     new probe service).
 
@@ -194,7 +204,7 @@ def observe(state: PortHealth, sample: LinkSample, now: float, timers: Timers,
     if unseen_flap or lost_carrier:
         state = replace(state, signals=replace(state.signals,
                                                flaps=state.signals.flaps.flap(now, policy)))
-    if unseen_flap:
+    if unseen_flap and prev is not None:  # (an unseen flap has a previous sample)
         state = _evaluate(replace(state, last=replace(sample, carrier=False)), now, timers, policy,
                           f"carrier flapped unseen (down count {prev.carrier_down_count}"
                           f"->{sample.carrier_down_count})")
@@ -271,11 +281,12 @@ def _evaluate(state: PortHealth, now: float, timers: Timers, policy: HealthPolic
         run = state.good_streak > 0
         state = replace(state, bad_streak=0, good_streak=state.good_streak + 1,
                         good_since=state.good_since if run else now,
-                        good_worst=worst(state.good_worst, severity) if run else severity)
+                        good_worst=worst(state.good_worst, severity) or severity if run else severity)
     else:
         relation = Relation.SAME
-    for guard, action in TRANSITIONS[(current, relation)]:
+    for guard, candidate in TRANSITIONS[(current, relation)]:
         if _guard(guard, state, severity, now, timers):
+            action = candidate
             break
     else:  # pragma: no cover - the table is total; a test proves it
         raise AssertionError(f"no transition for {current} on {relation}")

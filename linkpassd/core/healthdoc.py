@@ -193,7 +193,7 @@ _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "tru
                list: "a list"}
 
 
-def _field(obj: dict, key: str, kind: type, where: str = "", nullable: bool = False) -> Any:
+def _field(obj: dict[str, Any], key: str, kind: type, where: str = "", nullable: bool = False) -> Any:
     """obj[key] checked against `kind` (bool is not a number here; an int is a
     float; a float must be finite), HealthDocError naming `where.key` otherwise."""
     name = f"{where}.{key}" if where else key

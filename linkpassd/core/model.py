@@ -11,7 +11,6 @@ import enum
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-
 # --------------------------------------------------------------------------
 # Configuration (built and validated by linkpassd.config; consumed by policy)
 # --------------------------------------------------------------------------

@@ -13,11 +13,11 @@ Planning again after applying a plan yields no operations.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import replace
-from typing import Iterable
+from typing import TypeVar
 
 from linkpassd.core.model import (
-    KernelObject,
     KernelState,
     Nexthop,
     NexthopGroup,
@@ -26,6 +26,8 @@ from linkpassd.core.model import (
     Route,
     Rule,
 )
+
+_Upserted = TypeVar("_Upserted", Nexthop, NexthopGroup, Route)
 
 
 class KernelSemanticsError(ValueError):
@@ -74,7 +76,8 @@ def _group_replaceable(old: NexthopGroup, new: NexthopGroup) -> bool:
     return old.resilient == new.resilient and old.buckets == new.buckets
 
 
-def _upserts(wanted: Iterable[KernelObject], existing: dict, key) -> list[Op]:
+def _upserts(wanted: Iterable[_Upserted], existing: Mapping[Hashable, _Upserted],
+             key: Callable[[_Upserted], Hashable]) -> list[Op]:
     out = []
     for obj in wanted:
         old = existing.get(key(obj))

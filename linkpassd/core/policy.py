@@ -88,10 +88,10 @@ def _latest_drain_first(best: list[RailConfig], ports: Mapping[str, PortState],
     alone would: both are DEGRADED, and the primary comes first)."""
     out = list(best)
     for rank in {_RANK[ports[r.port].verdict] for r in best}:
-        places = [i for i, r in enumerate(out)
-                  if ports[r.port].drain is not None and _RANK[ports[r.port].verdict] == rank]
-        latest = sorted((out[i] for i in places),
-                        key=lambda r: (-ports[r.port].drain.at, order[r.name]))
+        drained_at = {i: drain.at for i, r in enumerate(out)
+                      if (drain := ports[r.port].drain) is not None and _RANK[ports[r.port].verdict] == rank}
+        places = list(drained_at)
+        latest = [out[i] for i in sorted(places, key=lambda i: (-drained_at[i], order[out[i].name]))]
         for i, rail in zip(places, latest):
             out[i] = rail
     return out
@@ -114,9 +114,10 @@ def group_members(config: Config, rails: list[RailConfig], min_paths: int,
     return best[:min_paths]
 
 
-def probe_rails(config: Config) -> list[RailConfig]:
-    """Rails whose own path is kept for echo probes (all, when probing is on)."""
-    return [r for r in config.rails if config.probes.enabled and r.probe_table is not None]
+def probe_rails(config: Config) -> list[tuple[RailConfig, int]]:
+    """Rails whose own path is kept for echo probes (all, when probing is on),
+    each with its probe table."""
+    return [(r, r.probe_table) for r in config.rails if config.probes.enabled and r.probe_table is not None]
 
 
 def rules(config: Config, allocation: Allocation | None = None) -> list[Rule]:
@@ -135,19 +136,30 @@ def rules(config: Config, allocation: Allocation | None = None) -> list[Rule]:
     echo = config.probes.port
     out: list[Rule] = []
     for r in config.rails:
-        src = f"{r.address}/32"
-        selectors = {
-            alloc.PROBE_OUT: dict(table=r.probe_table, src=src, ipproto=IPPROTO_UDP, dport=echo),
-            alloc.PROBE_REPLY: dict(table=r.probe_table, src=src, ipproto=IPPROTO_UDP, sport=echo),
-            alloc.ROCE: dict(table=r.table, src=src, ipproto=IPPROTO_UDP, dport=ROCEV2_UDP_PORT),
-            alloc.SOURCE: dict(table=r.table, src=src),
-        }
-        out += [Rule(priority=allocation.priority(alloc.rail_rule_key(r.name, role)),
-                     protocol=proto, **selectors[role])
+        out += [_rail_rule(r, role, allocation.priority(alloc.rail_rule_key(r.name, role)), proto, echo)
                 for role in alloc.rail_rule_roles(config, r)]
     out += [Rule(priority=allocation.priority(alloc.group_rule_key(mp.name)), protocol=proto,
                  table=mp.table, dst=mp.destination) for mp in config.multipath]
     return sorted(out)
+
+
+def _rail_rule(r: RailConfig, role: str, priority: int, proto: int, echo: int) -> Rule:
+    """Rail r's rule in `role` (one of alloc.rail_rule_roles), matching its address."""
+    src = f"{r.address}/32"
+    if role == alloc.ROCE:
+        return Rule(priority=priority, protocol=proto, table=r.table, src=src, ipproto=IPPROTO_UDP,
+                    dport=ROCEV2_UDP_PORT)
+    if role == alloc.SOURCE:
+        return Rule(priority=priority, protocol=proto, table=r.table, src=src)
+    if role not in (alloc.PROBE_OUT, alloc.PROBE_REPLY):
+        raise ValueError(f"rail {r.name}: no rule role {role!r}")
+    if r.probe_table is None:  # rail_rule_roles gives the probe roles only to a rail with a probe table
+        raise ValueError(f"rail {r.name}: a {role} rule needs a probe table")
+    if role == alloc.PROBE_OUT:
+        return Rule(priority=priority, protocol=proto, table=r.probe_table, src=src, ipproto=IPPROTO_UDP,
+                    dport=echo)
+    return Rule(priority=priority, protocol=proto, table=r.probe_table, src=src, ipproto=IPPROTO_UDP,
+                sport=echo)
 
 
 def _allocated(config: Config, allocation: Allocation | None) -> tuple[Allocation, Config]:
@@ -182,10 +194,10 @@ def decide(config: Config, ports: Mapping[str, PortState],
             continue
         for dst in rail.destinations:
             routes.add(Route(table=rail.table, dst=dst, nhid=nh_of[via.name], protocol=proto))
-    for rail in probe_rails(config):
+    for rail, probe_table in probe_rails(config):
         if _usable(ports.get(rail.port)):
             for dst in rail.destinations:
-                routes.add(Route(table=rail.probe_table, dst=dst, nhid=nh_of[rail.name],
+                routes.add(Route(table=probe_table, dst=dst, nhid=nh_of[rail.name],
                                  protocol=proto))
 
     groups: set[NexthopGroup] = set()

@@ -92,6 +92,12 @@ SEQ_MODULO = 2**32  # sequence numbers are 32-bit on the wire
 _MIN_LOSS_SAMPLE = 20  # steady outcomes needed before the measured loss sizes the confirmation
 _PRUNE_AFTER = 64  # unanswered probes remembered on a path that is not being judged
 _NO_SEND = float("-inf")
+# Upper bounds of a path's reply round-trip histogram (seconds; +Inf is
+# implied): the echo prober counts each reply into them (one bisect and one
+# integer increment), metrics export them, reports take the median from them
+# (docs/metrics.md).
+RTT_BUCKETS_S = (50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 4e-3, 8e-3, 16e-3, 32e-3, 64e-3,
+                 0.128, 0.256, 0.512, 1.024)
 
 
 # --------------------------------------------------------------------------
@@ -298,8 +304,8 @@ class Prober:
     counters: ProbeCounters = field(default_factory=ProbeCounters)
     # The responder's receipts (core.direction): which way lost probes were lost.
     receipts: Receipts = field(default_factory=lambda: Receipts(seq_modulo=SEQ_MODULO - 1))
-    _flights: OrderedDict = field(default_factory=OrderedDict, init=False, repr=False)
-    _window: deque = field(init=False, repr=False)
+    _flights: OrderedDict[int, Flight] = field(default_factory=OrderedDict, init=False, repr=False)
+    _window: deque[bool] = field(init=False, repr=False)
     _window_lost: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -619,7 +625,8 @@ class Prober:
         cfg = self.config
         wait, span, gap = cfg.suspect_after_s, cfg.tolerance_s, cfg.max_gap_s
         need = (self.confirm or cfg.confirm_probes) + 1
-        start = prev = None
+        start: float | None = None
+        prev = 0.0  # read only once start is set
         count = 0
         for f in self._flights.values():
             t = f.sent_at
@@ -644,7 +651,7 @@ class Prober:
         if state is PathState.SUSPECT:
             spans, at, start = self._chain()
             self.silence_from = start
-            if spans and at <= now:
+            if spans and at is not None and start is not None and at <= now:
                 n = len(self._flights)
                 self._step(Evidence.TOLERANCE, now,
                            f"no reply to {n} probes over {(now - start) * 1e3:.1f} ms, longer "

@@ -2,7 +2,7 @@
 
 Apart from core.probe (one path's judgement) because it is a different
 question: not "is this path dead" but "is our rail dead, or only some of
-the peers behind it". core.probe re-exports it.
+the peers behind it".
 """
 
 from __future__ import annotations

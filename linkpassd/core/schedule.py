@@ -105,7 +105,8 @@ class DeadlineQueue(Generic[K]):
         """Every key due by `now` (at most `limit` of them) with its deadline,
         earliest first; they are removed (a key that wants to run again sets
         a new deadline). Keys left over stay due."""
-        heap, when_of, due = self._heap, self._when, []
+        heap, when_of = self._heap, self._when
+        due: list[tuple[K, float]] = []
         while heap and heap[0][0] <= now and (limit is None or len(due) < limit):
             when, _, key = heapq.heappop(heap)
             if when_of.get(key) == when:

@@ -16,14 +16,16 @@ from __future__ import annotations
 import math
 import re
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from linkpassd.core.model import (Assessment, CounterSample, HealthPolicy, OpticsReading,
-                                  Thresholds, Unreadable, Verdict)
+from linkpassd.core.model import Assessment, CounterSample, HealthPolicy, OpticsReading, Thresholds, Unreadable, Verdict
 
 COUNTER_FIELDS = ("rx_crc_errors", "symbol_errors", "fec_uncorrectable", "fec_corrected")
 # A counter that moves faster than this per second is a sensor glitch, not a link.
 IMPLAUSIBLE_RATE = 1e12
+# RX power readings over time: (t, dBm per lane, None where a lane is not reported).
+RxHistory = Sequence[tuple[float, Sequence[float | None]]]
 
 
 def _worse(a: Verdict | None, b: Verdict | None) -> Verdict | None:
@@ -105,7 +107,8 @@ def _interval_crossings(prev: CounterSample, cur: CounterSample, dt: float,
     return out
 
 
-def _judge_counters(samples, bad, crossed, policy: HealthPolicy) -> Assessment:
+def _judge_counters(samples: Sequence[tuple[float, CounterSample]], bad: Sequence[float],
+                    crossed: Sequence[str], policy: HealthPolicy) -> Assessment:
     (t0, first), (t1, last) = samples[0], samples[-1]
     supported = [n for n in COUNTER_FIELDS if getattr(last, n) is not None]
     if not supported:
@@ -220,9 +223,11 @@ def past_level(value: float, t: Thresholds, floor_margin: float = 0.0) -> tuple[
     return None
 
 
-def _judge_flags(flags, problems: list[str], notes: list[str]) -> None:
+def _judge_flags(flags: Iterable[str], problems: list[str], notes: list[str]) -> None:
     """The module's flags into problems (degrading) and notes, named as read."""
-    degrading, warnings, other = [], [], []
+    degrading: list[str] = []
+    warnings: list[str] = []
+    other: list[str] = []
     for flag in sorted(flags):
         level = _LEVEL_FLAG.fullmatch(flag)
         if _FAULT_FLAG.fullmatch(flag):
@@ -241,7 +246,7 @@ def _judge_flags(flags, problems: list[str], notes: list[str]) -> None:
         notes.append("module also flags " + ", ".join(other))
 
 
-def judge_optics(reading: OpticsReading, rx_history, policy: HealthPolicy) -> Assessment:
+def judge_optics(reading: OpticsReading, rx_history: RxHistory, policy: HealthPolicy) -> Assessment:
     """The module's values against its own levels, its flags, and the RX trend.
     Thresholds whose four levels are equal are unreadable: values are not
     judged against them (the flags still are), and the detail says so."""
@@ -322,9 +327,9 @@ def theil_sen_slope(points: list[tuple[float, float]]) -> float:
     return statistics.median(slopes) if slopes else 0.0
 
 
-def _time_to_alarm(rx_history, lane: int, alarm: float, policy: HealthPolicy) -> str | None:
-    points = [(t, v[lane]) for t, v in rx_history if lane < len(v) and v[lane] is not None
-              and math.isfinite(v[lane])]
+def _time_to_alarm(rx_history: RxHistory, lane: int, alarm: float, policy: HealthPolicy) -> str | None:
+    points = [(t, x) for t, v in rx_history if lane < len(v) and (x := v[lane]) is not None
+              and math.isfinite(x)]
     if len(points) < policy.trend_min_samples:
         return None
     span = points[-1][0] - points[0][0]

@@ -3,7 +3,7 @@
 The same habits as the rest of linkpassctl: everything shown comes from the
 aggregator's answer (ages from its `served_at`), JSON is the API's own
 messages, and a failure is one line on stderr with an exit code a script can
-branch on (ctl/exitcodes.py): aggregator unreachable 3, refused (TLS
+branch on (linkpassd/exitcodes.py): aggregator unreachable 3, refused (TLS
 handshake failed, no operator identity) 4, unknown host or port 5, bad
 argument 2. The renderers are pure functions, tested without a server.
 
@@ -24,14 +24,13 @@ import grpc
 from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
-from linkpassd.aggregator import grid
 from linkpassd.core.drain import DrainError, parse_duration
-from linkpassd.ctl.exitcodes import ExitCode
-from linkpassd.ctl.rpc import STATUS_EXIT, RpcTarget, status_of
 from linkpassd.ctl import terminal
 from linkpassd.ctl.render import _one_line, duration, event_line, table, to_json, unix
+from linkpassd.ctl.rpc import STATUS_EXIT, RpcTarget, status_of
 from linkpassd.ctl.terminal import safe
-
+from linkpassd.exitcodes import ExitCode
+from linkpassd.fleet import grid
 
 DEFAULT_TIMEOUT_S = 5.0
 # Longer than the aggregator's own wait for the host's answer to a relayed
@@ -46,7 +45,7 @@ class FleetError(click.ClickException):
         super().__init__(message)
         self.exit_code = int(code)
 
-    def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
+    def show(self, file=None) -> None:
         terminal.echo(f"linkpassctl: fleet: {self.format_message()}", err=True)
 
 

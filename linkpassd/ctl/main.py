@@ -3,7 +3,7 @@
 Everything shown comes from the daemon's answer; ages and uptime are computed
 from the time the daemon put in that answer (`served_at`), never from this
 process's clock. Failures print one line on stderr and exit with a code a
-script can branch on (ctl/exitcodes.py: daemon absent 3, refused 4, not found
+script can branch on (linkpassd/exitcodes.py: daemon absent 3, refused 4, not found
 5, bad argument 2): operators run this from scripts and during incidents,
 where a traceback is noise.
 """
@@ -17,19 +17,20 @@ from dataclasses import dataclass
 import click
 
 # gRPC core logs connection failures straight to stderr; our own one-line
-# errors say the same thing better. Must be set before gRPC initialises.
+# errors say the same thing better. Must be set before gRPC initialises,
+# so the imports below follow it (pyproject.toml lets this file have E402).
 os.environ.setdefault("GRPC_VERBOSITY", "NONE")
 
-import grpc  # noqa: E402
+import grpc
 
-from linkpassd import __version__  # noqa: E402
-from linkpassd._proto.linkpass.v1 import control_pb2 as pb  # noqa: E402
-from linkpassd._proto.linkpass.v1 import control_pb2_grpc as pb_grpc  # noqa: E402
-from linkpassd.core.drain import DrainError, parse_duration  # noqa: E402
-from linkpassd.ctl import terminal  # noqa: E402
-from linkpassd.ctl.exitcodes import ExitCode, epilog  # noqa: E402
-from linkpassd.ctl.rpc import STATUS_EXIT, RpcTarget, status_of  # noqa: E402
-from linkpassd.ctl.render import (  # noqa: E402 - the renderers (to_json is also used by tests)
+from linkpassd import __version__
+from linkpassd._proto.linkpass.v1 import control_pb2 as pb
+from linkpassd._proto.linkpass.v1 import control_pb2_grpc as pb_grpc
+from linkpassd.core.drain import DrainError, parse_duration
+from linkpassd.ctl import terminal
+from linkpassd.ctl.fleet import fleet
+from linkpassd.ctl.nccl import nccl_env
+from linkpassd.ctl.render import (  # the renderers (to_json is also used by tests)
     _one_line,
     event_line,
     missed_warning,
@@ -40,6 +41,9 @@ from linkpassd.ctl.render import (  # noqa: E402 - the renderers (to_json is als
     render_status,
     to_json,
 )
+from linkpassd.ctl.rpc import STATUS_EXIT, RpcTarget, status_of
+from linkpassd.ctl.validate import validate
+from linkpassd.exitcodes import ExitCode, epilog
 
 DEFAULT_SOCKET = "/run/linkpass/linkpassd.sock"
 DEFAULT_TIMEOUT_S = 5.0
@@ -54,7 +58,7 @@ class CtlError(click.ClickException):
         super().__init__(message)
         self.exit_code = int(code)
 
-    def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
+    def show(self, file=None) -> None:
         terminal.echo(f"linkpassctl: {self.format_message()}", err=True)
 
 
@@ -275,14 +279,9 @@ def undrain(target: Target, port: str, output: str) -> None:
     terminal.echo(to_json(resp) if output == "json" else render_drain_change(resp.state, undrained=True))
 
 
-from linkpassd.ctl.nccl import nccl_env  # noqa: E402 - reads health.json, not the socket
-cli.add_command(nccl_env)
-
-from linkpassd.ctl.fleet import fleet  # noqa: E402 - talks to linkpass-aggregator, not the socket
-cli.add_command(fleet)
-
-from linkpassd.ctl.validate import validate  # noqa: E402 - runs through linkpass-aggregator
-cli.add_command(validate)
+cli.add_command(nccl_env)  # reads health.json, not the socket
+cli.add_command(fleet)  # talks to linkpass-aggregator, not the socket
+cli.add_command(validate)  # runs through linkpass-aggregator
 
 
 PROG_NAME = "linkpassctl"

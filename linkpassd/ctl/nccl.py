@@ -23,7 +23,7 @@ import click
 from linkpassd.adapters.healthfile import HealthFile, HealthFileError, own_pid_namespace
 from linkpassd.core import healthdoc
 from linkpassd.ctl import terminal
-from linkpassd.ctl.exitcodes import ExitCode
+from linkpassd.exitcodes import ExitCode
 from linkpassd.timefmt import local_iso
 
 DEFAULT_HEALTH_FILE = "/run/linkpass/health.json"
@@ -36,7 +36,7 @@ class NcclEnvError(click.ClickException):
         super().__init__(message)
         self.exit_code = int(exit_code)
 
-    def show(self, file=None) -> None:  # noqa: ANN001 - click's signature
+    def show(self, file=None) -> None:
         terminal.echo(f"linkpassctl: nccl-env: {self.format_message()}", err=True)
 
 

@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 import grpc
 from google.protobuf.message import Message
 
-from linkpassd.ctl.exitcodes import ExitCode
+from linkpassd.exitcodes import ExitCode
 
 R = TypeVar("R", bound=Message)
 
 # A refusal, an unknown name or a bad argument: the far side's message says
-# what and why, and the exit code says which kind (ctl/exitcodes.py).
+# what and why, and the exit code says which kind (linkpassd/exitcodes.py).
 STATUS_EXIT = {
     grpc.StatusCode.DEADLINE_EXCEEDED: ExitCode.UNREACHABLE,
     grpc.StatusCode.PERMISSION_DENIED: ExitCode.REFUSED,

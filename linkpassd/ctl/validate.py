@@ -8,7 +8,7 @@ a host. The aggregator runs every selected host at once and streams progress
 printed with linkpassd.validate.report: terminal summary or JSON, and
 optionally a PNG heatmap.
 
-Exit codes (ctl/exitcodes.py): 0 no finding; 8 (FINDINGS) the report has a
+Exit codes (linkpassd/exitcodes.py): 0 no finding; 8 (FINDINGS) the report has a
 finding (a host that gave no result counts: it was not proven); 2 a bad
 argument or plan; 3 aggregator unreachable; 4 refused (Validate needs an
 operator certificate); 1 anything else, e.g. another validation is running.
@@ -26,9 +26,9 @@ import grpc
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
 from linkpassd.ctl import terminal
-from linkpassd.ctl.exitcodes import ExitCode
 from linkpassd.ctl.fleet import Aggregator, FleetError, aggregator_from_options
 from linkpassd.ctl.fleet import fleet as fleet_group
+from linkpassd.exitcodes import ExitCode
 from linkpassd.validate import plan as cabling
 
 # The aggregator gives up on a host at its window + 15 s; past this much more
@@ -87,7 +87,8 @@ def run_validation(agg: Aggregator, request: pb.ValidateRequest) -> pb.Validatio
                     progress = response.progress
                     if bar is None:
                         bar = click.progressbar(length=max(progress.hosts_total, 1), label="validating",
-                                                file=sys.stderr, show_pos=True, item_show_func=lambda h: terminal.safe(h, one_line=True) if h else h)
+                                                file=sys.stderr, show_pos=True,
+                                                item_show_func=lambda h: terminal.safe(h, one_line=True) if h else h)
                         bar.__enter__()
                     bar.update(progress.hosts_done - bar.pos, progress.last_host or None)
             finally:

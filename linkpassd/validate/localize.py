@@ -61,7 +61,10 @@ only what earlier steps left unexplained, so one fault gives one finding):
    gives each direction's rate and names the transmitter to check first.
 4. What is left failing is *unexplained* (one finding per rail), so no
    failure passes silently; hosts that could not run a check, or sent no
-   check for a planned port, are *incomplete*.
+   check for a planned port, are *incomplete*. A host's notes (a check
+   that ran with fewer probes than planned) are not findings: every pair
+   counts only the probes it sent, so the loss resolution already says
+   what the run could see, and the report lists the notes.
 
 Hosts without an "ok" result are left out (their pairs are not judged):
 the caller reports them (the aggregator's "no_result").
@@ -78,8 +81,7 @@ from dataclasses import dataclass, field, replace
 from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.core.direction import Direction, judge
 from linkpassd.validate.plan import CablingPlan, PlannedPort
-from linkpassd.validate.results import (Finding, HostResult, HostValidation, PairResult, PortCheck,
-                                        host_results)
+from linkpassd.validate.results import Finding, HostResult, HostValidation, PairResult, PortCheck, host_results
 
 __all__ = ["Analysis", "Finding", "HostResult", "HostValidation", "PairResult", "PortCheck", "Thresholds",
            "detectable_loss", "localize", "localize_proto", "loss_resolution", "probes_for"]
@@ -587,7 +589,8 @@ class _RailStage:
             intra = [p for p in self._open() if not p.cross_leaf and leaf in (p.leaf_a, p.leaf_b)]
             evidence = [f"{dead} of {len(items)} probed pairs from {leaf} to {len(own)} other leaves fail",
                         *_flow_evidence(items),
-                        f"pairs between the other leaves work; under {leaf}: " + (_share(intra) if intra else "none probed")]
+                        f"pairs between the other leaves work; under {leaf}: "
+                        + (_share(intra) if intra else "none probed")]
             confidence = _strength(dead) * ONE_LEAF_SPINE_FACTOR * _working_share(intra)
             kind, what = (("leaf", f"{leaf} ({self.rail}) uplinks: drops all traffic to other leaves")
                           if _all_dead(items) else

@@ -23,7 +23,7 @@ from pathlib import Path
 from google.protobuf import json_format
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2
-from linkpassd.ctl.exitcodes import ExitCode
+from linkpassd.exitcodes import ExitCode
 from linkpassd.validate.plan import CablingPlan
 from linkpassd.validate.results import OK, Finding, HostResult
 
@@ -93,9 +93,16 @@ def render_text(report: fleet_pb2.ValidationReport) -> str:
         lines.append("  (no port checked, no pair probed)")
     for rail, row in sorted(rows.items()):
         lines.append(f"  {rail}: {row['ports']} ports checked, {row['pairs']} pairs probed, {row['failed']} failing; "
-                     f"low-rate loss {_loss(row['lost'], row['sent'])}, burst loss {_loss(row['blost'], row['bsent'])} "
-                     f"(per round trip); {_ways(row)}; "
+                     f"low-rate loss {_loss(row['lost'], row['sent'])}, "
+                     f"burst loss {_loss(row['blost'], row['bsent'])} (per round trip); {_ways(row)}; "
                      f"RTT p50 {row['p50']} us, worst p99 {row['p99']} us")
+    notes = [(h.host_id, n) for h in report.hosts if h.status == OK for n in h.validation.notes]
+    if notes:
+        lines.append("")
+        lines.append("notes (checks that ran with less than planned; the loss resolution counts what was sent):")
+        lines.extend(f"  {host}: {note}" for host, note in notes[:20])
+        if len(notes) > 20:
+            lines.append(f"  ... {len(notes) - 20} more (see -o json)")
     silent = [h for h in report.hosts if h.status != OK]
     if silent:
         lines.append("")

@@ -85,16 +85,19 @@ class HostValidation:
     run_id: str = ""
     ports: tuple[PortCheck, ...] = ()
     pairs: tuple[PairResult, ...] = ()
-    problems: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()  # checks that did not run
+    notes: tuple[str, ...] = ()  # checks that ran, weakened (e.g. fewer probes sent than planned)
 
     @classmethod
     def from_proto(cls, m: fleet_pb2.HostValidation) -> HostValidation:
         return cls(run_id=m.run_id, ports=tuple(PortCheck.from_proto(p) for p in m.ports),
-                   pairs=tuple(PairResult.from_proto(p) for p in m.pairs), problems=tuple(m.problems))
+                   pairs=tuple(PairResult.from_proto(p) for p in m.pairs), problems=tuple(m.problems),
+                   notes=tuple(m.notes))
 
     def to_proto(self) -> fleet_pb2.HostValidation:
         return fleet_pb2.HostValidation(run_id=self.run_id, ports=[p.to_proto() for p in self.ports],
-                                        pairs=[p.to_proto() for p in self.pairs], problems=list(self.problems))
+                                        pairs=[p.to_proto() for p in self.pairs], problems=list(self.problems),
+                                        notes=list(self.notes))
 
 
 @dataclass(frozen=True)

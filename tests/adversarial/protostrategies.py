@@ -23,7 +23,8 @@ MAX_ITEMS = 4
 def _ints(low: int, high: int) -> st.SearchStrategy[int]:
     edges = [v for v in (0, 1, -1, 2, low, high, low + 1, high - 1, 2**31 - 1, 2**32 - 1, 2**48, 2**48 + 1,
                          2**53, 2**63 - 1, -(2**63)) if low <= v <= high]
-    return st.one_of(st.sampled_from(edges), st.integers(low, high), st.integers(0, 1000).filter(lambda v: low <= v <= high))
+    return st.one_of(st.sampled_from(edges), st.integers(low, high),
+                     st.integers(0, 1000).filter(lambda v: low <= v <= high))
 
 
 HOSTILE_TEXT = st.sampled_from([
@@ -112,6 +113,6 @@ def _message(descriptor: Descriptor, depth: int = 0) -> st.SearchStrategy:
     return build()
 
 
-def messages(message_class) -> st.SearchStrategy:  # noqa: ANN001 - a generated message class
+def messages(message_class) -> st.SearchStrategy:
     """Messages of `message_class`, any field set to anything its type holds."""
     return _message(message_class.DESCRIPTOR)

@@ -212,7 +212,7 @@ def test_postgresql_lost_counts_past_int64_sum_without_overflow(pg_databases) ->
 
 def test_the_grid_has_a_bounded_number_of_columns() -> None:
     """Item 2: every rail any host named became a column for every host."""
-    from linkpassd.aggregator import grid
+    from linkpassd.fleet import grid
 
     hosts = pb.ListHostsResponse(hosts=[
         pb.HostView(host_id="good", rails=[pb.RailInventory(rail=f"rail{i}", port=f"eth{i}") for i in range(8)]),

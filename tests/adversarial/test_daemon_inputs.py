@@ -66,14 +66,14 @@ def test_a_foreign_process_on_the_echo_port_is_a_status_problem() -> None:
 
     from linkpassd import config as configmod
     from linkpassd.adapters import udpholders
-    from linkpassd.daemon import Daemon
+    from linkpassd.daemon.loop import Daemon
 
     proc, port = _hold_udp_port()
     try:
         daemon = Daemon(configmod.load_config(EXAMPLE), str(EXAMPLE))
-        daemon.echo_spec = types.SimpleNamespace(port=port)
+        daemon.probes.echo_spec = types.SimpleNamespace(port=port)
         daemon.started_wall = daemon.started_mono = 0.0
-        problems = [p for p in daemon.problems() if p.kind == "echo_port"]
+        problems = [p for p in daemon.report.problems() if p.kind == "echo_port"]
         assert len(problems) == 1 and f"127.0.0.1:{port}" in problems[0].detail
         assert f"UDP port {port}" in problems[0].what
         own = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # our own socket is not foreign
@@ -85,4 +85,4 @@ def test_a_foreign_process_on_the_echo_port_is_a_status_problem() -> None:
     finally:
         proc.stdin.close()
         proc.wait(10)
-    assert [p for p in daemon.problems() if p.kind == "echo_port"] == []  # gone when the port is let go
+    assert [p for p in daemon.report.problems() if p.kind == "echo_port"] == []  # gone when the port is let go

@@ -246,10 +246,11 @@ def test_linkpassd_warns_and_shows_a_problem_below_its_need() -> None:
     """Item 3, the host side: linkpassd keeps protecting the host at a low
     limit, but says so in the log and in `status`."""
     code = ("import sys, time, types; sys.path.insert(0, '.');"
-            "from linkpassd.daemon import check_fd_limit, fds_needed;"
-            "d = types.SimpleNamespace(state_problems={}, wallclock=time.time);"
+            "from linkpassd.daemon.cli import check_fd_limit, fds_needed;"
+            "from linkpassd.daemon.statefiles import StateFiles;"
+            "d = StateFiles(lambda: None, time.time);"
             "c = types.SimpleNamespace(metrics_listen='', rails=[None] * 100);"
-            "check_fd_limit(d, c); p = d.state_problems['open-file limit'];"
+            "check_fd_limit(d, c); p = d.problems['open-file limit'];"
             "print(p.kind, '|', p.detail)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30,
                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (512, 1024)))

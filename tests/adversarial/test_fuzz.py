@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import os
 import resource
 import shutil
@@ -99,7 +98,7 @@ class LoopThread:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
 
-    def call(self, coro, timeout: float = 30.0):  # noqa: ANN001, ANN201
+    def call(self, coro, timeout: float = 30.0):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def close(self) -> None:
@@ -137,7 +136,7 @@ def aggregator() -> Iterator[tuple[AggregatorServer, grpc.Channel, LoopThread]]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _raw(ch: grpc.Channel, method: str, stream_in: bool, stream_out: bool):  # noqa: ANN202
+def _raw(ch: grpc.Channel, method: str, stream_in: bool, stream_out: bool):
     make = {(False, False): ch.unary_unary, (False, True): ch.unary_stream,
             (True, False): ch.stream_unary, (True, True): ch.stream_stream}[(stream_in, stream_out)]
     return make(method, request_serializer=lambda b: b, response_deserializer=lambda b: b)
@@ -165,7 +164,7 @@ BOOTS = st.sampled_from(["boot-a", "boot-b", "boot-c"])
 
 
 @st.composite
-def plausible_batches(draw):  # noqa: ANN001, ANN201
+def plausible_batches(draw):
     """Event batches close to what an agent sends (so the fuzzer gets past
     the first check): increasing seqs, valid times, hostile text anywhere."""
     from google.protobuf.timestamp_pb2 import Timestamp
@@ -176,7 +175,8 @@ def plausible_batches(draw):  # noqa: ANN001, ANN201
     text = st.one_of(st.sampled_from(["eth0", "rail0", ""]), st.text(max_size=20),
                      st.sampled_from(["\x1b]0;t\x07", "\u202e", "x" * 300]))
     events = [cpb.Event(boot_id=draw(st.sampled_from([boot, boot, "", "other"])), seq=seq,
-                        time=Timestamp(seconds=draw(st.one_of(st.integers(0, 2**33), st.sampled_from([-(2**62), 2**62])))),
+                        time=Timestamp(seconds=draw(st.one_of(st.integers(0, 2**33),
+                                                              st.sampled_from([-(2**62), 2**62])))),
                         kind=draw(st.integers(0, 12)), severity=draw(st.integers(0, 4)), name=draw(text),
                         port=draw(text), rail=draw(text), message=draw(text),
                         fields=draw(st.dictionaries(text, text, max_size=3)))
@@ -186,7 +186,7 @@ def plausible_batches(draw):  # noqa: ANN001, ANN201
 
 
 @st.composite
-def plausible_reports(draw):  # noqa: ANN001, ANN201
+def plausible_reports(draw):
     rails = draw(st.integers(0, 300))
     return pb.ConnectRequest(ports=pb.PortReport(
         ports=[cpb.PortState(port=f"eth{i}", verdict=draw(st.integers(0, 5)), evidence=[draw(st.text(max_size=10))])
@@ -201,13 +201,14 @@ AGENT_BODY = st.one_of(
     st.builds(lambda boot, events, gf, gl: pb.ConnectRequest(events=pb.EventBatch(
         boot_id=boot, events=events, gap_first=gf, gap_last=gl)),
         BOOTS, st.lists(messages(cpb.Event), max_size=4),
-        st.sampled_from([0, 1, 2, 2**48, 2**63 - 1, 2**64 - 1]), st.sampled_from([0, 1, 3, 2**48, 2**63 - 1, 2**64 - 1])),
+        st.sampled_from([0, 1, 2, 2**48, 2**63 - 1, 2**64 - 1]),
+        st.sampled_from([0, 1, 3, 2**48, 2**63 - 1, 2**64 - 1])),
     st.binary(min_size=1, max_size=40),  # bytes that may not be a ConnectRequest at all
 )
 
 
 @st.composite
-def agent_streams(draw):  # noqa: ANN001, ANN201
+def agent_streams(draw):
     first = draw(st.one_of(
         st.builds(lambda b: pb.ConnectRequest(hello=pb.Hello(host_id="fuzz-host", boot_id=b, version="fuzz")), BOOTS),
         messages(pb.ConnectRequest)) if draw(st.integers(0, 9)) == 0 else
@@ -215,7 +216,7 @@ def agent_streams(draw):  # noqa: ANN001, ANN201
     return [first, *draw(st.lists(AGENT_BODY, min_size=1, max_size=5))]
 
 
-def test_fuzz_the_agent_stream(aggregator) -> None:  # noqa: ANN001
+def test_fuzz_the_agent_stream(aggregator) -> None:
     server, ch, lt = aggregator
     connect = _raw(ch, "/linkpass.v1.AgentService/Connect", True, True)
     seen: collections.Counter[str] = collections.Counter()
@@ -264,7 +265,7 @@ def _request(methods: dict) -> st.SearchStrategy:
                        for name, cls in methods.items()])
 
 
-def _call(ch: grpc.Channel, service: str, name: str, request, unary: bool) -> tuple:  # noqa: ANN001
+def _call(ch: grpc.Channel, service: str, name: str, request, unary: bool) -> tuple:
     """One fuzzed call, raw bytes or a message: its status code and details
     (a stream is read for at most three messages, then cancelled)."""
     wire = request if isinstance(request, bytes) else request.SerializeToString()
@@ -284,7 +285,7 @@ def _call(ch: grpc.Channel, service: str, name: str, request, unary: bool) -> tu
     return grpc.StatusCode.OK, ""
 
 
-def test_fuzz_the_fleet_api(aggregator) -> None:  # noqa: ANN001
+def test_fuzz_the_fleet_api(aggregator) -> None:
     server, ch, lt = aggregator
     seen: collections.Counter[str] = collections.Counter()
 
@@ -315,7 +316,7 @@ class _Drains:
     def __init__(self) -> None:
         self.drained: set[str] = set()
 
-    async def drain(self, port: str, reason: str, until: float | None, by: str):  # noqa: ANN201
+    async def drain(self, port: str, reason: str, until: float | None, by: str):
         from linkpassd.core import drain as drains
         from linkpassd.core.model import DrainOutcome, PortState, Verdict
         if port not in ("eth0", "eth1"):
@@ -324,7 +325,7 @@ class _Drains:
         return DrainOutcome(PortState(port=port, verdict=Verdict.UP, carrier=True, phase="UP",
                                       since=0.0, evidence=()))
 
-    async def undrain(self, port: str, by: str):  # noqa: ANN201
+    async def undrain(self, port: str, by: str):
         from linkpassd.core import drain as drains
         from linkpassd.core.model import PortState, Verdict
         if port not in self.drained:

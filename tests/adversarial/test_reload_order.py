@@ -11,7 +11,7 @@ from pathlib import Path
 
 from linkpassd import config as configmod
 from linkpassd.adapters.links import LinkEvent
-from linkpassd.daemon import Daemon, Reload, Tick
+from linkpassd.daemon.loop import Daemon, Reload, Tick
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "linkpassd.toml"
 
@@ -42,7 +42,7 @@ def test_sighups_coalesce_and_a_reload_never_runs_ahead_of_link_events() -> None
         for _ in range(50):
             daemon.request_reload()
         assert daemon.queue.qsize() == 2  # one Reload, one Tick
-        loop = asyncio.create_task(daemon._reconcile_loop())
+        loop = asyncio.create_task(daemon.reconcile_loop())
         try:
             async with asyncio.timeout(5):
                 while not handled or handled[-1] != ["Reload"]:
@@ -72,7 +72,7 @@ def test_a_sighup_during_a_reload_asks_for_another() -> None:
 
         daemon.handle = handle  # type: ignore[method-assign]
         daemon.request_reload()
-        loop = asyncio.create_task(daemon._reconcile_loop())
+        loop = asyncio.create_task(daemon.reconcile_loop())
         try:
             async with asyncio.timeout(5):
                 while reloads < 2:

@@ -28,8 +28,8 @@ from labs.faults import (
     SpineLinkBlackhole,
 )
 from labs.faults.nft import TABLE
-from labs.faults.optics import THRESHOLDS
 from labs.lldp import lldp_options, parse_neighbours
+from labs.simsensor import THRESHOLDS
 from labs.topos.cabling import (
     VETH_SPEED_MBPS,
     cabling_entries,

@@ -30,8 +30,8 @@ from labs.faults import (
     SilentBlackhole,
 )
 from labs.faults.nft import TABLE
-from labs.faults.optics import THRESHOLDS
 from labs.netnslib import wait_for_sync
+from labs.simsensor import THRESHOLDS
 from labs.topos.dualrail import dualrail
 from labs.topos.lab import (
     Lab,
@@ -388,7 +388,7 @@ def test_a_blackhole_on_one_port_loses_nothing_between_the_other_hosts_of_its_le
         def launch(host: str, argv: list[str], log: str) -> None:
             with open(work / log, "wb") as out:
                 procs.append(lab.popen(host, argv, stdout=out, stderr=subprocess.STDOUT))
-        for k, (src, dst) in enumerate(flows.values()):
+        for k, (_src, dst) in enumerate(flows.values()):
             port = 4791 + k
             rx = ReceiverConfig(bind=lab.rail(dst, 0).address, port=port, duration=20).validated()
             launch(dst, rx.command(str(work / f"rx{k}.json")), f"rx{k}.log")

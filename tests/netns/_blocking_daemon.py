@@ -30,7 +30,7 @@ from pathlib import Path
 
 from linkpassd import config as configmod
 from linkpassd import logs
-from linkpassd.daemon import Daemon
+from linkpassd.daemon.loop import Daemon
 
 POLL_S = 0.02
 

@@ -208,7 +208,7 @@ def test_restart_repairs_exactly_what_changed_while_it_was_down(lab, daemon):
 
 def test_reload_switches_the_sensor_backend(lab, daemon, tmp_path):
     """ethtool (veth has no module: optics unreadable) -> sim files, by SIGHUP."""
-    from labs.faults.optics import SimSensor
+    from labs.simsensor import SimSensor
 
     proc = daemon()
     proc.wait_ready()

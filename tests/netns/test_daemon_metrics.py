@@ -128,7 +128,7 @@ def test_a_live_daemons_metrics_pass_promtool_and_show_a_cable_pull(lab, metrics
     assert value(pulled, "linkpass_kernel_writes_total") > 0
     assert value(pulled, "linkpass_reconcile_duration_seconds_count") >= 1
     # Only the pulled port changed verdict.
-    assert [dict(l) for (n, l), v in pulled.items()
+    assert [dict(labels) for (n, labels), v in pulled.items()
             if n == "linkpass_verdict_changes_total" and v] == \
         [{"port": port0, "rail": "rail0", "to": "DOWN"}]
 

@@ -2,8 +2,8 @@
 the production decoders, the optics judgement, health, policy and the kernel.
 
 Each test runs the real linkpassd with the `sim` sensor backend reading
-module memory built byte by byte (labs.faults.optics.CmisModule; format in
-labs/faults/simsensor.md), so nothing between the bytes and the route is
+module memory built byte by byte (labs.simsensor.CmisModule; format in
+labs/simsensor.md), so nothing between the bytes and the route is
 stubbed. The kernel's routes are read with `ip -j`, the daemon's view with
 `linkpassctl`.
 
@@ -22,8 +22,8 @@ import sys
 import pytest
 
 from labs.daemonproc import DaemonProcess, assessment, rail_config_toml
-from labs.faults.optics import CmisModule, SimSensor
 from labs.netnslib import wait_for_sync
+from labs.simsensor import CmisModule, SimSensor
 
 pytestmark = pytest.mark.netns
 

@@ -121,17 +121,17 @@ def test_watchdog_pings_only_while_the_event_loop_and_the_reconcile_loop_progres
 
             for action, pings_may_go_on_s in (("block-loop", 0.0), ("stall-reconcile", PERIOD_S)):
                 request(control, action, STUCK_S)
-                start = wait_for_sync(lambda: stamp(control, action, "start"), 10.0,
+                start = wait_for_sync(lambda action=action: stamp(control, action, "start"), 10.0,
                                       f"{action} to start")
                 if action == "stall-reconcile":
                     # The event loop runs on (the control socket answers), only
                     # the reconcile loop is stuck.
                     assert daemon.status() is not None, daemon.log()
-                end = wait_for_sync(lambda: stamp(control, action, "end"), STUCK_S + 15.0,
+                end = wait_for_sync(lambda action=action: stamp(control, action, "end"), STUCK_S + 15.0,
                                     f"{action} to end")
                 assert end - start >= STUCK_S * 0.95
                 # Pings resume once the loops run again...
-                wait_for_sync(lambda: len([t for t in notify.pings() if t > end]) >= 2,
+                wait_for_sync(lambda end=end: len([t for t in notify.pings() if t > end]) >= 2,
                               4 * WATCHDOG_S, f"pings to resume after {action}")
                 # ...and none came while stuck. The reconcile loop's last batch
                 # before the stall may still earn the next ping (one period).

@@ -18,9 +18,18 @@ import struct
 import pytest
 
 from labs.netnslib import run, wait_for
-from linkpassd.adapters.echo import (ECHO_PORT, KIND_REPLY, KIND_REQUEST, MAGIC, PACKET,
-                                     EchoPacket, EchoProber, EchoResponder, EchoService,
-                                     ProbePath)
+from linkpassd.adapters.echo import (
+    ECHO_PORT,
+    KIND_REPLY,
+    KIND_REQUEST,
+    MAGIC,
+    PACKET,
+    EchoPacket,
+    EchoProber,
+    EchoResponder,
+    EchoService,
+    ProbePath,
+)
 from linkpassd.adapters.looplag import LoopLag
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.probe import PathState, ProbeConfig, detection_bound_s
@@ -75,25 +84,25 @@ async def phase(prober: EchoProber, wanted: str, timeout: float) -> float:
 
 
 class Probing:
-    """A responder in the leaf and probers in the host, closed in finally."""
+    """A responder in the leaf and an echo service probing `paths` from the
+    host (its probers in path order), closed in finally."""
 
     def __init__(self, lab, paths: list[ProbePath], respond: bool = True):
         self.lag = LoopLag(period_s=0.025)
         self.responder = (EchoResponder(netns=lab.leaf.name, policy=LAB_POLICY)
                           if respond else None)
-        self.probers = [EchoProber(p, CONFIG, netns=lab.host.name, lag=self.lag) for p in paths]
+        self.service = EchoService(paths, CONFIG, respond=False, netns=lab.host.name, lag=self.lag)
+        self.probers = [self.service.probers[p] for p in paths]
 
     async def __aenter__(self) -> "Probing":
         self.lag.start()
         if self.responder is not None:
             self.responder.start()
-        for p in self.probers:
-            p.start()
+        self.service.start()
         return self
 
     async def __aexit__(self, *exc) -> None:
-        for p in self.probers:
-            p.close()
+        self.service.close()
         if self.responder is not None:
             self.responder.close()
         self.lag.close()

@@ -13,8 +13,8 @@ import threading
 import time
 
 import pytest
-from labs.netnslib import HostLab, run, run_ip, wait_for, wait_for_sync
 
+from labs.netnslib import HostLab, run, run_ip, wait_for, wait_for_sync
 from linkpassd.adapters import nhmsg
 from linkpassd.adapters.kernel import (
     DumpInterrupted,

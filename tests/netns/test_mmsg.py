@@ -21,9 +21,7 @@ from pyroute2.netns import create_socket
 
 from labs.netnslib import run, wait_for
 from linkpassd.adapters import mmsg
-from linkpassd.adapters.echo import (ECHO_PORT, KIND_REQUEST, MAGIC, PACKET, VERSION, EchoProber,
-                                     EchoResponder, ProbePath)
-from linkpassd.adapters.echorail import RailSocket
+from linkpassd.adapters.echo import KIND_REQUEST, MAGIC, PACKET, VERSION, EchoResponder, EchoService, ProbePath
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.probe import ProbeConfig
 
@@ -132,14 +130,16 @@ def test_port_unreachable_reaches_the_path_it_was_for_through_the_error_queue(la
                                   policy=ResponderPolicy.build(None, ["198.18.0.0/15"]))
         responder.start()
         loop = asyncio.get_running_loop()
-        rs = RailSocket(rail.port, rail.address, ECHO_PORT, netns=lab.host.name)
         cfg = ProbeConfig(interval_s=0.010)
-        probers = [EchoProber(p, cfg, rail=rs, netns=lab.host.name) for p in (answered, refused)]
+        # The service's rail socket and probers, driven by hand (the service is not started).
+        service = EchoService([answered, refused], cfg, respond=False, netns=lab.host.name)
+        rs = service.sockets[(rail.port, rail.address)]
+        probers = [service.probers[p] for p in (answered, refused)]
         try:
             assert rs.open(loop), rs.error
             for pr in probers:
                 pr._loop = loop
-            for k in range(20):
+            for _ in range(20):
                 now = loop.time()
                 for pr in probers:
                     _, sends = pr.state.poll(now)
@@ -153,9 +153,7 @@ def test_port_unreachable_reaches_the_path_it_was_for_through_the_error_queue(la
             assert bad.counters.refused >= 1 and bad.counters.received == 0, bad.counters
             assert rs.foreign == 0 and rs.sent == ok.counters.sent + bad.counters.sent == 40
         finally:
-            for pr in probers:
-                pr.close()
-            rs.close()
+            service.close()
             responder.close()
 
     run(scenario(), timeout=30)
@@ -166,8 +164,9 @@ def test_replies_from_strangers_are_counted_and_dropped(lab):
 
     async def scenario():
         loop = asyncio.get_running_loop()
-        rs = RailSocket(rail.port, rail.address, ECHO_PORT, netns=lab.host.name)
-        pr = EchoProber(ProbePath(rail.port, rail.address, rail.gateway), rail=rs)
+        path = ProbePath(rail.port, rail.address, rail.gateway)
+        service = EchoService([path], respond=False, netns=lab.host.name)
+        rs, pr = service.sockets[(rail.port, rail.address)], service.probers[path]
         stranger = udp(lab.leaf.name, rail.gateway)  # the peer's address, not its echo port
         try:
             assert rs.open(loop), rs.error
@@ -183,7 +182,6 @@ def test_replies_from_strangers_are_counted_and_dropped(lab):
             assert pr.counters.malformed == pr.counters.stray == pr.counters.received == 0
         finally:
             stranger.close()
-            pr.close()
-            rs.close()
+            service.close()
 
     run(scenario(), timeout=30)

@@ -56,7 +56,8 @@ def test_five_percent_random_loss_over_ten_thousand_intervals_fails_nothing_over
     with EchoPeerProcess(lab.leaf.name, duration=300) as peer:
         daemon = echo_daemon(LOSS_INTERVAL_MS)
         for rail in lab.rails:
-            wait_for_sync(lambda r=rail: assessment(daemon.status(), r.port, "echo").get("status") == "ok", 5.0, "echo up")
+            wait_for_sync(lambda r=rail: assessment(daemon.status(), r.port, "echo").get("status") == "ok",
+                          5.0, "echo up")
         try:
             lab.leaf.nft(f"""
 table inet {table} {{
@@ -91,7 +92,8 @@ def test_cpu_hog_on_every_core_for_a_minute_fails_nothing_over(lab, echo_daemon)
     with EchoPeerProcess(lab.leaf.name, duration=300) as peer:
         daemon = echo_daemon()  # the default 50 ms
         for rail in lab.rails:
-            wait_for_sync(lambda r=rail: assessment(daemon.status(), r.port, "echo").get("status") == "ok", 5.0, "echo up")
+            wait_for_sync(lambda r=rail: assessment(daemon.status(), r.port, "echo").get("status") == "ok",
+                          5.0, "echo up")
         try:
             for _ in range(os.cpu_count() or 2):
                 hogs.append(subprocess.Popen([sys.executable, "-c", HOG, str(HOG_S + 5)]))

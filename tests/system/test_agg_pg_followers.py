@@ -121,7 +121,7 @@ def test_followers_see_every_committed_event_once_in_one_order_across_writer_sig
     assert len(per_host) == WRITERS * HOSTS_PER_WRITER
     for host, seqs in per_host.items():
         assert sorted(seqs) == list(range(1, len(seqs) + 1)), f"{host}: a seq stored twice or missing"
-    for name, log in logs.items():
+    for log in logs.values():
         for host, seq in last_acked(log).items():
             assert len(per_host[host]) >= seq, f"{host}: acked {seq}, only {len(per_host[host])} stored"
     for n, out in enumerate(seen):

@@ -1,7 +1,6 @@
 """Configs and port states for core tests, built directly (no TOML)."""
 
-from linkpassd.core.model import (Config, MultipathConfig, PortState, RailConfig, Timers,
-                                  Verdict)
+from linkpassd.core.model import Config, MultipathConfig, PortState, RailConfig, Timers, Verdict
 
 
 def rails_config(n=2, backups="ring", multipath=True, min_paths=1, buckets=16) -> Config:

@@ -15,15 +15,13 @@ import random
 import grpc
 import pytest
 
+from corefixtures import rails_config
 from linkpassd._proto.linkpass.v1 import fleet_pb2, fleet_pb2_grpc
 from linkpassd.adapters.links import LinkSnapshot
 from linkpassd.agent.client import AgentClient, backoff_s
-from linkpassd.agent.link import DaemonHost, MeshPeersChanged
-from linkpassd.agent.spool import Gap, Spool, SpoolWriter
+from linkpassd.agent.spool import Spool, SpoolWriter
 from linkpassd.core.model import AggregatorSettings, ProbeSettings
-from linkpassd.daemon import Daemon
-
-from corefixtures import rails_config
+from linkpassd.daemon.loop import Daemon
 from test_daemon_faults import Clock, FakeKernel, link
 from test_spool import events
 
@@ -283,7 +281,7 @@ async def connected_agent(tmp_path, daemon: Daemon):
     daemon's reconcile loop running; both stopped, bounded, on the way out."""
     fake = FakeAggregator()
     server, port = await serve(fake)
-    agent = agent_for(port, new_spool(tmp_path), DaemonHost(daemon))
+    agent = agent_for(port, new_spool(tmp_path), daemon.aggregator.host)
     tasks = [await running(agent), asyncio.create_task(reconcile_forever(daemon))]
     try:
         await until(lambda: agent.connected, "connected")
@@ -302,29 +300,30 @@ def test_probe_peers_reach_the_echo_paths_and_staying_probers_keep_running(tmp_p
         daemon = make_daemon(tmp_path)
         await daemon.handle([LinkSnapshot(samples={p: link(p) for p in ("eth0", "eth1")},
                                           reason="start")])
-        daemon._sync_echo()
-        peers = lambda: sorted(p.peer for p in daemon.echo.probers)
+        daemon.sync_probes()
+        def peers():
+            return sorted(p.peer for p in daemon.probes.echo.probers)
         try:
             async with connected_agent(tmp_path, daemon) as fake:
                 # a bad address, an on-link one and an unknown rail are ignored
                 await fake.outgoing.put(peers_message(3, "198.19.0.2", "bogus", "198.18.0.7"))
                 await until(lambda: peers() == ["198.19.0.1", "198.19.0.2"], "mesh peer added")
-                assert any("'bogus'" in p for p in daemon.mesh_problems)
-                assert any("'198.18.0.7'" in p and "subnet" in p for p in daemon.mesh_problems)
-                static, mesh = (daemon.echo.probers[p] for p in sorted(daemon.echo.probers,
+                assert any("'bogus'" in p for p in daemon.aggregator.mesh_problems)
+                assert any("'198.18.0.7'" in p and "subnet" in p for p in daemon.aggregator.mesh_problems)
+                static, mesh = (daemon.probes.echo.probers[p] for p in sorted(daemon.probes.echo.probers,
                                                                        key=lambda p: p.peer)[:2])
                 await fake.outgoing.put(peers_message(2, "198.19.0.9"))  # stale: ignored
                 await fake.outgoing.put(peers_message(4, "198.19.0.2", "198.19.0.3"))
                 await until(lambda: peers() == ["198.19.0.1", "198.19.0.2", "198.19.0.3"],
                             "second plan applied")
-                by_peer = {p.peer: pr for p, pr in daemon.echo.probers.items()}
+                by_peer = {p.peer: pr for p, pr in daemon.probes.echo.probers.items()}
                 assert by_peer["198.19.0.1"] is static and by_peer["198.19.0.2"] is mesh  # not reset
                 assert "198.19.0.9" not in by_peer
                 await fake.outgoing.put(peers_message(5))  # the mesh drops rail0's peers
                 await until(lambda: peers() == ["198.19.0.1"], "static peer stays")
-                assert daemon.echo.probers[next(iter(daemon.echo.probers))] is static
+                assert daemon.probes.echo.probers[next(iter(daemon.probes.echo.probers))] is static
         finally:
-            daemon.echo.close()
+            daemon.probes.echo.close()
     asyncio.run(main())
 
 
@@ -337,8 +336,9 @@ def test_the_hosts_that_probe_us_are_answered_and_a_bad_one_is_named_not_admitte
         daemon = make_daemon(tmp_path, fabric=())  # no prefix admits the probers
         await daemon.handle([LinkSnapshot(samples={p: link(p) for p in ("eth0", "eth1")},
                                           reason="start")])
-        daemon._sync_echo()
-        admits = lambda address: daemon.echo_spec.responder.allows(ipv4_int(address))
+        daemon.sync_probes()
+        def admits(address):
+            return daemon.probes.echo_spec.responder.allows(ipv4_int(address))
         try:
             async with connected_agent(tmp_path, daemon) as fake:
                 assert not admits("198.19.0.44")
@@ -347,9 +347,9 @@ def test_the_hosts_that_probe_us_are_answered_and_a_bad_one_is_named_not_admitte
                         rail="rail0", peers=["198.19.0.2"], probed_by=["198.19.0.44", "nonsense"])])))
                 await until(lambda: admits("198.19.0.44"), "prober admitted")
                 assert not admits("198.19.0.45")
-                assert any("'nonsense'" in p and "probed_by" in p for p in daemon.mesh_problems)
+                assert any("'nonsense'" in p and "probed_by" in p for p in daemon.aggregator.mesh_problems)
         finally:
-            daemon.echo.close()
+            daemon.probes.echo.close()
     asyncio.run(main())
 
 
@@ -367,8 +367,8 @@ def test_a_drain_command_goes_through_the_drain_queue_and_its_answer_comes_back(
             await until(lambda: len(fake.results) == 2, "two command results")
         results = {r.id: r for r in fake.results}
         assert results["c1"].code == grpc.StatusCode.OK.value[0]
-        assert daemon.drains["eth0"].by == "alice via the aggregator"
-        assert daemon.drains["eth0"].reason == "optic swap"
+        assert daemon.drains.by_port["eth0"].by == "alice via the aggregator"
+        assert daemon.drains.by_port["eth0"].reason == "optic swap"
         assert results["c2"].code == grpc.StatusCode.NOT_FOUND.value[0]
         assert "eth9" in results["c2"].message
     asyncio.run(main())
@@ -457,10 +457,10 @@ def test_a_cancel_that_lands_as_an_await_completes_still_stops_the_agent(tmp_pat
             task = asyncio.create_task(agent._stream(call))
             try:
                 if moment == "woken_while_idle":
-                    await until(lambda: agent._wake._waiters, "the agent waiting for work")
+                    await until(lambda agent=agent: agent._wake._waiters, "the agent waiting for work")
                     agent.wake()
                 else:
-                    await until(lambda: call.holding, f"the {moment} held")
+                    await until(lambda call=call: call.holding, f"the {moment} held")
                     call.gate.set_result(None)
                 for _ in range(steps):
                     await asyncio.sleep(0)
@@ -480,14 +480,14 @@ def test_the_last_plan_outlives_a_restart_while_the_aggregator_is_away(tmp_path)
     peers and answers the hosts that probe it (mesh.json in the state
     directory), instead of leaving those paths unwatched until it is back."""
     from linkpassd.core.admission import ipv4_int
-    from linkpassd.persist import MESH_FILE
+    from linkpassd.daemon.statefiles import MESH_FILE
 
     start = LinkSnapshot(samples={p: link(p) for p in ("eth0", "eth1")}, reason="start")
 
     async def first_run():
         daemon = make_daemon(tmp_path, fabric=())
         await daemon.handle([start])
-        daemon._sync_echo()
+        daemon.sync_probes()
         try:
             async with connected_agent(tmp_path, daemon) as fake:
                 await fake.outgoing.put(fleet_pb2.ConnectResponse(peers=fleet_pb2.ProbePeers(
@@ -495,21 +495,21 @@ def test_the_last_plan_outlives_a_restart_while_the_aggregator_is_away(tmp_path)
                         rail="rail0", peers=["198.19.0.2"], probed_by=["198.19.0.44"])])))
                 await until(lambda: (tmp_path / "state" / MESH_FILE).exists(), "mesh.json written")
         finally:
-            daemon.echo.close()
+            daemon.probes.echo.close()
 
     async def restart():
         daemon = make_daemon(tmp_path, fabric=())  # its aggregator (127.0.0.1:1) is away
-        daemon._load_mesh()  # as Daemon.run does, before the probers are made
-        daemon._sync_echo()
+        daemon.aggregator.restore_mesh()  # as Daemon.run does, before the probers are made
+        daemon.sync_probes()
         try:
-            assert sorted(p.peer for p in daemon.echo.probers) == ["198.19.0.1", "198.19.0.2"]
-            assert daemon.echo_spec.responder.allows(ipv4_int("198.19.0.44"))
-            assert not daemon.echo_spec.responder.allows(ipv4_int("198.19.0.45"))
-            assert daemon.state_problems == {}
+            assert sorted(p.peer for p in daemon.probes.echo.probers) == ["198.19.0.1", "198.19.0.2"]
+            assert daemon.probes.echo_spec.responder.allows(ipv4_int("198.19.0.44"))
+            assert not daemon.probes.echo_spec.responder.allows(ipv4_int("198.19.0.45"))
+            assert daemon.files.problems == {}
             await daemon.handle([start])  # a pass with the plan unchanged writes nothing
-            assert daemon.saved_mesh_message is daemon.mesh_message
+            assert daemon.files.saved_mesh_message is daemon.aggregator.mesh_message
         finally:
-            daemon.echo.close()
+            daemon.probes.echo.close()
 
     asyncio.run(first_run())
     written = (tmp_path / "state" / MESH_FILE).stat().st_mtime_ns
@@ -520,22 +520,22 @@ def test_the_last_plan_outlives_a_restart_while_the_aggregator_is_away(tmp_path)
 @pytest.mark.parametrize("content", ['{"version": 1, "probe_peers": {"rails": [{"rail": 5}]}}',
                                      '{"version": 2, "probe_peers": {}}', "[1, 2]", "{not json"])
 def test_an_unusable_mesh_file_is_reported_and_only_the_static_peers_are_probed(tmp_path, content):
-    from linkpassd.persist import MESH_FILE
+    from linkpassd.daemon.statefiles import MESH_FILE
 
     (tmp_path / "state").mkdir()
     (tmp_path / "state" / MESH_FILE).write_text(content)
 
     async def main():
         daemon = make_daemon(tmp_path)
-        daemon._load_mesh()
-        daemon._sync_echo()
+        daemon.aggregator.restore_mesh()
+        daemon.sync_probes()
         try:
-            assert [p.peer for p in daemon.echo.probers] == ["198.19.0.1"]
-            (problem,) = daemon.state_problems.values()
+            assert [p.peer for p in daemon.probes.echo.probers] == ["198.19.0.1"]
+            (problem,) = daemon.files.problems.values()
             assert problem.kind == "state" and problem.what.endswith(MESH_FILE)
             assert "ignored" in problem.detail
         finally:
-            daemon.echo.close()
+            daemon.probes.echo.close()
     asyncio.run(main())
 
 
@@ -544,7 +544,7 @@ def test_a_standalone_daemon_ignores_a_mesh_file(tmp_path):
 
     from google.protobuf import json_format
 
-    from linkpassd.persist import MESH_FILE
+    from linkpassd.daemon.statefiles import MESH_FILE
 
     (tmp_path / "state").mkdir()
     message = fleet_pb2.ProbePeers(generation=1, rails=[fleet_pb2.RailPeers(rail="rail0",
@@ -555,11 +555,11 @@ def test_a_standalone_daemon_ignores_a_mesh_file(tmp_path):
     async def main():
         daemon = make_daemon(tmp_path)
         daemon.config = dataclasses.replace(daemon.config, aggregator=None)
-        daemon._load_mesh()
-        daemon._sync_echo()
+        daemon.aggregator.restore_mesh()
+        daemon.sync_probes()
         try:
-            assert [p.peer for p in daemon.echo.probers] == ["198.19.0.1"]
-            assert daemon.state_problems == {}
+            assert [p.peer for p in daemon.probes.echo.probers] == ["198.19.0.1"]
+            assert daemon.files.problems == {}
         finally:
-            daemon.echo.close()
+            daemon.probes.echo.close()
     asyncio.run(main())

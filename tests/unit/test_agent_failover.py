@@ -22,7 +22,6 @@ from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc
 from linkpassd.agent.client import AgentClient
 from linkpassd.agent.spool import SpoolWriter
 from linkpassd.core.model import AggregatorSettings
-
 from test_agent import FakeAggregator, FakeHost, new_spool, stop, until
 from test_spool import events
 
@@ -204,7 +203,7 @@ def test_the_backoff_starts_again_only_after_a_healthy_stream(tmp_path):
 
 
 def test_a_reload_restarts_the_agent_on_the_replica_that_worked(tmp_path):
-    """agent.link: a changed [aggregator] starts a new agent; it tries the
+    """daemon.aggregator: a changed [aggregator] starts a new agent; it tries the
     replica the old one last streamed to first, not the list's first."""
     import dataclasses
 
@@ -218,21 +217,21 @@ def test_a_reload_restarts_the_agent_on_the_replica_that_worked(tmp_path):
         settings = AggregatorSettings(addresses=tuple(f"unix:{p}" for p in paths),
                                       insecure=True, host_id="gpu-017")
         daemon.config = dataclasses.replace(daemon.config, aggregator=settings)
-        task = asyncio.create_task(daemon._agent_task())
+        task = asyncio.create_task(daemon.aggregator.run())
         try:
-            await until(lambda: daemon.agent is not None and daemon.agent.connected,
+            await until(lambda: daemon.aggregator.agent is not None and daemon.aggregator.agent.connected,
                         "the first agent on the live replica")
-            first = daemon.agent
+            first = daemon.aggregator.agent
             assert first.address == f"unix:{paths[1]}" and len(first.delays) == 1
             old = daemon.config
             daemon.config = dataclasses.replace(old, aggregator=dataclasses.replace(
                 settings, spool_max_events=5000))
-            daemon._agent_reloaded(old)
-            await until(lambda: daemon.agent not in (None, first) and daemon.agent.connected,
+            daemon.aggregator.reloaded(old)
+            await until(lambda: daemon.aggregator.agent not in (None, first) and daemon.aggregator.agent.connected,
                         "the restarted agent's stream")
-            assert daemon.agent.delays == [] and len(live.hellos) == 2
+            assert daemon.aggregator.agent.delays == [] and len(live.hellos) == 2
         finally:
             await stop([task])
             await server.stop(None)
-            daemon._close_agent()
+            daemon.aggregator.close()
     asyncio.run(main())

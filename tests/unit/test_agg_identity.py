@@ -29,7 +29,7 @@ class _Recorder(health.aio.HealthServicer):
         super().__init__()
         self.seen: list[dict[str, list[bytes]]] = []
 
-    async def Check(self, request, context):  # noqa: N802 - grpc's name
+    async def Check(self, request, context):  # grpc's name
         self.seen.append(dict(context.auth_context()))
         return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.SERVING)
 
@@ -110,7 +110,10 @@ def test_operator_identity_is_one_operator_uri(auth, operator) -> None:
 
 def test_the_certs_script_writes_private_keys_and_refuses_bad_names(tmp_path: Path) -> None:
     d = tmp_path / "pki"
-    run = lambda *a: subprocess.run([str(CERTS_SCRIPT), *a], capture_output=True, text=True, timeout=60)  # noqa: E731
+
+    def run(*a: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(CERTS_SCRIPT), *a], capture_output=True, text=True, timeout=60)
+
     assert run("ca", str(d)).returncode == 0
     again = run("ca", str(d))
     assert again.returncode == 2 and "not overwriting" in again.stderr

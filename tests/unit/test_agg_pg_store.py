@@ -30,10 +30,18 @@ import pytest
 from linkpassd.aggregator import pg_schema, pg_store
 from linkpassd.aggregator.pg_store import PgStore
 from linkpassd.aggregator.store import (
-    CHANNEL_EVENTS, CHANNEL_HOSTS, EventQuery, StoreError, is_shared,
+    CHANNEL_EVENTS,
+    CHANNEL_HOSTS,
+    EventQuery,
+    StoreError,
+    is_shared,
 )
 from test_agg_store import (  # noqa: F401 - collected here, against PgStore
-    DEADLINE_S, REPO, held, rows, run,
+    DEADLINE_S,
+    REPO,
+    held,
+    rows,
+    run,
     test_a_restart_keeps_hosts_events_and_what_was_acked,
     test_any_interleaving_of_resent_batches_stores_each_event_once,
     test_concurrent_batches_from_eight_hosts_are_all_stored,
@@ -412,6 +420,32 @@ def test_a_failing_callback_does_not_stop_the_others(pg_databases):
             await a.notify(CHANNEL_HOSTS, "x")
             await a.notify(CHANNEL_HOSTS, "y")
             await until(lambda: heard == ["x", "y"], "both payloads")
+    run(scenario())
+
+
+def test_a_replica_sends_one_events_notification_at_a_time_and_calls_meanwhile_share_the_next(
+        pg_databases, monkeypatch):
+    """Per-replica work that does not grow with the load or the replicas
+    (issue 29): while a replica's CHANNEL_EVENTS notification is in flight
+    (made slow here: 2 s), the calls it commits meanwhile send none of their
+    own but share one more, so every other replica hears two wake-ups for
+    ten calls, not ten. Every event is stored all the same."""
+    dsn = pg_databases()
+    slow = pg_store.NOTIFY_EVENTS_SQL.replace("SELECT ", "SELECT pg_sleep(2.0), ", 1)
+    assert slow != pg_store.NOTIFY_EVENTS_SQL
+    monkeypatch.setattr(pg_store, "NOTIFY_EVENTS_SQL", slow)
+
+    async def scenario():
+        async with two_replicas(dsn) as (a, b):
+            heard: list[str] = []
+            await b.listen(CHANNEL_EVENTS, heard.append)
+            for seq in range(1, 11):  # ten commits, each well inside the first notification's 2 s
+                await a.add_events("h1", "b1", rows([seq]), None, 1.0)
+            await a._announcer  # every notification a's calls asked for has been sent
+            await a.notify(CHANNEL_EVENTS, "end")  # delivered after them, in commit order
+            await until(lambda: heard[-1:] == ["end"], "b to hear the end marker")
+            assert heard == ["", "", "end"], heard
+            assert [e.seq for e in await b.events(EventQuery(host_id="h1", limit=100))] == list(range(1, 11))
     run(scenario())
 
 

@@ -19,8 +19,8 @@ from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
 from linkpassd.adapters.control_convert import timestamp
+from linkpassd.aggregator.fleet import MAX_REFUSALS
 from linkpassd.aggregator.identity import Refusal
-from linkpassd.aggregator.server import MAX_REFUSALS
 from linkpassd.aggregator.store import EventQuery
 
 DEADLINE_S = 20.0  # generous: a busy 2-core machine

@@ -58,27 +58,28 @@ def test_defaults_need_only_tls_or_insecure() -> None:
 
 
 @pytest.mark.parametrize("text, key, says", [
-    ("[aggregator]\nlisten = 7443\n[tls]\ninsecure = true", "aggregator.listen", "= 7443: expected a string"),
+    ("[aggregator]\nlisten = 7443\n[tls]\ninsecure = true", "aggregator.listen", "expected a string, got integer 7443"),
     ('[aggregator]\nlisten = "7443"\n[tls]\ninsecure = true', "aggregator.listen", "expected HOST:PORT"),
     ('[aggregator]\nlisten = "::1:7443"\n[tls]\ninsecure = true', "aggregator.listen", "needs brackets"),
     ('[aggregator]\nlisten = "0.0.0.0:70000"\n[tls]\ninsecure = true', "aggregator.listen", "'70000'"),
-    ("[aggregator]\nretention_days = 0\n[tls]\ninsecure = true", "aggregator.retention_days", "= 0: expected"),
-    ("[aggregator]\nretention_days = true\n[tls]\ninsecure = true", "aggregator.retention_days", "= True"),
-    ("[aggregator]\nheartbeat_s = nan\n[tls]\ninsecure = true", "aggregator.heartbeat_s", "= nan"),
-    ("[aggregator]\nmax_message_bytes = 10\n[tls]\ninsecure = true", "aggregator.max_message_bytes", "= 10"),
+    ("[aggregator]\nretention_days = 0\n[tls]\ninsecure = true", "aggregator.retention_days", "0 is outside 1..3650"),
+    ("[aggregator]\nretention_days = true\n[tls]\ninsecure = true", "aggregator.retention_days", "got boolean true"),
+    ("[aggregator]\nheartbeat_s = nan\n[tls]\ninsecure = true", "aggregator.heartbeat_s", "got nan"),
+    ("[aggregator]\nmax_message_bytes = 10\n[tls]\ninsecure = true", "aggregator.max_message_bytes", "10 is outside"),
     ('[aggregator]\nlog_level = "loud"\n[tls]\ninsecure = true', "aggregator.log_level", "one of debug"),
-    ('[aggregator]\ndatabase = ""\n[tls]\ninsecure = true', "aggregator.database", "not empty"),
-    ("[aggregator]\nlisen = 1\n[tls]\ninsecure = true", "aggregator.lisen", "unknown key; [aggregator] takes listen"),
-    ("[tls]\ninsecure = 1", "tls.insecure", "= 1: expected true or false"),
+    ('[aggregator]\ndatabase = ""\n[tls]\ninsecure = true', "aggregator.database", "must not be empty"),
+    ("[aggregator]\nlisen = 1\n[tls]\ninsecure = true", "aggregator.lisen", "unknown key; did you mean 'listen'?"),
+    ("[tls]\ninsecure = 1", "tls.insecure", "expected true or false, got integer 1"),
     ('[tls]\ninsecure = true\nca = "/x/ca.pem"', "tls.insecure", "together with tls.ca"),
     ('[tls]\nca = "/x/ca.pem"\ncert = "/x/c.pem"', "tls.key", "missing"),
     ("", "tls.ca", "missing: mTLS needs"),
     ("[mesh]\npeers_per_rail = 5\nmax_peers_per_rail = 4\n[tls]\ninsecure = true", "mesh.max_peers_per_rail",
      "at least mesh.peers_per_rail (5)"),
     ('[web]\nlisten = "0.0.0.0:7443"\n[tls]\ninsecure = true', "web.listen", "same address as aggregator.listen"),
-    ("[validation]\nhost_budget_pps = 10\n[tls]\ninsecure = true", "validation.host_budget_pps", "= 10: expected"),
+    ("[validation]\nhost_budget_pps = 10\n[tls]\ninsecure = true", "validation.host_budget_pps",
+     "10.0 is outside 100..1e+07"),
     ("[webs]\nlisten = 1", "webs", "unknown section"),
-    ("aggregator = 3", "aggregator", "= 3: expected a [aggregator] table"),
+    ("aggregator = 3", "aggregator", "expected a table [aggregator], got integer 3"),
 ])
 def test_every_bad_key_or_value_is_named_with_the_file(text: str, key: str, says: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -92,7 +93,7 @@ def test_tls_files_are_read_at_check_time(pki: Path, tmp_path: Path) -> None:
     base = good_toml(pki, tmp_path / "fleet.db")
     path = tmp_path / "a.toml"
     path.write_text(base.replace(f"{pki}/ca.pem", f"{pki}/nope.pem"))
-    with pytest.raises(ConfigError, match=r"tls\.ca: = '.*nope\.pem': does not exist"):
+    with pytest.raises(ConfigError, match=r"tls\.ca: '.*nope\.pem' does not exist"):
         load_settings(path)
     path.write_text(base.replace(f"{pki}/agg-key.pem", f"{pki}/h1-key.pem"))  # another cert's key
     with pytest.raises(ConfigError, match=r"tls\.cert: .*not a PEM certificate and its matching key"):
@@ -110,7 +111,7 @@ def test_check_config_and_start_exit_statuses(pki: Path, tmp_path: Path, capsys)
     bad = tmp_path / "bad.toml"
     bad.write_text('[aggregator]\nheartbeat_s = "5"\n[tls]\ninsecure = true\n')
     assert agg_main.main(["--config", str(bad), "--check-config"]) == 1
-    assert capsys.readouterr().err.strip() == f"{bad}: aggregator.heartbeat_s: = '5': expected a number from 0.5 to 300"
+    assert capsys.readouterr().err.strip() == f"{bad}: aggregator.heartbeat_s: expected a number, got string '5'"
     assert agg_main.main(["--config", str(bad)]) == 2  # the unit's RestartPreventExitStatus
     assert "aggregator.heartbeat_s" in capsys.readouterr().err
 
@@ -163,7 +164,7 @@ def test_the_process_serves_notifies_systemd_and_stops_on_sigterm(tmp_path: Path
 
 
 def test_listen_takes_an_absolute_unix_socket_and_refuses_a_relative_one(tmp_path) -> None:
-    from linkpassd.aggregator.settings import check_unix_listen
+    from linkpassd.config.checks import check_unix_listen
 
     assert check_unix_listen("unix:/run/linkpass/agg.sock") == "unix:/run/linkpass/agg.sock"
     with pytest.raises(ValueError, match="absolute path"):
@@ -187,7 +188,7 @@ def test_the_store_is_sqlite_by_default_or_postgresql_with_a_dsn(tmp_path) -> No
 
 
 @pytest.mark.parametrize("text, key, says", [
-    ('store = "mysql"', "aggregator.store", "= 'mysql': expected one of sqlite, postgresql"),
+    ('store = "mysql"', "aggregator.store", "'mysql' is not one of sqlite, postgresql"),
     ('store = "postgresql"', "aggregator.postgresql_dsn", 'missing: store = "postgresql" needs postgresql_dsn'),
     ('postgresql_dsn = "postgresql://db/fleet"', "aggregator.postgresql_dsn", 'given, but store is "sqlite"'),
     ('store = "postgresql"\npostgresql_dsn = "mysql://db/fleet"', "aggregator.postgresql_dsn",
@@ -196,7 +197,7 @@ def test_the_store_is_sqlite_by_default_or_postgresql_with_a_dsn(tmp_path) -> No
      "expected a postgresql:// URL"),
     ('store = "postgresql"\npostgresql_dsn = "postgresql://db:99999/fleet"', "aggregator.postgresql_dsn",
      "not a postgresql:// URL"),
-    ('store = "postgresql"\npostgresql_dsn = 5432', "aggregator.postgresql_dsn", "= 5432: expected a string"),
+    ('store = "postgresql"\npostgresql_dsn = 5432', "aggregator.postgresql_dsn", "expected a string, got integer 5432"),
 ])
 def test_a_bad_store_selection_is_named(text: str, key: str, says: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -210,6 +211,12 @@ def test_a_bad_dsn_is_shown_without_its_password() -> None:
         parse_settings('[aggregator]\nstore = "postgresql"\n'
                        'postgresql_dsn = "postgresql://agg:hunter2@db:99999/fleet"\n[tls]\ninsecure = true\n', SRC)
     assert "hunter2" not in str(err.value) and "agg:***@db:99999" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # a control character is named, the password is not
+        parse_settings('[aggregator]\nstore = "postgresql"\n'
+                       'postgresql_dsn = "postgresql://agg:hunter2@db/fle\\tet"\n[tls]\ninsecure = true\n',
+                       SRC)
+    assert err.value.key == "aggregator.postgresql_dsn"
+    assert "hunter2" not in str(err.value) and "control character" in str(err.value), str(err.value)
     s = parse_settings('[aggregator]\nstore = "postgresql"\npostgresql_dsn = "postgresql://agg:hunter2@db/fleet"\n'
                        '[tls]\ninsecure = true\n', SRC)
     assert agg_main.store_label(s) == "store postgresql postgresql://agg:***@db/fleet"
@@ -239,7 +246,8 @@ def test_serve_opens_a_postgresql_store_when_selected(pg_cluster, pg_databases) 
         served = asyncio.create_task(agg_main.serve(settings_for(dsn), stop=stop))
         def migrated() -> bool:
             try:
-                return pg_cluster.psql("SELECT version FROM linkpass_schema", database=database).strip() == str(SCHEMA_VERSION)
+                stored = pg_cluster.psql("SELECT version FROM linkpass_schema", database=database)
+                return stored.strip() == str(SCHEMA_VERSION)
             except subprocess.CalledProcessError:  # no such table yet
                 return False
 
@@ -257,3 +265,105 @@ def test_serve_opens_a_postgresql_store_when_selected(pg_cluster, pg_databases) 
         time.sleep(0.05)
     unreachable = dsn.replace(str(pg_cluster.workdir), "/nonexistent")
     assert asyncio.run(agg_main.serve(settings_for(unreachable))) == 1
+
+
+# --------------------------------------------------------------------------
+# the option table: one declaration drives validation, defaults and the reference
+# --------------------------------------------------------------------------
+
+AGG_DOCS = REPO / "docs" / "aggregator-config.md"
+
+
+def test_committed_aggregator_reference_matches_the_option_table() -> None:
+    from linkpassd.config.reference import render_aggregator_reference
+
+    assert AGG_DOCS.read_text(encoding="utf-8") == render_aggregator_reference(), (
+        "docs/aggregator-config.md is stale: run `.venv/bin/python -m linkpassd.config "
+        "--reference aggregator > docs/aggregator-config.md`")
+
+
+def test_the_reference_command_prints_the_aggregator_reference() -> None:
+    proc = subprocess.run([sys.executable, "-m", "linkpassd.config", "--reference", "aggregator"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == AGG_DOCS.read_text(encoding="utf-8")
+    bad = subprocess.run([sys.executable, "-m", "linkpassd.config", "--reference", "aggregatr"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert bad.returncode == 2 and "usage:" in bad.stderr
+
+
+def test_every_option_has_help_and_a_reference_row_and_is_a_settings_default() -> None:
+    """Each option of the table is documented and is what Settings() holds
+    when the file leaves it out: the dataclass has no defaults of its own."""
+    from linkpassd.aggregator.settings import TlsSettings
+    from linkpassd.config.aggregator_schema import AGGREGATOR_SCHEMA
+    from linkpassd.config.reference import render_aggregator_reference
+
+    doc = render_aggregator_reference()
+    field_of = {("web", "listen"): "web_listen", ("metrics", "listen"): "metrics_listen",
+                ("validation", "host_budget_pps"): "validation_host_budget_pps"}
+    defaults, tls = Settings(), TlsSettings()
+    for section in AGGREGATOR_SCHEMA:
+        section_doc = doc.split(f"## `{section.header}`")[1].split("\n## ")[0]
+        for option in section.options:
+            assert option.help and f"| `{option.key}` |" in section_doc, (section.name, option.key)
+            holder = tls if section.name == "tls" else defaults
+            name = option.key if section.name in ("aggregator", "tls", "mesh") \
+                else field_of[section.name, option.key]
+            assert getattr(holder, name) == option.default, (section.name, option.key)
+
+
+def test_an_option_key_in_the_wrong_section_says_where_it_belongs() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_settings('[aggregator]\ninsecure = true\n', SRC)
+    assert err.value.key == "aggregator.insecure"
+    assert "it belongs in [tls]" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        parse_settings('peers_per_rail = 3\n[tls]\ninsecure = true\n', SRC)
+    assert err.value.key == "peers_per_rail" and "belongs in [mesh]" in str(err.value)
+
+
+def test_the_example_config_loads_as_the_defaults() -> None:
+    """examples/aggregator.toml, insecure instead of its certificates (which
+    do not exist here), is the option table's defaults."""
+    example = (REPO / "examples" / "aggregator.toml").read_text()
+    text = "\n".join(line for line in example.splitlines()
+                     if not line.startswith(("ca =", "cert =", "key =")))
+    text = text.replace("# insecure = true", "insecure = true")
+    s = parse_settings(text, "examples/aggregator.toml")
+    assert s == Settings(source="examples/aggregator.toml", tls=s.tls) and s.tls.insecure
+
+
+@pytest.mark.parametrize("program", ["linkpassd", "linkpass-aggregator"])
+def test_both_daemons_take_config_and_check_config_through_one_helper(program, tmp_path,
+                                                                        capsys) -> None:
+    """The same forms, the same refusal of two files, the same --help text for
+    both programs (config.cli)."""
+    from linkpassd.daemon import cli as daemon
+
+    if program == "linkpassd":
+        main = daemon.main
+        config = tmp_path / "linkpassd.toml"
+        config.write_text('[daemon]\ncontrol_socket = "%s/s.sock"\n[[rail]]\nname = "r0"\n'
+                          'port = "eth0"\naddress = "198.18.0.1/24"\ngateway = "198.18.0.254"\n'
+                          % tmp_path)
+    else:
+        main = agg_main.main
+        config = tmp_path / "aggregator.toml"
+        config.write_text(f'[aggregator]\nlisten = "127.0.0.1:0"\ndatabase = "{tmp_path}/f.db"\n'
+                          '[tls]\ninsecure = true\n')
+    for argv in (["--check-config", str(config)], ["--config", str(config), "--check-config"],
+                 ["--check-config", str(config), "--config", str(config)]):
+        assert main(argv) == 0, capsys.readouterr().err
+        assert capsys.readouterr().out.startswith(f"OK: {config}: ")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--config", str(config), "--check-config", str(tmp_path / "other.toml")])
+    assert exit_.value.code == 2 and "name two files" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--check-config [FILE]" in help_text
+    assert "check the config (FILE, or the --config file)" in help_text
+    assert "without touching the system; print OK or the problem, then exit" in help_text

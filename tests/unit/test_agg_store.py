@@ -20,7 +20,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from linkpassd.aggregator import sqlite_store
 from linkpassd.aggregator.sqlite_store import SCHEMA_VERSION, SqliteStore

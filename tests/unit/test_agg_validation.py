@@ -130,7 +130,7 @@ async def connect_agents(server, ch: grpc.aio.Channel, modes: dict[str, str], ra
     return agents
 
 
-async def rest(call) -> list[pb.ValidateResponse]:  # noqa: ANN001 - a grpc.aio stream call
+async def rest(call) -> list[pb.ValidateResponse]:
     """The call's responses up to its end, read with read() (grpc.aio does not
     let one call mix read() and async iteration)."""
     out = []
@@ -139,7 +139,7 @@ async def rest(call) -> list[pb.ValidateResponse]:  # noqa: ANN001 - a grpc.aio 
     return out
 
 
-def trivial_analyse(plan_, results) -> Analysis:  # noqa: ANN001 - a stand-in for validate.localize
+def trivial_analyse(plan_, results) -> Analysis:
     """One finding per host whose pairs lost probes, naming the host."""
     return Analysis(findings=tuple(
         Finding(kind="lossy_link", component=f"{r.host_id} lost probes", hosts=(r.host_id,), confidence=0.5)

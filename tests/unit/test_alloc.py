@@ -5,15 +5,15 @@ import json
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from linkpassd.config import parse_config
-from linkpassd.core import alloc, plan as planner, policy
-from linkpassd.core.alloc import Allocation, AllocationError, AllocationFileError, GroupId
-from linkpassd.core.model import (Config, KernelState, MultipathConfig, Ownership, ProbeSettings,
-                                  RailConfig, Rule)
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corefixtures import ports
+from linkpassd.config import parse_config
+from linkpassd.core import alloc, policy
+from linkpassd.core import plan as planner
+from linkpassd.core.alloc import Allocation, AllocationError, AllocationFileError, GroupId
+from linkpassd.core.model import Config, KernelState, MultipathConfig, Ownership, ProbeSettings, RailConfig, Rule
 
 RAIL_POOL = [f"rail{i}" for i in range(6)]
 

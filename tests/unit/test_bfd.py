@@ -12,17 +12,32 @@ import struct
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scapy.compat import raw
 from scapy.contrib.bfd import BFD
 
 from linkpassd.adapters import bfd as adapter
 from linkpassd.adapters.looplag import LoopLag
 from linkpassd.core import bfd
+from linkpassd.core.bfd import (
+    SLOW_TX_US,
+    TRANSITIONS,
+    ControlPacket,
+    Diag,
+    Discarded,
+    Invalid,
+    Reason,
+    Send,
+    Session,
+    SessionConfig,
+    State,
+    StateChange,
+    decode,
+    encode,
+    jitter_factor,
+)
 from linkpassd.core.looplag import LagHistory
-from linkpassd.core.bfd import (SLOW_TX_US, TRANSITIONS, ControlPacket, Diag, Discarded, Invalid,
-                                Reason, Send, Session, SessionConfig, State, StateChange, decode,
-                                encode, jitter_factor)
 
 U32 = st.integers(0, 0xFFFFFFFF)
 NZ32 = st.integers(1, 0xFFFFFFFF)

@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from linkpassd.core import carried, health
-from linkpassd.core.model import (Assessment, KernelState, LinkSample, Nexthop, Route, Timers,
-                                  Verdict)
-
 from corefixtures import rails_config
+from linkpassd.core import carried, health
+from linkpassd.core.model import Assessment, KernelState, LinkSample, Nexthop, Route, Timers, Verdict
 
 TIMERS = Timers(rise=2, hold_down_s=5.0)
 UP_SAMPLE = LinkSample(port="eth0", present=True, ifindex=2, admin_up=True, carrier=True,

@@ -13,10 +13,25 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from linkpassd import config as cfgmod
-from linkpassd.config import (SCHEMA, ConfigError, build_config, check_config_main, load_config,
-                              parse_config, render_reference_markdown)
-from linkpassd.core.model import (AggregatorSettings, BfdSettings, Config, MultipathConfig,
-                                  Ownership, ProbeSettings, RailConfig, Timers)
+from linkpassd.config import (
+    SCHEMA,
+    ConfigError,
+    build_config,
+    check_config_main,
+    load_config,
+    parse_config,
+    render_reference_markdown,
+)
+from linkpassd.core.model import (
+    AggregatorSettings,
+    BfdSettings,
+    Config,
+    MultipathConfig,
+    Ownership,
+    ProbeSettings,
+    RailConfig,
+    Timers,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "linkpassd.toml"
@@ -216,7 +231,8 @@ MALFORMED = [
     ("table-range-too-small", edit("table_max = 10199", "table_max = 10101"),
      "ownership.table_max", "has room for 2, but 2 rails and 1 multipath group need 3 tables"),
     ("priority-range-too-small", edit("rule_priority_max = 10199", "rule_priority_max = 10103"),
-     "ownership.rule_priority_max", "has room for 4, but 2 rails and 1 multipath group need 5 rule priorities: 2 per rail with roce_rules"),
+     "ownership.rule_priority_max",
+     "has room for 4, but 2 rails and 1 multipath group need 5 rule priorities: 2 per rail with roce_rules"),
     ("nexthop-range-too-small", edit("nexthop_id_max = 1000199", "nexthop_id_max = 1000100"),
      "ownership.nexthop_id_max", "has room for 1, but 2 rails and 1 multipath group need 3 nexthop ids"),
     ("table-range-includes-main", edit("table_min = 10100", "table_min = 200"),

@@ -15,12 +15,10 @@ import enum
 import json
 import os
 import re
-import shutil
 import socket
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -40,15 +38,15 @@ from linkpassd.core.model import (
     CounterSample,
     DaemonStatus,
     Drain,
-    Problem,
     GroupStatus,
-    ResponderCounters,
     LinkSample,
     ModuleIdentity,
     OpticsReading,
     PortSensors,
     PortState,
+    Problem,
     RailStatus,
+    ResponderCounters,
     Thresholds,
     Verdict,
 )
@@ -57,16 +55,7 @@ from linkpassd.ctl import main as ctl
 WALL_NOW = 1_800_000_000.0  # unix time while serving
 
 
-@pytest.fixture(autouse=True)
-def local_zone(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """linkpassctl shows times in the local zone with its offset; tests pin
-    the zone to UTC+1 (a POSIX TZ needs no tzdata) so the offset shows."""
-    import time
-    monkeypatch.setenv("TZ", "CET-1")
-    time.tzset()
-    yield
-    monkeypatch.undo()
-    time.tzset()
+pytestmark = pytest.mark.usefixtures("local_zone")
 
 
 def realistic_sensors() -> tuple[PortSensors, ...]:
@@ -196,19 +185,6 @@ def running_server(socket_path: Path, provider: Callable[[], DaemonStatus],
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
-
-
-@pytest.fixture
-def sock() -> Iterator[Path]:
-    """A socket path in a fresh 0755 directory under /tmp: short (AF_UNIX
-    names, the proxy's caller names included, fit in 108 bytes), and
-    traversable by uid 65534, which pytest's 0700 tmp_path is not."""
-    base = Path(tempfile.mkdtemp(prefix="lp-ctl-", dir="/tmp"))
-    try:
-        os.chmod(base, 0o755)
-        yield base / "run" / "linkpassd.sock"
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

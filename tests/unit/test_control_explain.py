@@ -35,17 +35,16 @@ from linkpassd.core.model import (
     Verdict,
 )
 from linkpassd.ctl import main as ctl
-
-from test_control_api import (  # noqa: F401 - sock and local_zone are fixtures
+from test_control_api import (
     WALL_NOW,
-    local_zone,
     assert_one_line_error,
     ctl_process,
     run_ctl,
     running_server,
-    sock,
     table_rows,
 )
+
+pytestmark = pytest.mark.usefixtures("local_zone")
 
 RX_LEVELS = Thresholds(high_alarm=5.4, high_warn=3.4, low_warn=-8.4, low_alarm=-10.4)
 QSFP_DD = OpticsReading(
@@ -65,6 +64,7 @@ QSFP_DD = OpticsReading(
     ),
     flags=frozenset({"rx_power_low_warn[5]", "rx_power_low_alarm[5]"}),
 )
+
 UNREADABLE = "eth1: module EEPROM page 0x11: Input/output error"
 
 
@@ -150,7 +150,7 @@ def explain_provider(port: str) -> Explanation | None:
 
 
 @pytest.fixture
-def server(sock: Path):  # noqa: F811 - sock is the imported fixture
+def server(sock: Path):
     with running_server(sock, status, explain_provider) as srv:
         yield srv
 
@@ -426,7 +426,8 @@ def test_explain_without_provider_is_unimplemented(sock: Path) -> None:
                 pb_grpc.ControlServiceStub(channel).ExplainPort(pb.ExplainPortRequest(port="eth0"), timeout=5)
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert result.exit_code == 1
-    assert result.stderr == "linkpassctl: linkpassd answered UNIMPLEMENTED: this linkpassd serves no port explanations\n"
+    assert result.stderr == ("linkpassctl: linkpassd answered UNIMPLEMENTED: "
+                             "this linkpassd serves no port explanations\n")
     assert result.stdout == ""
 
 

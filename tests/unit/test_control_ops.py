@@ -38,15 +38,14 @@ from linkpassd.core.events import EventKind, EventLog, Severity
 from linkpassd.core.healthdoc import HealthDoc, PortHealthRow
 from linkpassd.core.model import DrainOutcome, PortState, Verdict
 from linkpassd.ctl.render import render_explanation
-
-from test_control_api import (  # noqa: F401 - sock and local_zone are fixtures
+from test_control_api import (
     WALL_NOW,
-    local_zone,
     realistic_status,
     run_ctl,
     running_server,
-    sock,
 )
+
+pytestmark = pytest.mark.usefixtures("local_zone")
 
 DEADLINE_S = 30.0  # generous: other test runs share this 2-core machine
 ADMIN_GROUP = "users"  # exists on Debian (gid 100); uid 65534 is not in it
@@ -481,7 +480,8 @@ def test_peer_names_parse_only_inside_the_private_dir() -> None:
     assert caller is not None and (caller.uid, caller.pid, caller.admin) == (1000, 4242, True)
     read = caller_from_peer("unix:/run/linkpass/linkpassd.private/c8-u0-p1-read", private)
     assert read is not None and not read.admin
-    for forged in ("unix:/tmp/linkpassd.private/c7-u0-p1-admin", "unix:/run/linkpass/linkpassd.private/x/c7-u0-p1-admin",
+    for forged in ("unix:/tmp/linkpassd.private/c7-u0-p1-admin",
+                   "unix:/run/linkpass/linkpassd.private/x/c7-u0-p1-admin",
                    "unix:/run/linkpass/linkpassd.private/c7-u0-p1-admin-x", "unix:", "ipv4:127.0.0.1:1", ""):
         assert caller_from_peer(forged, private) is None, forged
 
@@ -564,7 +564,8 @@ def test_a_read_only_user_cannot_take_the_connections_root_and_admins_need(sock:
                                             (65532, 1, 1, 16)):  # a third finds none left
                 holders.append(hold_connections(sock, uid, n, closed))
                 assert LineReader(holders[-1]).line() == f"closed {closed}"
-                wait_for(lambda: proxy.readers == readers == proxy.active, f"{readers} relayed connections")
+                wait_for(lambda readers=readers: proxy.readers == readers == proxy.active,
+                         f"{readers} relayed connections")
             assert proxy.refused == 2
             assert run_ctl(sock, "status").exit_code == 0  # root
             admin = run(as_user(ctl_argv(sock, "status"), groups=str(grp.getgrnam(ADMIN_GROUP).gr_gid)))

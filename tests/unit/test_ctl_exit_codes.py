@@ -1,6 +1,6 @@
 """linkpassctl's exit codes, each class through the real CLI in its own
 process: a script must be able to tell "daemon absent" from "bad argument"
-from "refused" from "not found" (ctl/exitcodes.py has the table)."""
+from "refused" from "not found" (linkpassd/exitcodes.py has the table)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 
 from linkpassd._proto.linkpass.v1 import control_pb2 as pb
 from linkpassd._proto.linkpass.v1 import control_pb2_grpc as pb_grpc
-from linkpassd.ctl.exitcodes import MEANINGS, ExitCode
+from linkpassd.exitcodes import MEANINGS, ExitCode
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,14 +46,14 @@ class FakeDaemon(pb_grpc.ControlServiceServicer):
         self.hang = False
         self.release = threading.Event()
 
-    def GetStatus(self, request, context):  # noqa: N802 - gRPC's name
+    def GetStatus(self, request, context):  # gRPC's name
         if self.hang:
             self.release.wait(30)  # bounded; released at teardown
         if self.abort:
             context.abort(*self.abort)
         return pb.GetStatusResponse(status=pb.DaemonStatus(hostname="h1"))
 
-    def ExplainPort(self, request, context):  # noqa: N802
+    def ExplainPort(self, request, context):
         if self.abort:
             context.abort(*self.abort)
         return pb.ExplainPortResponse()

@@ -20,9 +20,9 @@ from google.protobuf import timestamp_pb2
 from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
-from linkpassd.ctl.exitcodes import ExitCode
 from linkpassd.ctl.fleet import render_fleet_events, render_grid, render_summary
 from linkpassd.ctl.main import cli
+from linkpassd.exitcodes import ExitCode
 
 REPO = Path(__file__).resolve().parents[2]
 SERVED_AT = 1_800_000_000
@@ -138,7 +138,7 @@ class FakeAggregator(pb_grpc.FleetServiceServicer):
         self.release: asyncio.Event | None = None
         self.watch_events = [fleet_event(i) for i in range(1, 4)]
 
-    async def _maybe_fail(self, request, context) -> None:  # noqa: ANN001
+    async def _maybe_fail(self, request, context) -> None:
         self.requests.append(request)
         if self.hang:
             assert self.release is not None
@@ -146,30 +146,30 @@ class FakeAggregator(pb_grpc.FleetServiceServicer):
         if self.abort:
             await context.abort(*self.abort)
 
-    async def ListHosts(self, request, context):  # noqa: N802 - gRPC's name
+    async def ListHosts(self, request, context):  # gRPC's name
         await self._maybe_fail(request, context)
         return fleet_resp()
 
-    async def ListFleetEvents(self, request, context):  # noqa: N802
+    async def ListFleetEvents(self, request, context):
         await self._maybe_fail(request, context)
         return pb.ListFleetEventsResponse(events=[fleet_event(i) for i in range(request.after_id + 1, 6)])
 
-    async def WatchFleetEvents(self, request, context):  # noqa: N802
+    async def WatchFleetEvents(self, request, context):
         await self._maybe_fail(request, context)
         for e in self.watch_events:
             yield pb.WatchFleetEventsResponse(event=e)
 
-    async def FleetDrain(self, request, context):  # noqa: N802
+    async def FleetDrain(self, request, context):
         await self._maybe_fail(request, context)
         if request.host_id != "gpu-node-2":
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown host {request.host_id!r}")
         return pb.FleetDrainResponse(message=f"{request.port} drained")
 
-    async def FleetUndrain(self, request, context):  # noqa: N802
+    async def FleetUndrain(self, request, context):
         await self._maybe_fail(request, context)
         return pb.FleetUndrainResponse(message=f"{request.port} undrained")
 
-    async def GetSummary(self, request, context):  # noqa: N802
+    async def GetSummary(self, request, context):
         await self._maybe_fail(request, context)
         return pb.GetSummaryResponse(days=[pb.DaySummary(day="2027-01-15", failures_absorbed=2, gpu_hours_saved=8)],
                                      restart_cost_s=1800)
@@ -187,7 +187,7 @@ class ServerThread:
         self.server: grpc.aio.Server | None = None
         self.port = self._run(self._start(credentials))
 
-    def _run(self, coro):  # noqa: ANN001, ANN202
+    def _run(self, coro):
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(30)
 
     async def _start(self, credentials: grpc.ServerCredentials | None) -> int:
@@ -223,14 +223,14 @@ def agg() -> Iterator[tuple[FakeAggregator, str]]:
         server.stop()
 
 
-def run(*args: str, env: dict[str, str] | None = None):  # noqa: ANN201 - click's Result
+def run(*args: str, env: dict[str, str] | None = None):
     result = CliRunner().invoke(cli, list(args), env={"LINKPASS_AGGREGATOR": None, "LINKPASS_CA": None,
                                                       "LINKPASS_CERT": None, "LINKPASS_KEY": None, **(env or {})})
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     return result
 
 
-def fleet_cmd(address: str, *args: str, env: dict[str, str] | None = None):  # noqa: ANN201
+def fleet_cmd(address: str, *args: str, env: dict[str, str] | None = None):
     return run("fleet", "--aggregator", address, "--insecure", *args, env=env)
 
 

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
 from linkpassd._proto.linkpass.v1 import fleet_pb2_grpc as pb_grpc
-from linkpassd.ctl.exitcodes import ExitCode
 from linkpassd.ctl.main import cli
+from linkpassd.exitcodes import ExitCode
 from test_ctl_fleet import ServerThread
 
 PLAN = """
@@ -58,7 +58,7 @@ class FakeValidate(pb_grpc.FleetServiceServicer):
         self.send_report = True
         self.release = None  # ServerThread's
 
-    async def Validate(self, request, context):  # noqa: N802 - gRPC's name
+    async def Validate(self, request, context):  # gRPC's name
         self.requests.append(request)
         if self.abort:
             await context.abort(*self.abort)
@@ -92,7 +92,7 @@ def plan_file(tmp_path: Path) -> Path:
     return path
 
 
-def validate(address: str, *args: str):  # noqa: ANN201 - click's Result
+def validate(address: str, *args: str):
     result = CliRunner().invoke(cli, ["validate", "--aggregator", address, "--insecure", *args],
                                 env={"LINKPASS_AGGREGATOR": None, "LINKPASS_CA": None, "LINKPASS_CERT": None,
                                      "LINKPASS_KEY": None})
@@ -223,7 +223,7 @@ def test_end_to_end_through_a_real_aggregator_with_fake_agents(plan_file: Path, 
         stack.callback(lambda: [a.stop() for a in agents.values()])
         return server.port
 
-    def call(coro):  # noqa: ANN001, ANN202
+    def call(coro):
         return asyncio.run_coroutine_threadsafe(coro, loop).result(60)
 
     try:

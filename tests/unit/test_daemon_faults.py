@@ -15,13 +15,12 @@ import errno
 
 import pytest
 
+from corefixtures import rails_config
 from linkpassd.adapters.kernel import KernelOpError, KernelSocketError, Observation
 from linkpassd.adapters.links import LinkEvent, LinkSnapshot
 from linkpassd.core import plan
 from linkpassd.core.model import KernelState, LinkSample, Op, Verdict
-from linkpassd.daemon import Daemon, Tick
-
-from corefixtures import rails_config
+from linkpassd.daemon.loop import Daemon, Tick
 
 
 class FakeKernel:
@@ -163,14 +162,14 @@ def test_a_refused_write_at_any_step_of_a_fresh_start_skips_only_its_dependents(
             route.nhid == g.id and getattr(bad.obj, "id", None) in g.members
             for g in desired_now(daemon).groups), f"{route} missing, unrelated to {bad}"
     # named in status, with since when
-    problems = daemon.status().problems
+    problems = daemon.report.status().problems
     assert [p.kind for p in problems] == ["refused"] and problems[0].attempts == 1
     assert daemon.last_error and daemon.last_error_at > 0
     # the kernel accepts it again: converges, the error clears
     kernel.refuse = lambda op, n: False
     run(converge(daemon, clock))
     assert kernel.state == desired_now(daemon)
-    assert daemon.failures == {} and daemon.last_error == "" and daemon.status().problems == ()
+    assert daemon.failures == {} and daemon.last_error == "" and daemon.report.status().problems == ()
 
 
 def converged(tmp_path) -> tuple[Daemon, Clock, FakeKernel]:
@@ -217,11 +216,11 @@ def test_a_refused_write_at_any_step_of_a_failback_keeps_every_route_it_could(tm
         tables = {r.table for r in kernel.state.routes}
         assert all(rail.table in tables for rail in daemon.config.rails), \
             f"step {step}: a rail table lost its route"
-        assert daemon.status().problems, f"step {step}: the refusal is not reported"
+        assert daemon.report.status().problems, f"step {step}: the refusal is not reported"
         kernel.refuse = lambda op, n: False
         run(converge(daemon, clock))
         assert kernel.state == desired_now(daemon), f"step {step}: did not converge"
-        assert daemon.status().problems == ()
+        assert daemon.report.status().problems == ()
 
 
 def test_a_refused_route_does_not_hold_up_another_rails_failover(tmp_path):
@@ -311,7 +310,7 @@ def test_verdicts_are_written_on_change_and_carried_into_the_next_start(tmp_path
     # a restart: a new daemon, the same state dir, carrier back on eth0
     kernel.state = kernel.state  # fail-static: the kernel keeps its routes
     again, clock2 = make(tmp_path, kernel)
-    again._adopt(kernel.state)
+    again.adopt(kernel.state)
     start(again, ["eth0", "eth1", "eth2"])
     eth0 = again.health["eth0"]
     assert eth0.verdict is Verdict.DOWN and "before restart" in eth0.reason
@@ -323,6 +322,7 @@ def test_a_carried_bad_verdict_that_names_no_signal_awaits_the_ports_own_probes(
     for: after a restart the port's own probes must prove it all the same
     (else it would be trusted after rise + hold-down on carrier alone)."""
     import json
+
     from linkpassd.core import carried as carriedmod
     kernel = FakeKernel()
     daemon, clock = make(tmp_path, kernel)
@@ -337,7 +337,7 @@ def test_a_carried_bad_verdict_that_names_no_signal_awaits_the_ports_own_probes(
     (state_dir / "verdicts.json").write_text(json.dumps(doc))
     again = Daemon(config, clock=clock, wallclock=lambda: 1.8e9 + clock.t)
     again.kernel = kernel
-    again._adopt(None)
+    again.adopt(None)
     start(again, ["eth0", "eth1", "eth2"])
     eth0 = again.health["eth0"]
     assert eth0.verdict is Verdict.DOWN and eth0.awaiting == ("echo",)

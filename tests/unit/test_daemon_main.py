@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from linkpassd import daemon
+from agg_tls import certs
 from linkpassd.adapters.instancelock import InstanceLock
 from linkpassd.aggregator import main as agg_main
-
-from agg_tls import certs
+from linkpassd.daemon import cli as daemon
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 60

@@ -6,13 +6,12 @@ import asyncio
 import json
 
 from linkpassd.adapters.healthfile import HealthFile, own_pid_namespace
+from linkpassd.adapters.links import LinkEvent
 from linkpassd.core.events import EventKind
 from linkpassd.core.model import Drain, Verdict
-from linkpassd.daemon import Tick
-from linkpassd.operations import DrainCommand
-
+from linkpassd.daemon.loop import Tick
+from linkpassd.daemon.operations import DrainCommand
 from test_daemon_faults import FakeKernel, link, make, run, start
-from linkpassd.adapters.links import LinkEvent
 
 PORTS = ["eth0", "eth1", "eth2"]
 
@@ -40,7 +39,7 @@ def started(tmp_path):
 
 
 def kinds(daemon, after: int = 0) -> list[tuple[int, str, str]]:
-    events, missed = daemon.events.log.after(after)
+    events, missed = daemon.recorder.feed.log.after(after)
     assert missed == 0
     return [(e.seq, str(e.kind), e.port) for e in events]
 
@@ -48,7 +47,7 @@ def kinds(daemon, after: int = 0) -> list[tuple[int, str, str]]:
 def test_a_drain_moves_the_rails_table_off_the_port_and_an_undrain_brings_it_back(tmp_path):
     daemon, clock, kernel = started(tmp_path)
     assert table_port(daemon, kernel, "eth0") == "eth0"
-    seen = daemon.events.log.last_seq
+    seen = daemon.recorder.feed.log.last_seq
     run(daemon.handle([drain_cmd("eth0")]))
     assert table_port(daemon, kernel, "eth0") != "eth0"
     state = daemon.port_states(clock.t)["eth0"]
@@ -68,7 +67,7 @@ def test_a_drain_survives_a_restart(tmp_path):
     daemon, clock, kernel = started(tmp_path)
     run(daemon.handle([drain_cmd("eth0")]))
     again, _ = make(tmp_path, kernel)  # same state dir, same kernel (fail-static)
-    again._load_drains()
+    again.drains.load()
     start(again, PORTS)
     assert again.port_states(again.clock())["eth0"].verdict is Verdict.DEGRADED
     assert table_port(again, kernel, "eth0") != "eth0"
@@ -81,20 +80,20 @@ def test_a_drain_for_a_duration_expires_by_itself(tmp_path):
     clock.t += 59.0
     run(daemon.handle([Tick()]))
     assert table_port(daemon, kernel, "eth0") != "eth0"
-    seen = daemon.events.log.last_seq
+    seen = daemon.recorder.feed.log.last_seq
     clock.t += 1.0
     run(daemon.handle([Tick()]))
     assert table_port(daemon, kernel, "eth0") == "eth0"
-    expired = [e for e in daemon.events.log.after(seen)[0] if e.kind is EventKind.UNDRAIN]
+    expired = [e for e in daemon.recorder.feed.log.after(seen)[0] if e.kind is EventKind.UNDRAIN]
     assert [e.field("how") for e in expired] == ["expired"]
 
 
 def test_a_cable_pull_is_recorded_as_verdict_then_path_in_sequence(tmp_path):
     daemon, clock, kernel = started(tmp_path)
-    seen = daemon.events.log.last_seq
+    seen = daemon.recorder.feed.log.last_seq
     clock.t += 0.1
     run(daemon.handle([LinkEvent(link("eth1", carrier=False))]))
-    events, missed = daemon.events.log.after(seen)
+    events, missed = daemon.recorder.feed.log.after(seen)
     assert missed == 0 and [e.seq for e in events] == list(range(seen + 1, seen + 1 + len(events)))
     verdict = next(e for e in events if e.kind is EventKind.VERDICT)
     path = next(e for e in events if e.kind is EventKind.RAIL_PATH and e.port == "eth1")
@@ -105,28 +104,28 @@ def test_a_cable_pull_is_recorded_as_verdict_then_path_in_sequence(tmp_path):
 
 def test_the_health_document_follows_each_change_and_is_written(tmp_path):
     daemon, clock, kernel = started(tmp_path)
-    daemon.health_file = HealthFile(str(tmp_path / "run" / "health.json"))
+    daemon.healthdoc.file = HealthFile(str(tmp_path / "run" / "health.json"))
     clock.t += 0.1
     run(daemon.handle([Tick()]))  # due: the first document
-    first = daemon.health_doc.generation
+    first = daemon.healthdoc.doc.generation
     run(daemon.handle([LinkEvent(link("eth1", carrier=False))]))
-    assert daemon.health_doc.generation == first + 1
+    assert daemon.healthdoc.doc.generation == first + 1
     doc = json.loads((tmp_path / "run" / "health.json").read_text())
     usable = {p["port"]: p["usable"] for p in doc["ports"]}
     assert usable == {"eth0": True, "eth1": False, "eth2": True}
     assert doc["pid_ns"] == own_pid_namespace() != 0  # nccl-env may check our pid
     clock.t += 0.1
     run(daemon.handle([Tick()]))  # nothing changed, refresh not due: no new document
-    assert daemon.health_doc.generation == first + 1
+    assert daemon.healthdoc.doc.generation == first + 1
 
 
 def test_the_control_api_drain_returns_after_the_pass_that_moved_the_traffic(tmp_path):
     daemon, clock, kernel = started(tmp_path)
 
     async def scenario():
-        loop_task = asyncio.create_task(daemon._reconcile_loop())
+        loop_task = asyncio.create_task(daemon.reconcile_loop())
         try:
-            state = await daemon.drain("eth2", "flapping optic", 3600.0, "root (uid 0)")
+            state = await daemon.drains.drain("eth2", "flapping optic", 3600.0, "root (uid 0)")
             assert table_port(daemon, kernel, "eth2") != "eth2"  # already moved on return
             return state
         finally:
@@ -142,9 +141,9 @@ def test_the_control_api_drain_returns_after_the_pass_that_moved_the_traffic(tmp
 def control_drains(daemon, *calls):
     """Each (port, reason, duration_s) through the control API's drain, in turn."""
     async def scenario():
-        loop_task = asyncio.create_task(daemon._reconcile_loop())
+        loop_task = asyncio.create_task(daemon.reconcile_loop())
         try:
-            return [await daemon.drain(port, reason, duration_s, "root (uid 0)")
+            return [await daemon.drains.drain(port, reason, duration_s, "root (uid 0)")
                     for port, reason, duration_s in calls]
         finally:
             loop_task.cancel()
@@ -161,8 +160,8 @@ def test_a_second_drain_replaces_the_first_and_says_so(tmp_path):
     assert first.replaced is None
     assert second.replaced == first.state.drain
     assert second.state.drain.until == second.state.drain.at + 7200.0
-    assert daemon.drains["eth0"].reason == "optic swap, vendor late"
-    event = daemon.events.log.last(10)
+    assert daemon.drains.by_port["eth0"].reason == "optic swap, vendor late"
+    event = daemon.recorder.feed.log.last(10)
     drained = [e for e in event if e.kind is EventKind.DRAIN]
     assert "replaces the drain by root (uid 0)" in drained[-1].message
     assert drained[-1].field("replaced_by") == "root (uid 0)"
@@ -196,12 +195,12 @@ def test_a_foreign_object_found_in_the_same_pass_as_a_cable_pull_holds_up_nothin
     kernel.foreign = (ForeignObject("nexthop", 99, "nexthop id 1000150 via 198.18.9.9 proto 99",
                                     id=1_000_150),)
     daemon.needs_resync = True  # the pass re-reads and finds it
-    seen = daemon.events.log.last_seq
+    seen = daemon.recorder.feed.log.last_seq
     clock.t += 0.1
     run(daemon.handle([LinkEvent(link("eth1", carrier=False))]))
     assert table_port(daemon, kernel, "eth1") != "eth1"  # the failover happened
     assert daemon.reconcile_failures == 0 and daemon.last_error == ""
-    conflict = [e for e in daemon.events.log.after(seen)[0] if e.kind is EventKind.CONFLICT]
+    conflict = [e for e in daemon.recorder.feed.log.after(seen)[0] if e.kind is EventKind.CONFLICT]
     assert [e.field("object_kind") for e in conflict] == ["nexthop"]
 
 
@@ -217,7 +216,7 @@ def test_a_drain_whose_routes_cannot_move_is_answered_as_pending_but_kept(tmp_pa
     run(daemon.handle([cmd]))
     assert isinstance(answered(cmd), drain.DrainPending)
     assert "recorded and kept" in str(answered(cmd)) and "injected refusal" in str(answered(cmd))
-    assert "eth0" in daemon.drains and table_port(daemon, kernel, "eth0") == "eth0"
+    assert "eth0" in daemon.drains.by_port and table_port(daemon, kernel, "eth0") == "eth0"
     kernel.refuse = lambda op, n: False
     clock.t += 31.0
     run(daemon.handle([Tick()]))  # the retry moves it
@@ -226,14 +225,15 @@ def test_a_drain_whose_routes_cannot_move_is_answered_as_pending_but_kept(tmp_pa
 
 def test_a_drain_queued_behind_a_shutdown_is_answered_as_not_taken(tmp_path):
     import pytest
+
     from linkpassd.core import drain
-    from linkpassd.daemon import Shutdown, ShutdownRequested
+    from linkpassd.daemon.loop import Shutdown, ShutdownRequested
     daemon, clock, kernel = started(tmp_path)
     cmd = drain_cmd("eth0")
     with pytest.raises(ShutdownRequested):
         run(daemon.handle([Shutdown("SIGTERM"), cmd]))
     assert isinstance(answered(cmd), drain.DrainNotTaken)
-    assert daemon.drains == {}
+    assert daemon.drains.by_port == {}
 
 
 def test_a_settled_drain_is_answered_with_success(tmp_path):
@@ -246,24 +246,25 @@ def test_a_settled_drain_is_answered_with_success(tmp_path):
 def test_a_port_removed_by_a_reload_can_still_be_undrained(tmp_path):
     import dataclasses
     daemon, clock, kernel = started(tmp_path)
-    daemon.drains["eth9"] = Drain("eth9", "gone NIC", "root (uid 0)", 1.0)  # e.g. from drains.json
+    daemon.drains.by_port["eth9"] = Drain("eth9", "gone NIC", "root (uid 0)", 1.0)  # e.g. from drains.json
 
     async def scenario():
-        loop_task = asyncio.create_task(daemon._reconcile_loop())
+        loop_task = asyncio.create_task(daemon.reconcile_loop())
         try:
-            await daemon.undrain("eth9", "root (uid 0)")
+            await daemon.drains.undrain("eth9", "root (uid 0)")
         finally:
             loop_task.cancel()
 
     asyncio.run(scenario())
-    assert "eth9" not in daemon.drains
-    assert dataclasses.asdict(daemon.events.log.last(1)[0])["port"] == "eth9"
+    assert "eth9" not in daemon.drains.by_port
+    assert dataclasses.asdict(daemon.recorder.feed.log.last(1)[0])["port"] == "eth9"
 
 
 def test_explain_says_hold_down_until_when_while_carrier_is_back(tmp_path, monkeypatch):
     """Issue 28: `explain` said "no carrier" while the carrier was back and
     the port in its hold-down. It says hold-down, and until when."""
     import time as time_mod
+
     from linkpassd.adapters import control_convert
     from linkpassd.ctl.render import render_explanation
     from test_daemon_faults import pull_cable
@@ -272,7 +273,7 @@ def test_explain_says_hold_down_until_when_while_carrier_is_back(tmp_path, monke
     clock.t += 0.5
     run(daemon.handle([LinkEvent(link("eth1"))]))  # carrier back: hold-down starts now
     back_at = clock.t
-    explained = daemon.explain("eth1")
+    explained = daemon.report.explain("eth1")
     state = explained.state
     assert state.verdict is Verdict.DOWN and state.phase == "RECOVERING" and state.carrier
     assert state.evidence[0].startswith("in hold-down after: no carrier")
@@ -293,7 +294,7 @@ def test_explain_says_hold_down_until_when_while_carrier_is_back(tmp_path, monke
     for _ in range(daemon.config.timers.rise):
         clock.t += 0.1
         run(daemon.handle([Tick()]))
-    after = daemon.explain("eth1").state
+    after = daemon.report.explain("eth1").state
     assert after.verdict is Verdict.UP and after.hold_until == 0.0
 
 
@@ -310,7 +311,7 @@ def test_a_configured_port_that_does_not_exist_says_no_such_port(tmp_path):
     assert table_port(daemon, kernel, "eth1") != "eth1"
     # A start without the verdict file finds rail1's table on a backup.
     again, _ = make(tmp_path / "fresh", kernel)
-    again._adopt(kernel.state)
+    again.adopt(kernel.state)
     run(again.handle([snap]))
     state = again.port_states(again.clock())["eth1"]
     assert state.verdict is Verdict.DOWN

@@ -11,7 +11,8 @@ import struct
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from structlog.testing import capture_logs
@@ -243,7 +244,10 @@ def test_unknown_states_from_a_newer_kernel_get_stable_names():
 
 
 def test_standard_stats_pick_symbol_and_fcs_errors_by_group_and_id():
-    stat = lambda kind, value: nest(4, u64(kind, value))  # noqa: E731 - one counter per GRP_STAT
+
+    def stat(kind: int, value: int) -> bytes:  # one counter per GRP_STAT
+        return nest(4, u64(kind, value))
+
     msg = genl_reply(
         et.stats_msg, 33, nest(2, attr(2, b"lprail0\0")), u32(5, 0),
         nest(4, u32(2, et.ETHTOOL_STATS_ETH_PHY), u32(3, 17), stat(0, 123)),

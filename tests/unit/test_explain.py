@@ -1,9 +1,8 @@
 """Explain: a port's verdict and every routing consequence of it."""
 
+from corefixtures import port, ports, rails_config
 from linkpassd.core import explain, policy
 from linkpassd.core.model import Verdict
-
-from corefixtures import port, ports, rails_config
 
 
 def consequences(cfg, states, name):

@@ -5,14 +5,22 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from linkpassd.core import health, policy, signals
-from linkpassd.core.model import (CounterSample, LinkSample, ModuleIdentity, OpticsReading,
-                                  Thresholds, Timers, Unreadable, Verdict)
-from linkpassd.core.signals import HealthPolicy, judge_optics, theil_sen_slope
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corefixtures import rails_config
+from linkpassd.core import health, policy, signals
+from linkpassd.core.model import (
+    CounterSample,
+    LinkSample,
+    ModuleIdentity,
+    OpticsReading,
+    Thresholds,
+    Timers,
+    Unreadable,
+    Verdict,
+)
+from linkpassd.core.signals import HealthPolicy, judge_optics, theil_sen_slope
 
 TIMERS = Timers(rise=3, fall=1, hold_down_s=5.0, tick_interval_s=0.5)
 POLICY = HealthPolicy()
@@ -254,7 +262,7 @@ def test_a_value_exactly_at_a_level_is_not_past_it_and_the_module_flag_decides(
     assert getattr(t, level) == at
     unflagged = judge(module(**{quantity: at}))
     assert unflagged.severity is Verdict.UP
-    assert (f"above high warning" in unflagged.detail) == (level == "high_alarm")
+    assert ("above high warning" in unflagged.detail) == (level == "high_alarm")
     assert signals.past_level(at, t) == (("high", "warning", 70.0) if level == "high_alarm" else None)
     flagged_a = judge(module(flags={flag}, **{quantity: at}))
     assert flagged_a.severity is flagged and flag in flagged_a.detail

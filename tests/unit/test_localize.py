@@ -4,11 +4,11 @@ simulates what each fault does to port checks and probed pairs): every
 fault class is found, named at the right component, and nothing else is."""
 
 import pytest
-from validatefixtures import Fabric
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.validate.localize import Thresholds, detectable_loss, localize, localize_proto
 from linkpassd.validate.results import HostResult, PortCheck
+from validatefixtures import Fabric
 
 HOST_PORTS = [(f"gpu-{h:02d}", f"rail{r}") for h in range(1, 9) for r in range(2)]
 
@@ -397,3 +397,28 @@ def test_a_dead_leaf_without_lldp_is_one_finding():
     fabric.no_lldp.update((h, "rail0") for h in ("gpu-01", "gpu-02", "gpu-03", "gpu-04"))
     f = only(fabric)
     assert f.kind == "leaf" and sum("no LLDP neighbour" in e for e in f.evidence) == 4
+
+
+def test_a_host_that_sent_fewer_probes_than_planned_is_a_note_not_a_finding():
+    """A busy host's prober falling behind (valprober's "could not keep up")
+    still ran its checks: its pairs count only what was sent, the loss
+    resolution coarsens accordingly, and no finding is made of it."""
+    import dataclasses
+
+    fabric = Fabric()
+    full = localize(fabric.plan, fabric.results())
+    results = fabric.results()
+    v = results["gpu-04"]
+    short = tuple(dataclasses.replace(p, burst_sent=p.burst_sent // 4, burst_received=p.burst_received // 4)
+                  for p in v.pairs)
+    note = "burst phase: sent 1400 of 5688 probes in 3 s (this host could not keep up)"
+    results["gpu-04"] = dataclasses.replace(v, pairs=short, notes=(note,))
+    analysis = localize(fabric.plan, results)
+    assert analysis.findings == ()
+    assert analysis.loss_resolution > full.loss_resolution
+    message = results["gpu-04"].to_proto()
+    assert list(message.notes) == [note] and not message.problems
+    assert type(v).from_proto(message).notes == (note,)
+    # the same note among the problems (a check that did not run) is a finding
+    results["gpu-04"] = dataclasses.replace(v, problems=(note,))
+    assert [f.kind for f in localize(fabric.plan, results).findings] == ["incomplete"]

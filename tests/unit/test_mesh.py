@@ -11,8 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2
-from linkpassd.aggregator.mesh import (Member, in_degree_bound, members_from_inventory, plan,
-                                      probe_peers, probers)
+from linkpassd.aggregator.mesh import Member, in_degree_bound, members_from_inventory, plan, probe_peers, probers
 
 Edge = tuple[str, str, str]  # (prober host, rail, target address)
 

@@ -13,17 +13,29 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from linkpassd import metrics_snapshot
-from linkpassd.adapters.echo import RTT_BUCKETS_S
-from linkpassd.adapters.metrics import (BfdMetrics, LoopLagMetrics, Metrics, MetricsSnapshot,
-                                        ProbeMetrics, parse_listen, reason_class)
-from linkpassd.core.events import EventKind, EventLog, Severity
-from linkpassd.core.model import (AgentLinkStatus, CounterSample, DaemonStatus, Drain, GroupStatus, LinkSample,
-                                  ModuleIdentity, OpticsReading, PortSensors, PortState, Problem,
-                                  RailStatus, ResponderCounters, Thresholds, Verdict)
-from linkpassd.daemon import Daemon
-
 from corefixtures import rails_config
+from linkpassd import metrics_snapshot
+from linkpassd.adapters.metrics import BfdMetrics, LoopLagMetrics, Metrics, MetricsSnapshot, ProbeMetrics, parse_listen
+from linkpassd.core.events import EventKind, EventLog, Severity, reason_class
+from linkpassd.core.model import (
+    AgentLinkStatus,
+    CounterSample,
+    DaemonStatus,
+    Drain,
+    GroupStatus,
+    LinkSample,
+    ModuleIdentity,
+    OpticsReading,
+    PortSensors,
+    PortState,
+    Problem,
+    RailStatus,
+    ResponderCounters,
+    Thresholds,
+    Verdict,
+)
+from linkpassd.core.probe import RTT_BUCKETS_S
+from linkpassd.daemon.loop import Daemon
 
 RAIL_OF = {"eth0": "rail0", "eth1": "rail1"}
 CANDIDATES = {"rail0": ("rail0", "rail1"), "rail1": ("rail1", "rail0")}
@@ -370,7 +382,8 @@ def test_ipv6_listen_addresses_take_brackets(served):
 
 
 @pytest.mark.parametrize("reason, cause", [
-    ("no carrier (operstate DOWN)", "carrier"), ("interface missing", "carrier"), ("no such port: the interface does not exist", "carrier"),
+    ("no carrier (operstate DOWN)", "carrier"), ("interface missing", "carrier"),
+    ("no such port: the interface does not exist", "carrier"),
     ("bfd:198.18.0.254: session Down (control detection time expired)", "bfd"),
     ("echo: all 2 peers unreachable: a, b", "echo"), ("optics: rx power -14 dBm", "optics"),
     ("counters: 40 CRC errors/s", "counters"), ("flaps: suppressed", "flap"), ("flap", "flap"),
@@ -398,7 +411,7 @@ def _exposition(metrics: Metrics) -> str:
 def test_take_reads_a_daemon_with_the_names_it_really_has():
     daemon = Daemon(rails_config(2))
     for i, carrier in ((0, True), (1, False)):
-        daemon._observe(LinkSample(f"eth{i}", True, 2 + i, True, carrier, "UP" if carrier else
+        daemon.observe(LinkSample(f"eth{i}", True, 2 + i, True, carrier, "UP" if carrier else
                                    "DOWN"), 1.0)
     snap = metrics_snapshot.take(daemon)
     assert {(p.port, p.rail, p.verdict) for p in snap.ports} == {("eth0", "rail0", "UP"),

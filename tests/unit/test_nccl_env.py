@@ -1,8 +1,8 @@
 """`linkpassctl nccl-env` through the real CLI, on health files written here."""
 
 import json
-import re
 import os
+import re
 import subprocess
 import time
 from dataclasses import replace
@@ -15,7 +15,7 @@ from linkpassd.core import drain as drains
 from linkpassd.core import healthdoc
 from linkpassd.core.model import Drain, PortState, Verdict
 from linkpassd.ctl import main as ctl
-from linkpassd.ctl.exitcodes import ExitCode
+from linkpassd.exitcodes import ExitCode
 from tests.unit.corefixtures import ports, rails_config
 
 RDMA = {"eth0": ("mlx5_0", 1), "eth1": ("mlx5_1", 1), "eth2": ("mlx5_3", 1)}

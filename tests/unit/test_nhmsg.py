@@ -2,7 +2,8 @@
 
 import struct
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 from linkpassd.adapters import nhmsg as nh

@@ -14,7 +14,8 @@ import math
 import struct
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from linkpassd.adapters import optics
 from linkpassd.adapters.optics import CMIS, SFF8472, SFF8636, PageRef

@@ -104,15 +104,17 @@ def test_the_aggregator_example_names_every_option_with_its_default() -> None:
     import dataclasses
 
     from linkpassd.aggregator import settings
+    from linkpassd.config.aggregator_schema import AGGREGATOR_SCHEMA
 
     text = CANONICAL["aggregator.toml"].read_text()
     doc = tomllib.loads(text)
-    for section, keys in settings.SCHEMA.items():
-        if section == "tls":
+    for section in AGGREGATOR_SCHEMA:
+        keys = {option.key for option in section.options}
+        if section.name == "tls":
             assert set(doc["tls"]) == {"ca", "cert", "key"}, doc["tls"]
             continue
-        assert set(doc.get(section, {})) | ({"postgresql_dsn"} if section == "aggregator" else set()) \
-            == set(keys), section
+        assert set(doc.get(section.name, {})) | ({"postgresql_dsn"} if section.name == "aggregator"
+                                                 else set()) == keys, section.name
     assert "# postgresql_dsn = " in text and "# insecure = true" in text  # shown, commented out
     parsed = settings.parse_settings(text, "examples/aggregator.toml")
     defaults = settings.Settings(source=parsed.source, tls=parsed.tls)

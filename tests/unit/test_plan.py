@@ -2,14 +2,14 @@
 that follows the real kernel's semantics (core.plan.simulate)."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
-
-from linkpassd.core import alloc, plan as planner, policy
-from linkpassd.core.model import (KernelState, Nexthop, NexthopGroup, Op, OpKind, Route, Rule,
-                                  Verdict)
-from linkpassd.core.plan import KernelSemanticsError, simulate, simulate_all
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corefixtures import port, ports, rails_config
+from linkpassd.core import alloc, policy
+from linkpassd.core import plan as planner
+from linkpassd.core.model import KernelState, Nexthop, NexthopGroup, Op, OpKind, Route, Rule, Verdict
+from linkpassd.core.plan import KernelSemanticsError, simulate, simulate_all
 
 PROTO = 201
 

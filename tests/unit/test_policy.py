@@ -1,11 +1,11 @@
 """Policy: verdicts + config -> desired routing."""
 
-from hypothesis import given, settings, strategies as st
-
-from linkpassd.core import alloc, policy
-from linkpassd.core.model import Verdict
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from corefixtures import port, ports, rails_config
+from linkpassd.core import alloc, policy
+from linkpassd.core.model import Verdict
 
 
 def nh(cfg, rail_index):
@@ -171,6 +171,7 @@ def test_decide_is_deterministic():
 
 def probing_config(n=2):
     from dataclasses import replace as dc_replace
+
     from linkpassd.core.model import ProbeSettings
 
     cfg = rails_config(n)
@@ -213,6 +214,7 @@ def test_probe_table_is_empty_without_carrier_and_never_borrows_a_backup():
 
 def test_no_probe_objects_while_probing_is_off():
     from dataclasses import replace as dc_replace
+
     from linkpassd.core.model import ProbeSettings
 
     cfg = dc_replace(probing_config(2), probes=ProbeSettings(enabled=False))

@@ -3,21 +3,18 @@ sockets: no root. The judgement (core.probe) is in test_probe_contract.py."""
 
 from __future__ import annotations
 
-import heapq
 import math
-import random
 import socket
 import struct
 import time
-from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from linkpassd.adapters import echo
 from linkpassd.core.admission import ResponderPolicy
-from linkpassd.core.model import Assessment, Verdict
-from linkpassd.core.probe import PathState, ProbeConfig, Prober
+from linkpassd.core.probe import PathState, ProbeConfig
 
 PEER = "198.18.1.2"
 INF = math.inf
@@ -182,10 +179,15 @@ def test_garbage_at_the_responder_is_counted_never_raised(data, truncated, anc, 
     assert len(r.sock.sent) == c.answered <= c.requests
 
 
+def service_prober(path: echo.ProbePath) -> echo.EchoProber:
+    """The prober of `path` in an echo service that is not started (no socket)."""
+    return echo.EchoService([path], respond=False).probers[path]
+
+
 @settings(max_examples=300)
 @given(data=st.binary(max_size=100), truncated=st.booleans())
 def test_garbage_at_the_prober_is_counted_never_raised(data, truncated):
-    pr = echo.EchoProber(echo.ProbePath("lprail0", "198.18.0.2", "198.18.0.1"))
+    pr = service_prober(echo.ProbePath("lprail0", "198.18.0.2", "198.18.0.1"))
     pr._received(data, [], socket.MSG_TRUNC if truncated else 0, 1.0, time.time(), 0.0)
     c = pr.counters
     assert c.malformed + c.stray == 1 and c.received == 0
@@ -193,15 +195,17 @@ def test_garbage_at_the_prober_is_counted_never_raised(data, truncated):
 
 
 def test_the_prober_matches_its_replies_and_uses_the_kernel_receive_time():
-    pr = echo.EchoProber(echo.ProbePath("lprail0", "198.18.0.2", "198.18.0.1"), prober_id=42)
+    pr = service_prober(echo.ProbePath("lprail0", "198.18.0.2", "198.18.0.1"))
     pr.state, (send,) = pr.state.poll(10.0)
-    reply = echo.EchoPacket(echo.KIND_REPLY, send.seq, round(10.0 * 1e9), 42, 7, 0).encode()
+    reply = echo.EchoPacket(echo.KIND_REPLY, send.seq, round(10.0 * 1e9), pr.prober_id, 7,
+                            0).encode()
     wall = time.time()
     # Read 30 ms after it arrived (a busy loop), but the kernel says it came at +0.5 ms.
     pr._received(reply, [timestamp_cmsg(wall - 0.0295)], 0, 10.030, wall, 0.0)
     assert pr.counters.received == 1 and pr.counters.late == 0
     assert pr.state.rtt_s == pytest.approx(0.0005, abs=2e-4)
-    other = echo.EchoPacket(echo.KIND_REPLY, send.seq, round(10.0 * 1e9), 43).encode()
+    other = echo.EchoPacket(echo.KIND_REPLY, send.seq, round(10.0 * 1e9),
+                            pr.prober_id ^ 1).encode()
     pr._received(other, [], 0, 10.031, wall, 0.0)
     assert pr.counters.stray == 1
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from linkpassd.core.probe import PathState, Prober, ProbeConfig
+from linkpassd.core.probe import PathState, ProbeConfig, Prober
 from linkpassd.core.schedule import MAX_SEND_SLOT_S, MIN_BATCHED_PATHS, send_slot, slot_start
 
 PEER = "198.19.9.1"

@@ -22,11 +22,20 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from linkpassd.core.model import Verdict
-from linkpassd.core.probe import (TRANSITIONS, Evidence, PathState, ProbeConfig, Prober,
-                                  confirm_count, confirm_spacing_s, detection_bound_s)
+from linkpassd.core.probe import (
+    TRANSITIONS,
+    Evidence,
+    PathState,
+    ProbeConfig,
+    Prober,
+    confirm_count,
+    confirm_spacing_s,
+    detection_bound_s,
+)
 from linkpassd.core.railverdict import rail_assessment
 
 PEER = "198.18.1.2"

@@ -6,14 +6,14 @@ loop and no sockets (paths on interfaces that do not exist: no root)."""
 from __future__ import annotations
 
 import asyncio
-import random
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from linkpassd.adapters import echo
-from linkpassd.core.probe import PathState, Prober, ProbeConfig
+from linkpassd.core.probe import ProbeConfig, Prober
 from linkpassd.core.schedule import DeadlineQueue, batched_wake
 
 PEER = "198.18.1.2"

@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.aggregator.savings import absorbed, day_of, gpu_hours, gpus_for, summarize
 from linkpassd.aggregator.store import DayTotal
-from linkpassd._proto.linkpass.v1 import fleet_pb2
 
 
 @pytest.mark.parametrize("kind, rail, fields, expected", [

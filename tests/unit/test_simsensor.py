@@ -9,9 +9,11 @@ import math
 import threading
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from labs.faults.optics import HEALTHY, LANES, THRESHOLDS, CmisModule, SimSensor, _fec_per_step
+from labs.faults.optics import _fec_per_step
+from labs.simsensor import HEALTHY, LANES, THRESHOLDS, CmisModule, SimSensor
 from linkpassd.adapters import optics as decoders
 from linkpassd.adapters.sensor import Sensor
 from linkpassd.adapters.simsensor import MAX_FILE_BYTES, SimulatedSensor

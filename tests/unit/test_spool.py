@@ -58,7 +58,10 @@ def test_past_the_bound_the_oldest_are_dropped_and_reported_as_one_gap(tmp_path)
 def test_an_ack_trims_whole_segments_and_settles_gaps(tmp_path):
     spool = opened(tmp_path, max_events=100, segment_records=10)
     spool.append(events(120))  # 1..20 dropped: gap
-    files = lambda: sorted(f for f in os.listdir(tmp_path) if f.endswith(".seg"))
+
+    def files() -> list[str]:
+        return sorted(f for f in os.listdir(tmp_path) if f.endswith(".seg"))
+
     before = files()
     spool.ack("boot-a", 45)  # segments 21-30 and 31-40 done; 41-50 half done
     assert len(files()) == len(before) - 2 and spool.gaps == []

@@ -60,6 +60,18 @@ def setting(unit: str, key: str) -> str:
     return values[0]
 
 
+def test_the_responder_may_take_the_real_time_priority_the_unit_allows() -> None:
+    """LimitRTPRIO= lets the echo responder (linkpassd/responder.py) ask for
+    SCHED_FIFO at that priority without CAP_SYS_NICE; RestrictRealtime=yes
+    would refuse it anyway (its system call filter denies every real-time
+    policy, whatever the limit), leaving the responder at normal priority."""
+    from linkpassd import responder
+
+    unit = "linkpassd.service"
+    assert int(setting(unit, "LimitRTPRIO")) == responder.RT_PRIORITY
+    assert setting(unit, "RestrictRealtime").lower() not in ("yes", "true", "1", "on")
+
+
 def test_linkpassd_starts_without_the_certificate_check() -> None:
     """No ExecStartPre: --check-config's host_id check (exit 3) must never keep a
     host from being protected; a bad config still stops the start (exit 2,
@@ -71,7 +83,7 @@ def test_linkpassd_starts_without_the_certificate_check() -> None:
 def test_a_bad_config_exit_status_is_not_restarted(tmp_path: Path) -> None:
     """The status RestartPreventExitStatus= names is the one linkpassd really
     exits with on a bad config (a crash, exit 1, is still restarted)."""
-    from linkpassd import daemon
+    from linkpassd.daemon import cli as daemon
 
     bad = tmp_path / "linkpassd.toml"
     bad.write_text("[daemon]\nno_such_key = 1\n")

@@ -1,5 +1,5 @@
-"""The agent's handler of Command.validate (agent.link) and the host check's
-pure parts (validate.hostcheck): one validation at a time per host, the
+"""The agent's handler of Command.validate (daemon.aggregator) and the host check's
+pure parts (adapters.hostcheck): one validation at a time per host, the
 answer's shape through the real agent stream, bad requests named, a run
 bounded by its duration, and the daemon's other commands unblocked while a
 validation runs."""
@@ -12,13 +12,11 @@ import math
 import grpc
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2
+from linkpassd.adapters import hostcheck
 from linkpassd.adapters.links import LinkSnapshot
-from linkpassd.agent import link as agentlink
-from linkpassd.core.model import (CounterSample, HealthPolicy, LinkSample, ModuleIdentity, OpticsReading,
-                                  Unreadable)
+from linkpassd.core.model import CounterSample, HealthPolicy, LinkSample, ModuleIdentity, OpticsReading, Unreadable
 from linkpassd.core.model import Thresholds as ModelThresholds
-from linkpassd.validate import hostcheck
-
+from linkpassd.daemon import aggregator as agentlink
 from test_agent import connected_agent, make_daemon, until
 from test_daemon_faults import link
 
@@ -107,7 +105,7 @@ def test_a_bad_request_is_refused_naming_each_bad_field(tmp_path):
         command = validate("v1", "run-1", duration_s=math.nan).command
         command.validate.targets.add(rail="rail0", peer="not-an-address")
         command.validate.ports.add(port="eth0/../x")
-        return await daemon._agent_command(command)
+        return await daemon.aggregator.command(command)
     code, message = asyncio.run(main())
     assert code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
     assert "duration_s" in message and "nan" in message
@@ -124,8 +122,8 @@ def test_a_validation_that_outlives_its_duration_is_cancelled_and_answered(tmp_p
         daemon = make_daemon(tmp_path, static=())
         daemon.sensor = object()
         answer = await asyncio.wait_for(
-            daemon._agent_command(validate("v1", "run-1", duration_s=1.0).command), 20)
-        return answer, daemon.validation_task
+            daemon.aggregator.command(validate("v1", "run-1", duration_s=1.0).command), 20)
+        return answer, daemon.aggregator.validation_task
     (code, message), task = asyncio.run(main())
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0]
     assert "within 1.2 s" in message

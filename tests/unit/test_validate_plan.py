@@ -125,7 +125,7 @@ def test_select_keeps_only_the_named_hosts_and_rails():
                                                                              ("gpu-002", "rail0")]
 
 
-# The pure modules of linkpassd/validate (hostcheck.py is the host's adapter).
+# The pure modules of linkpassd/validate (the host's side is adapters/hostcheck.py).
 PURE = ("plan.py", "probeplan.py", "results.py", "localize.py", "report.py")
 FORBIDDEN = {"asyncio", "pyroute2", "grpc", "socket", "time", "subprocess", "threading", "select", "signal",
              "matplotlib"}

@@ -4,12 +4,12 @@ findings first, JSON that round-trips, a PNG heatmap, and the exit code rule."""
 import json
 
 import pytest
-from validatefixtures import Fabric
 
-from linkpassd.ctl.exitcodes import ExitCode
+from linkpassd.exitcodes import ExitCode
 from linkpassd.validate import report
 from linkpassd.validate.localize import localize
 from linkpassd.validate.results import HostResult
+from validatefixtures import Fabric
 
 
 def make_report(fabric, *, missing=()):
@@ -51,6 +51,22 @@ def test_terminal_text_of_a_healthy_run_says_so_and_names_hosts_without_result()
     silent = report.render_text(make_report(Fabric(), missing=("gpu-02",)))
     assert "hosts without a result: gpu-02 (timed out)" in silent
     assert silent.splitlines()[-1] == "0 finding(s): not ready to hand over"
+
+
+def test_terminal_text_lists_a_hosts_notes_and_a_note_alone_passes():
+    import dataclasses
+
+    fabric = Fabric()
+    results = fabric.results()
+    note = "burst phase: sent 5470 of 5688 probes in 3.2 s (this host could not keep up)"
+    results["gpu-03"] = dataclasses.replace(results["gpu-03"], notes=(note,))
+    analysis = localize(fabric.plan, results)
+    made = report.build_report("val-test", [HostResult(h, "ok", v) for h, v in results.items()],
+                               analysis.findings, analysis.loss_resolution)
+    text = report.render_text(made)
+    assert f"  gpu-03: {note}" in text
+    assert report.exit_code(made) == ExitCode.OK
+    assert text.splitlines()[-1] == "no finding: every checked port, cable and path is as planned"
 
 
 def test_json_is_the_report_message_and_round_trips():

@@ -12,8 +12,15 @@ import pytest
 from linkpassd.validate.localize import detectable_loss, probes_for
 from linkpassd.validate.plan import CablingPlan, PlannedPort
 from linkpassd.validate.probeplan import ProbePlan
-from linkpassd.validate.schedule import (BURST_PPS, HOST_BUDGET_PPS, MAX_BURST_SHARE, MIN_BURST_S, RATE_PPS,
-                                         loads, schedule)
+from linkpassd.validate.schedule import (
+    BURST_PPS,
+    HOST_BUDGET_PPS,
+    MAX_BURST_SHARE,
+    MIN_BURST_S,
+    RATE_PPS,
+    loads,
+    schedule,
+)
 
 
 def plan(hosts: int, rails: int, per_leaf: int) -> ProbePlan:

@@ -53,10 +53,10 @@ class Dom(html.parser.HTMLParser):
         self.text: list[str] = []
         self.feed(page)
 
-    def handle_starttag(self, tag, attrs):  # noqa: ANN001
+    def handle_starttag(self, tag, attrs):
         self.elements.append((tag, {k: v or "" for k, v in attrs}))
 
-    def handle_data(self, data):  # noqa: ANN001
+    def handle_data(self, data):
         self.text.append(data)
 
     def cells(self) -> dict[tuple[str, str], dict[str, str]]:

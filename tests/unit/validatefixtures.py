@@ -150,7 +150,8 @@ class Fabric:
     def cross_flows(self, rail: str, leaf_x: str, leaf_y: str) -> tuple[int, int]:
         """(failing, all) probed flows between two leaves: the tests check
         that a spine-link fault really is partial before relying on it."""
-        pairs = [p for p in self.probes.probes if p.rail == rail and {p.sender_leaf, p.receiver_leaf} == {leaf_x, leaf_y}]
+        pairs = [p for p in self.probes.probes
+                 if p.rail == rail and {p.sender_leaf, p.receiver_leaf} == {leaf_x, leaf_y}]
         if not self.flows:
             return sum(self.pair_fails(rail, p.sender, p.receiver) for p in pairs), len(pairs)
         return sum(self.silent_flows(rail, p.sender, p.receiver) for p in pairs), self.flows * len(pairs)

@@ -244,16 +244,18 @@ class ProbeTarget(_message.Message):
     def __init__(self, rail: _Optional[str] = ..., peer: _Optional[str] = ..., peer_host: _Optional[str] = ...) -> None: ...
 
 class HostValidation(_message.Message):
-    __slots__ = ("run_id", "ports", "pairs", "problems")
+    __slots__ = ("run_id", "ports", "pairs", "problems", "notes")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     PORTS_FIELD_NUMBER: _ClassVar[int]
     PAIRS_FIELD_NUMBER: _ClassVar[int]
     PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    NOTES_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     ports: _containers.RepeatedCompositeFieldContainer[PortCheck]
     pairs: _containers.RepeatedCompositeFieldContainer[PairResult]
     problems: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_id: _Optional[str] = ..., ports: _Optional[_Iterable[_Union[PortCheck, _Mapping]]] = ..., pairs: _Optional[_Iterable[_Union[PairResult, _Mapping]]] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
+    notes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., ports: _Optional[_Iterable[_Union[PortCheck, _Mapping]]] = ..., pairs: _Optional[_Iterable[_Union[PairResult, _Mapping]]] = ..., problems: _Optional[_Iterable[str]] = ..., notes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PortCheck(_message.Message):
     __slots__ = ("port", "rail", "carrier", "speed_mbps", "lldp_system", "lldp_port", "lldp_source", "optics_problems", "counters_rising")

@@ -1,7 +1,7 @@
 """Will the aggregator take this host? The check `linkpassd --check-config`
 runs on [aggregator]: the host_id the agent says in its Hello against the
 host its client certificate names, by the aggregator's own rules
-(aggregator.identity). A mismatch is refused at every connection
+(fleet.identity). A mismatch is refused at every connection
 (PERMISSION_DENIED), and the host never appears in the fleet: better said
 before the daemon starts, naming both.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import socket
 
-from linkpassd.aggregator.identity import HOST_URI_PREFIX, from_certificate
 from linkpassd.core.model import AggregatorSettings
+from linkpassd.fleet.identity import HOST_URI_PREFIX, from_certificate
 
 
 def expected_host_id(settings: AggregatorSettings) -> tuple[str, str]:

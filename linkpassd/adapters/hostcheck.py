@@ -22,8 +22,10 @@ The run fills the request's `duration_s`, on this timeline (t0 = start):
 
 So counters are compared over (almost) the whole duration, and the answer
 comes back a little after `duration_s` (the agent bounds the run by
-duration + a margin, agent.link). Whatever keeps a check from running is a
-named entry in `problems`, never an exception.
+duration + a margin, daemon.aggregator). Whatever keeps a check from running is a
+named entry in `problems`, never an exception; what weakens a check that
+still ran (fewer probes sent than planned on a busy host) is a named entry
+in `notes`: the pairs count only the probes that went out.
 
 Sources: the daemon's own sensor (ethtool in production, the lab's sim
 files with `[sensors] backend = "sim"`), so a validation sees exactly what
@@ -78,7 +80,7 @@ class RailPort:
 
 @dataclass(frozen=True)
 class HostContext:
-    """What the check needs from the daemon (agent.link builds it from the config)."""
+    """What the check needs from the daemon (daemon.aggregator builds it from the config)."""
 
     rails: tuple[RailPort, ...]
     sensor: Sensor
@@ -344,6 +346,7 @@ async def validate_host(request: fleet_pb2.ValidateHost, context: HostContext,
             pair.receipts = tally.receipts
         result.pairs.append(pair)
     result.problems.extend(problems)
+    result.notes.extend(prober.notes)
     return result
 
 

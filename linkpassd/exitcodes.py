@@ -1,5 +1,9 @@
 """linkpassctl's exit codes: what a script can branch on.
 
+Shared, not linkpassctl's own module: fleet validation's report
+(validate.report) says which code its findings mean, and must not reach into
+the ctl program for it.
+
 | code | name        | meaning                                                              |
 |------|-------------|----------------------------------------------------------------------|
 | 0    | OK          | the command did what was asked                                       |

@@ -1,46 +1,52 @@
-"""The daemon's side of the aggregator stream. A mixin of `Daemon`.
+"""The daemon's side of the aggregator stream: `AggregatorLink`, a
+collaborator of the reconcile loop (daemon.loop), handed what it needs.
 
-What the daemon does for the agent is constant time and never waits:
-- `_agent_offer(events)`: each recorded event goes to the spool writer's
-  bounded hand-off (agent.spool.SpoolWriter);
-- `_agent_after_pass()`: tells the agent a pass ended (it builds a report
-  later, in its own time, if it is due);
+What it does for the loop is constant time and never waits:
+- `offer(events)`: each recorded event goes to the spool writer's bounded
+  hand-off (agent.spool.SpoolWriter); the EventRecorder calls it;
+- `after_pass()`: tells the agent a pass ended (it builds a report later, in
+  its own time, if it is due);
 - probe peers from the aggregator land in `mesh_slot` (the newest only) and
-  one `MeshPeersChanged` on the daemon's queue, at most one pending; the
-  next pass applies them through `_sync_echo` (wiring.echo_spec: the union
-  with the config's probe_peers; probers of peers that stay keep running);
+  one `MeshPeersChanged` on the daemon's queue, at most one pending; the loop
+  then calls `take_mesh_peers()` and, when they changed, makes its probes
+  follow them (daemon.probes: the union with the config's probe_peers;
+  probers of peers that stay keep running);
 - a drain or undrain command goes through the same drain queue as the
-  control API (operations.Operations.drain), and its answer goes back;
-- a validate command (fleet validation, issue 13) runs the host's checks
-  and probes (validate.hostcheck) in a task of its own, one at a time,
-  bounded by its duration + VALIDATION_MARGIN_S; the reconcile loop never
-  waits for it (the probes run on their own thread).
+  control API (daemon.operations.Drains), and its answer goes back;
+- a validate command (fleet validation) runs the host's checks and probes
+  (adapters.hostcheck) in a task of its own, one at a time, bounded by its
+  duration + VALIDATION_MARGIN_S; the reconcile loop never waits for it (the
+  probes run on their own thread).
 
-The agent runs in one supervised task: whatever it raises is logged and it
-starts again; a reload that changes [aggregator] restarts it (the spool,
-with everything unacknowledged, is kept), with the aggregator replica that
-last worked first when it is still listed.
+The agent runs in one supervised task (`run`): whatever it raises is logged
+and it starts again; a reload that changes [aggregator] restarts it (the
+spool, with everything unacknowledged, is kept), with the aggregator replica
+that last worked first when it is still listed.
 """
-
 from __future__ import annotations
 
 import asyncio
 import math
 import os
 import socket
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 import structlog
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2
+from linkpassd.adapters import hostcheck
 from linkpassd.adapters.feeds import Latest
+from linkpassd.adapters.sensor import Sensor
 from linkpassd.agent import reports
 from linkpassd.agent.client import AgentClient, is_refusal
 from linkpassd.agent.spool import Spool, SpoolWriter
 from linkpassd.core.drain import DrainError, DrainNotTaken, DrainPending, NotDrained, UnknownPort
-from linkpassd.core.model import AgentLinkStatus, Config
-from linkpassd.validate import hostcheck
+from linkpassd.core.events import Event
+from linkpassd.core.model import AgentLinkStatus, Config, DrainOutcome, PortState
+from linkpassd.daemon.statefiles import StateFiles
 
 log = structlog.get_logger("linkpassd")
 
@@ -54,27 +60,43 @@ VALIDATION_MARGIN_S = 10.0
 
 @dataclass(frozen=True)
 class MeshPeersChanged:
-    """The aggregator handed down new probe peers (in `Daemon.mesh_slot`)."""
+    """The aggregator handed down new probe peers (in `AggregatorLink.mesh_slot`)."""
+
+
+class DaemonSide(Protocol):
+    """What the link reads of the daemon: its reports and its sensor."""
+
+    def inventory(self) -> fleet_pb2.Inventory: ...
+    def port_report(self) -> fleet_pb2.PortReport: ...
+    def current_sensor(self) -> Sensor | None: ...
+
+
+class DrainControl(Protocol):
+    """The drain path (daemon.operations.Drains)."""
+
+    async def drain(self, port: str, reason: str, duration_s: float | None,
+                    by: str) -> DrainOutcome: ...
+    async def undrain(self, port: str, by: str) -> PortState: ...
 
 
 class DaemonHost:
     """What the agent sees of the daemon (agent.client.AgentHost)."""
 
-    def __init__(self, daemon) -> None:
-        self.daemon = daemon
+    def __init__(self, link: AggregatorLink) -> None:
+        self.link = link
 
     def inventory(self) -> fleet_pb2.Inventory:
-        return reports.inventory(self.daemon.config, self.daemon.rdma)
+        return self.link.daemon.inventory()
 
     def port_report(self) -> fleet_pb2.PortReport:
-        return reports.daemon_report(self.daemon)
+        return self.link.daemon.port_report()
 
     def take_peers(self, message: fleet_pb2.ProbePeers) -> None:
-        self.daemon._offer_mesh_peers(message)
+        self.link.offer_mesh_peers(message)
 
     async def command(self, command: fleet_pb2.Command
                       ) -> tuple[int, str] | tuple[int, str, fleet_pb2.HostValidation]:
-        return await self.daemon._agent_command(command)
+        return await self.link.command(command)
 
 
 def _code(status: grpc.StatusCode) -> int:
@@ -82,7 +104,19 @@ def _code(status: grpc.StatusCode) -> int:
 
 
 class AggregatorLink:
-    def _init_agent(self) -> None:
+    """`config()`: the running config, read at each use (a reload replaces
+    it); `post`: puts a MeshPeersChanged on the daemon's queue."""
+
+    def __init__(self, config: Callable[[], Config], daemon: DaemonSide, drains: DrainControl,
+                 files: StateFiles, post: Callable[[MeshPeersChanged], None],
+                 boot_id: str) -> None:
+        self._config = config
+        self.daemon = daemon
+        self.drains = drains
+        self.files = files
+        self.post = post
+        self.boot_id = boot_id
+        self.host = DaemonHost(self)
         self.agent: AgentClient | None = None
         self.spool: Spool | None = None
         self.spool_writer: SpoolWriter | None = None
@@ -97,9 +131,13 @@ class AggregatorLink:
         self.validation_task: asyncio.Task | None = None  # the running validation, if any
         self.validation_run = ""
 
+    @property
+    def config(self) -> Config:
+        return self._config()
+
     # ------------------------------------------------------------ spool
 
-    def _open_spool(self) -> None:
+    def open_spool(self) -> None:
         """The hand-off exists from the start, so the `started` event is kept;
         the spool itself is read on its own thread (agent.spool)."""
         settings = self.config.aggregator
@@ -109,15 +147,15 @@ class AggregatorLink:
                            settings.spool_max_events)
         self.spool_writer = SpoolWriter(self.spool)
 
-    def _agent_offer(self, events) -> None:
+    def offer(self, events: Sequence[Event]) -> None:
         if self.spool_writer is not None and self.config.aggregator is not None and events:
             self.spool_writer.offer(events)
 
-    def _agent_after_pass(self) -> None:
+    def after_pass(self) -> None:
         if self.agent is not None:
             self.agent.poke()
 
-    def agent_status(self) -> AgentLinkStatus | None:
+    def status(self) -> AgentLinkStatus | None:
         """Whether this host reports to the fleet, and if not, why (status,
         metrics). None when no [aggregator] is configured. Reads plain
         attributes only: never waits for the spool's thread."""
@@ -141,7 +179,7 @@ class AggregatorLink:
             spool_events=pending, spool_bytes=size, events_sent=agent.events_sent,
             events_acked=agent.events_acked, events_dropped=dropped)
 
-    def _close_agent(self) -> None:
+    def close(self) -> None:
         """At shutdown: what waits in the hand-off (the `stopped` event) is written."""
         if self.spool_writer is not None:
             self.spool_writer.flush()
@@ -150,7 +188,7 @@ class AggregatorLink:
 
     # ------------------------------------------------------------ the task
 
-    async def _agent_task(self) -> None:
+    async def run(self) -> None:
         """The agent, as [aggregator] says, for as long as the daemon runs."""
         self._agent_changed = asyncio.Event()
         writer: asyncio.Task | None = None
@@ -162,11 +200,11 @@ class AggregatorLink:
                     await self._agent_changed.wait()
                     self._agent_changed.clear()
                     continue
-                self._open_spool()
+                self.open_spool()
                 if writer is None or writer.done():
                     writer = asyncio.create_task(self._run_spool_writer(), name="spool-writer")
-                self.agent = AgentClient(settings, self.spool, DaemonHost(self),
-                                         boot_id=self.events.boot_id,
+                self.agent = AgentClient(settings, self.spool, self.host,
+                                         boot_id=self.boot_id,
                                          dropped=lambda: self.spool_writer.dropped,
                                          start_address=last_worked)
                 self.spool_writer.on_written = self.agent.wake
@@ -202,8 +240,8 @@ class AggregatorLink:
                 log.error("spool_failed", error=repr(exc), retry_s=AGENT_RESTART_S)
                 await asyncio.sleep(AGENT_RESTART_S)
 
-    def _agent_reloaded(self, old: Config) -> None:
-        """In a reload, before the echo service is synced: a changed
+    def reloaded(self, old: Config) -> None:
+        """In a reload, before the probes follow the config: a changed
         [aggregator] restarts the agent (the spool is kept); the mesh's
         peers are checked again against the new rails."""
         new = self.config.aggregator
@@ -215,14 +253,39 @@ class AggregatorLink:
                 self.spool.submit(self.spool.set_max_events, new.spool_max_events)
             if self._agent_changed is not None:
                 self._agent_changed.set()
-        if self.mesh_message is not None:  # before _sync_echo uses them with the new rails
+        if self.mesh_message is not None:  # before the probes use them with the new rails
             self.mesh_peers, _problems = reports.validate_peers(self.config, self.mesh_message)
             self.mesh_probers, _problems = reports.validate_probers(self.config, self.mesh_message)
             self.mesh_slot.publish((self.mesh_peers, self.mesh_probers))
 
     # ------------------------------------------------------------ probe mesh
 
-    def _offer_mesh_peers(self, message: fleet_pb2.ProbePeers) -> None:
+    def restore_mesh(self) -> None:
+        """At start, before the probes are made: the probe peers of the last
+        plan applied (mesh.json), checked against this config like a plan
+        just received. Standalone daemons ([aggregator] absent) have no mesh
+        and ignore the file."""
+        if self.config.aggregator is None:
+            return
+        saved = self.files.load_mesh()
+        if saved is None:
+            return
+        message, written_at = saved
+        self.mesh_message = message
+        self.mesh_peers, problems = reports.validate_peers(self.config, message)
+        self.mesh_probers, prober_problems = reports.validate_probers(self.config, message)
+        self.mesh_slot.publish((self.mesh_peers, self.mesh_probers))
+        log.info("mesh_peers_restored", generation=message.generation, written_at=written_at,
+                 peers=sum(len(p) for p in self.mesh_peers.values()),
+                 probed_by=sum(len(p) for p in self.mesh_probers.values()),
+                 ignored=len(problems) + len(prober_problems))
+
+    def save_mesh(self) -> None:
+        """After the pass: mesh.json follows the applied plan."""
+        if self.config.aggregator is not None:
+            self.files.save_mesh(self.mesh_message)
+
+    def offer_mesh_peers(self, message: fleet_pb2.ProbePeers) -> None:
         """From the agent: keep the newest; the next pass applies it."""
         self.mesh_message = message
         usable, problems = reports.validate_peers(self.config, message)
@@ -239,24 +302,24 @@ class AggregatorLink:
         self.mesh_slot.publish((usable, probers))
         if not self._mesh_nudged:
             self._mesh_nudged = True
-            self.queue.put_nowait(MeshPeersChanged())
+            self.post(MeshPeersChanged())
 
-    def _take_mesh_peers(self) -> None:
-        """In the reconcile loop: probe the newest peers from now on."""
+    def take_mesh_peers(self) -> bool:
+        """In the reconcile loop: the newest peers are the ones to probe from
+        now on. True when they changed (the loop makes its probes follow)."""
         self._mesh_nudged = False
         peers, probers = self.mesh_slot.value or ({}, {})
         if (peers, probers) == (self.mesh_peers, self.mesh_probers):
-            return
+            return False
         self.mesh_peers, self.mesh_probers = peers, probers
-        self._sync_echo()
-        self._reset_signals()  # a port left without paths drops its echo opinion
         log.info("mesh_peers_applied", generation=getattr(self.mesh_message, "generation", 0),
                  peers=sum(len(p) for p in peers.values()),
                  probed_by=sum(len(p) for p in probers.values()))
+        return True
 
     # ------------------------------------------------------------ commands
 
-    async def _agent_command(self, command: fleet_pb2.Command
+    async def command(self, command: fleet_pb2.Command
                              ) -> tuple[int, str] | tuple[int, str, fleet_pb2.HostValidation]:
         """A fleet drain/undrain, through the control API's drain path; the
         answer as a gRPC status code and message (control_server's mapping).
@@ -264,7 +327,7 @@ class AggregatorLink:
         by = f"{command.by[:128] or 'an operator'} via the aggregator"
         action = command.WhichOneof("action")
         if action == "validate":
-            return await self._agent_validate(command.validate, by)
+            return await self._validate(command.validate, by)
         try:
             if action == "drain":
                 d = command.drain
@@ -273,7 +336,7 @@ class AggregatorLink:
                 if not math.isfinite(d.duration_s) or d.duration_s < 0:
                     return (_code(grpc.StatusCode.INVALID_ARGUMENT),
                             f"duration_s must be 0 (until undrained) or more, not {d.duration_s!r}")
-                outcome = await self.drain(d.port, d.reason[:MAX_REASON], d.duration_s or None, by)
+                outcome = await self.drains.drain(d.port, d.reason[:MAX_REASON], d.duration_s or None, by)
                 said = [f"{d.port} drained"]
                 if outcome.replaced is not None:
                     said.append(f"replaces the drain by {outcome.replaced.by}")
@@ -281,7 +344,7 @@ class AggregatorLink:
             if action == "undrain":
                 if not command.undrain.port:
                     return _code(grpc.StatusCode.INVALID_ARGUMENT), "no port given"
-                await self.undrain(command.undrain.port, by)
+                await self.drains.undrain(command.undrain.port, by)
                 return _code(grpc.StatusCode.OK), f"{command.undrain.port} undrained"
             return _code(grpc.StatusCode.INVALID_ARGUMENT), "a command with no action"
         except (UnknownPort, NotDrained) as exc:
@@ -295,15 +358,15 @@ class AggregatorLink:
 
     # ------------------------------------------------------------ validation
 
-    def _validation_context(self) -> hostcheck.HostContext:
+    def _validation_context(self, sensor: Sensor) -> hostcheck.HostContext:
         """The rails, sensor and policy as they are now (a reload later does
         not change a running validation)."""
         config = self.config
         return hostcheck.HostContext(
             rails=tuple(hostcheck.RailPort(r.name, r.port, r.address) for r in config.rails),
-            sensor=self.sensor, policy=config.health, echo_port=config.probes.port)
+            sensor=sensor, policy=config.health, echo_port=config.probes.port)
 
-    async def _agent_validate(self, request: fleet_pb2.ValidateHost, by: str
+    async def _validate(self, request: fleet_pb2.ValidateHost, by: str
                               ) -> tuple[int, str] | tuple[int, str, fleet_pb2.HostValidation]:
         """One validation at a time per host: a second gets ABORTED while the
         first runs. The run is a task of its own, cancelled if it outlives
@@ -314,10 +377,11 @@ class AggregatorLink:
         if self.validation_task is not None and not self.validation_task.done():
             return (_code(grpc.StatusCode.ABORTED),
                     f"a validation is running (run {self.validation_run[:64] or '?'})")
-        if self.sensor is None:
+        sensor = self.daemon.current_sensor()
+        if sensor is None:
             return _code(grpc.StatusCode.UNAVAILABLE), "linkpassd is still starting"
         run = request.run_id[:128]
-        task = asyncio.create_task(hostcheck.validate_host(request, self._validation_context()),
+        task = asyncio.create_task(hostcheck.validate_host(request, self._validation_context(sensor)),
                                    name=f"validate-{run}")
         self.validation_task, self.validation_run = task, run
         log.info("validation_started", run_id=run, by=by, duration_s=request.duration_s,

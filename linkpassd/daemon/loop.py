@@ -1,17 +1,26 @@
-"""linkpassd's process: the asyncio shell around the pure core.
+"""linkpassd's reconcile loop: the asyncio shell around the pure core.
 
-The only module with tasks. Reader tasks (link events, ticks, signals) feed one
-queue; one reconcile loop drains it, updates port health, asks the policy for
-the desired routing, and applies the planner's operations. The loop is
-event-nudged (a link event reconciles at once) and level-triggered (a full
-re-read of kernel state every `resync_interval_s`, and after any failed
-operation), so a missed event or a foreign change is repaired, not trusted.
+Reader tasks (link events, ticks, sensor polls, BFD and echo probes, the
+aggregator link) feed one queue; one reconcile loop drains it, updates port
+health (core.health), asks the policy for the desired routing (core.policy)
+and applies the planner's operations (core.plan, core.apply) through the
+kernel adapter. The loop is event-nudged (a link event reconciles at once)
+and level-triggered (a full re-read of kernel state every
+`resync_interval_s`, and after any failed operation), so a missed event or a
+foreign change is repaired, not trusted.
 
 Between full re-reads the loop plans against its own view of the kernel: the
 last dump, plus its own writes, plus the kernel's known side effect of carrier
 loss (nexthops on the port deleted, see core.plan.carrier_lost). That keeps
 netlink dumps out of the failover path. A write the kernel refuses means the
 view was wrong: the loop re-reads everything and plans again at once.
+
+`Daemon` owns the loop and the state it decides on; its collaborators are made
+here and handed what they need: `StateFiles` (daemon.statefiles), the
+`EventRecorder`, `Drains` and `HealthPublisher` (daemon.operations), `Probes`
+(daemon.probes), `AggregatorLink` (daemon.aggregator) and `StatusReport`
+(daemon.status). They never call back into the loop: what they observe comes
+in as events on the queue. docs/architecture.md walks through it.
 
 Fail-static: stopping or crashing changes nothing in the kernel. Starting over
 unchanged state writes nothing (healthy ports are trusted at once and the plan
@@ -20,11 +29,9 @@ is empty).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import errno
 import signal
-import sys
 import time
 from dataclasses import dataclass, replace
 
@@ -33,36 +40,47 @@ from pyroute2 import AsyncIPRoute
 
 import linkpassd
 from linkpassd import config as configmod
-from linkpassd import logs
+from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.adapters import sdnotify
-from linkpassd.adapters.bfd import BfdAgent, BfdEvent, PeerSpec
-from linkpassd.adapters.control_server import ControlServer, ControlSocketError
-from linkpassd.adapters.echo import EchoService
-from linkpassd.adapters.instancelock import AlreadyRunning, InstanceLock
-from linkpassd.adapters.responderproc import ResponderProcess
-from linkpassd.adapters.kernel import (KernelAdapter, KernelOpError, KernelReadError,
-                                       KernelReadTimeout, KernelSocketError)
+from linkpassd.adapters.bfd import BfdEvent
+from linkpassd.adapters.control_server import ControlServer
+from linkpassd.adapters.kernel import (
+    KernelAdapter,
+    KernelOpError,
+    KernelReadError,
+    KernelReadTimeout,
+    KernelSocketError,
+)
 from linkpassd.adapters.links import LinkEvent, LinkMonitor, LinkSnapshot
-from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.sensor import Sensor
 from linkpassd.adapters.watchdog import Watchdog
-from linkpassd.agent.link import AggregatorLink, MeshPeersChanged
-from linkpassd.config.reference import control_socket_problem
-from linkpassd.operations import DrainCommand, Operations, cause_of
-from linkpassd.persist import ECHO_SIGNAL, StateFiles
-from linkpassd.status import StatusReport
-from linkpassd.wiring import EchoSpec, bfd_specs, echo_spec, make_sensor, sync_bfd
-from linkpassd.core import alloc, apply, bfd, carried, drain, health, plan, policy
+from linkpassd.agent import reports
+from linkpassd.core import alloc, apply, bfd, carried, health, plan, policy
+from linkpassd.core import drain as draincore
 from linkpassd.core.events import EventKind, Severity
+from linkpassd.core.model import (
+    Assessment,
+    Config,
+    CounterSample,
+    KernelState,
+    LinkSample,
+    Op,
+    OpticsReading,
+    PortState,
+    Unreadable,
+    Verdict,
+)
 from linkpassd.core.railverdict import rail_assessment
 from linkpassd.core.signals import bfd_assessment
-from linkpassd.core.model import (Assessment, Config, CounterSample, KernelState, LinkSample, Op,
-                                  OpticsReading, PortState, Problem, Unreadable, Verdict)
+from linkpassd.daemon.aggregator import AggregatorLink, MeshPeersChanged
+from linkpassd.daemon.operations import DrainCommand, Drains, EventRecorder, HealthPublisher, cause_of
+from linkpassd.daemon.probes import EchoChange, Probes
+from linkpassd.daemon.statefiles import ECHO_SIGNAL, StateFiles
+from linkpassd.daemon.status import StatusReport
+from linkpassd.daemon.wiring import bfd_specs, echo_spec, make_sensor
 
 log = structlog.get_logger("linkpassd")
 
-DEFAULT_CONFIG = "/etc/linkpass/linkpassd.toml"
-BFD_RETRY_S = 1.0  # a BFD session that could not start (port missing) is retried this often
 SENSOR_RETIRE_S = 30.0  # a replaced sensor is closed this long after the reload
 
 
@@ -84,15 +102,6 @@ class OpticsRead:
 
 
 @dataclass(frozen=True)
-class EchoChange:
-    """An echo path of this port changed its verdict."""
-
-    port: str
-
-
-
-
-@dataclass(frozen=True)
 class Reload:
     """SIGHUP: re-read the config file; keep the running one if it is bad."""
 
@@ -106,7 +115,7 @@ class ShutdownRequested(Exception):
     pass
 
 
-class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
+class Daemon:
     def __init__(self, config: Config, config_path: str | None = None,
                  clock=time.monotonic, wallclock=time.time):
         self.config = config
@@ -115,7 +124,6 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         self.wallclock = wallclock
         self.queue: asyncio.Queue = asyncio.Queue()
         self.reload_queued = False  # a Reload is in the queue (request_reload coalesces SIGHUPs)
-        self.echo_port_taken_since: float | None = None  # status: another process on the echo port
         self.links: dict[str, LinkSample] = {}
         self.health: dict[str, health.PortHealth] = {}
         self.decision: policy.Decision | None = None
@@ -136,32 +144,30 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         self.hold_until = 0.0  # after a failed pass: no new pass before, for the same decision
         self.failed_desired: KernelState | None = None  # the decision that failed
         self.carried: dict[str, carried.Carried] = {}  # verdicts from before this start
-        self.saved_verdicts: dict | None = None  # what the verdict file says now
-        self.saved_mesh: bytes | None = None  # the ProbePeers mesh.json holds now
-        self.saved_mesh_message = None  # the message last compared with it
-        self.state_problems: dict[str, Problem] = {}  # state files we could not use
         self.foreign: tuple = ()  # (ForeignObject, since) inside our ranges
-        self.bfd_pending: dict[str, tuple[PeerSpec, str, float]] = {}  # session -> spec, error, since
-        self.next_bfd_retry = 0.0
         self.started_mono = clock()
         self.started_wall = wallclock()
         self.ready = asyncio.Event()
         self.kernel: KernelAdapter | None = None
+        self.ipr: AsyncIPRoute | None = None
         self.monitor: LinkMonitor | None = None
-        self.bfd: BfdAgent | None = None
-        self.looplag = LoopLag()  # one event-loop lag meter for BFD and echo
         self.sensor: Sensor | None = None
-        self.echo: EchoService | None = None
-        self.echo_spec: EchoSpec | None = None
-        self.responder: ResponderProcess | None = None  # our echo responder, its own process
         self.early_probes: dict[str, dict[str, Assessment]] = {}  # before a port's first sample
         # Each port's last logged echo status and direction (core.direction).
         self.echo_logged: dict[str, tuple[str, str]] = {}
         self.watchdog = Watchdog.from_environment(clock)  # WatchdogSec= from systemd, if any
         self.allocation: alloc.Allocation | None = None  # None: a fresh start's numbering
-        self.saved_allocation: alloc.Allocation | None = None  # what allocation.json says now
-        self._init_operations()
-        self._init_agent()
+        self.metrics = None  # adapters.metrics.Metrics when [metrics] listen is set
+        # The collaborators, each handed what it needs (none calls back into the loop).
+        self.files = StateFiles(lambda: self.config, wallclock)
+        self.recorder = EventRecorder(config.event_buffer, clock, wallclock)
+        self.drains = Drains(self.files, self.recorder, self.queue.put_nowait, self)
+        self.healthdoc = HealthPublisher(self.files, self.recorder.boot_id, wallclock)
+        self.probes = Probes(self.queue.put_nowait, wallclock)
+        self.aggregator = AggregatorLink(lambda: self.config, self, self.drains, self.files,
+                                         self.queue.put_nowait, self.recorder.boot_id)
+        self.recorder.sinks.append(self.aggregator.offer)  # a bounded hand-off, never a wait
+        self.report = StatusReport(self, self.probes, self.files, self.recorder, self.aggregator)
 
     # ------------------------------------------------------------------ tasks
 
@@ -176,63 +182,64 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         self.ipr = ipr
         self.monitor = LinkMonitor(self.ports(), self.queue.put)
         self.sensor = make_sensor(self.config)
-        self.looplag.start()
-        self.bfd = BfdAgent(self.queue.put_nowait, lag=self.looplag)
-        self._sync_bfd(self.clock())
-        self._load_mesh()  # the last plan's peers, before the probers are made
-        self._sync_echo()
+        self.probes.start()
+        self.probes.sync_bfd(self.config, self.clock())
+        self.aggregator.restore_mesh()  # the last plan's peers, before the probers are made
+        self.sync_probes()
         observed = await self._observe_at_start()
         self._load_allocation(observed)
-        self._load_drains()
-        self._adopt(observed)
-        self._refresh_rdma()
-        self._open_health_file()
+        self.drains.load()
+        self.adopt(observed)
+        self.healthdoc.refresh_rdma(self.ports())
+        self.healthdoc.open(self.config.run_dir)
         self._start_metrics(loop)
-        self._open_spool()  # before the first event
-        control = ControlServer(self.config.control_socket, self.status,
-                                explain_provider=self.explain, events=self.events,
-                                health=self.health_doc, drains=self,
+        self.aggregator.open_spool()  # before the first event
+        control = ControlServer(self.config.control_socket, self.report.status,
+                                explain_provider=self.report.explain, events=self.recorder.feed,
+                                health=self.healthdoc.doc, drains=self.drains,
                                 group=self.config.control_group,
                                 admin_group=self.config.admin_group)
         await control.start()
-        self._emit(EventKind.STARTED, "started", message=f"linkpassd {linkpassd.__version__} started",
-                   version=linkpassd.__version__, config=self.config.source,
-                   rails=len(self.config.rails), multipath=len(self.config.multipath),
-                   boot_id=self.events.boot_id, drained=sorted(self.drains) or "none")
-        self._flush_events()
+        self.recorder.emit(EventKind.STARTED, "started",
+                           message=f"linkpassd {linkpassd.__version__} started",
+                           version=linkpassd.__version__, config=self.config.source,
+                           rails=len(self.config.rails), multipath=len(self.config.multipath),
+                           boot_id=self.recorder.boot_id,
+                           drained=sorted(self.drains.by_port) or "none")
+        self.recorder.flush()
         try:
             async with asyncio.TaskGroup() as tasks:
                 tasks.create_task(self.monitor.run(), name="links")
                 tasks.create_task(self._ticker(), name="ticker")
                 tasks.create_task(self._poll("counters"), name="counters")
                 tasks.create_task(self._poll("optics"), name="optics")
-                tasks.create_task(self.bfd.run(), name="bfd")
-                tasks.create_task(self._reconcile_loop(), name="reconcile")
+                tasks.create_task(self.probes.bfd.run(), name="bfd")
+                tasks.create_task(self.reconcile_loop(), name="reconcile")
                 tasks.create_task(self.watchdog.run(), name="watchdog")
-                tasks.create_task(self._agent_task(), name="agent")
+                tasks.create_task(self.aggregator.run(), name="agent")
         except* ShutdownRequested:
             pass
         finally:
             sdnotify.notify("STOPPING=1")
-            self._emit(EventKind.STOPPED, "stopped", message="linkpassd stopped; routes left as "
-                       "they are (fail-static)")
-            self._flush_events()
-            self._close_agent()
-            self._health_stopped()
+            self.recorder.emit(EventKind.STOPPED, "stopped", message="linkpassd stopped; routes "
+                               "left as they are (fail-static)")
+            self.recorder.flush()
+            self.aggregator.close()
+            self.healthdoc.stopped()
             await control.stop(0.5)
             if self.metrics is not None:
                 self.metrics.close()
             self.sensor.close()
-            # AdminDown tells the switch "shut down on purpose", not a path
-            # failure (RFC 5882): our routes stay as they are (fail-static).
-            self.bfd.close(admin_down=True)
-            if self.echo is not None:
-                self._log_echo_counters("stopped")
-                self.echo.close()
-            if self.responder is not None:
-                self.responder.close()
+            self.probes.close()
             self.kernel.close()
             self.ipr.close()
+
+    def adopt(self, observed: KernelState | None) -> None:
+        """What the last daemon knew (verdicts.json, and rail tables the
+        kernel still routes through a backup): such ports start as not
+        trusted until their own probes prove them (core.carried). After the
+        drains are loaded: a drain explains a failover."""
+        self.carried = self.files.load_verdicts(observed, self.drains.by_port)
 
     async def _observe_at_start(self) -> KernelState | None:
         """One read of what we own, for the allocation and adoption; None when
@@ -245,27 +252,27 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
                       note="no adoption of failed-over tables; allocation from the file only")
             return None
 
-    def _sync_bfd(self, now: float) -> None:
-        """Sessions as the config says. One whose port is missing (a NIC fell
-        off the bus, a rename) is reported and retried every BFD_RETRY_S;
-        every other rail is protected meanwhile."""
-        assert self.bfd is not None
-        failed = sync_bfd(self.bfd, self.config)
-        for name, (spec, _error, _since) in self.bfd_pending.items():
-            if name in self.bfd.runs:
-                log.info("bfd_session_started", session=name, port=spec.ifname,
-                         rail=self._rail_of(spec.ifname), note="after retry")
-        self.bfd_pending = {name: pending for name, pending in self.bfd_pending.items()
-                            if name in failed}
-        for name, (spec, error) in failed.items():
-            if name not in self.bfd_pending:
-                log.error("bfd_session_failed", session=name, port=spec.ifname,
-                          rail=self._rail_of(spec.ifname), error=error,
-                          retry_s=BFD_RETRY_S)
-                self.bfd_pending[name] = (spec, error, self.wallclock())
-            else:
-                self.bfd_pending[name] = (spec, error, self.bfd_pending[name][2])
-        self.next_bfd_retry = now + BFD_RETRY_S
+    def _start_metrics(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve /metrics when [metrics] listen is set; a failure to bind is a
+        reported problem, never the daemon's end."""
+        if not self.config.metrics_listen:
+            return
+        from linkpassd import metrics_snapshot
+        from linkpassd.adapters.metrics import Metrics
+        metrics = Metrics(lambda: metrics_snapshot.take(self), loop=loop)
+        try:
+            host, port = metrics.serve(self.config.metrics_listen)
+        except OSError as exc:
+            log.error("metrics_failed", listen=self.config.metrics_listen, error=str(exc))
+            self.files.problem(f"metrics on {self.config.metrics_listen}", str(exc), kind="metrics")
+            return
+        self.metrics = metrics
+
+        def count(events) -> None:
+            for event in events:
+                metrics.on_event(event)
+        self.recorder.sinks.append(count)
+        log.info("metrics_serving", address=f"{host}:{port}")
 
     async def _ticker(self) -> None:
         while True:
@@ -291,7 +298,7 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
                     else:
                         await self.queue.put(OpticsRead(port, await sensor.optics(port)))
                 except Exception as exc:  # noqa: BLE001 - outside input must not end the daemon
-                    log.error("sensor_failed", port=port, rail=self._rail_of(port), sensor=what,
+                    log.error("sensor_failed", port=port, rail=self.rail_of(port), sensor=what,
                               error=repr(exc))
                     if what == "optics":
                         await self.queue.put(OpticsRead(port, Unreadable(f"sensor failed: {exc!r}")))
@@ -304,7 +311,7 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
             self.reload_queued = True
             self.queue.put_nowait(Reload())
 
-    async def _reconcile_loop(self) -> None:
+    async def reconcile_loop(self) -> None:
         """Batches of queued events. A reload waits until every other event
         queued before it was handled, link events that arrive meanwhile
         included, and then runs once: a failover is never behind a reload."""
@@ -327,10 +334,47 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
                 await self.handle([Reload()])
                 self.watchdog.progress(self.clock())
 
-    # ------------------------------------------------------------- decisions
+    # ------------------------------------------------- what collaborators read
 
     def ports(self) -> list[str]:
         return [rail.port for rail in self.config.rails]
+
+    def rail_of(self, port: str) -> str:
+        return next((r.name for r in self.config.rails if r.port == port), "")
+
+    def port_states(self, now: float) -> dict[str, PortState]:
+        """As the policy sees them: a drained port is DEGRADED (core.drain)."""
+        return draincore.apply({p: health.port_state(h, now, self.config.timers, self.config.health)
+                                for p, h in self.health.items()}, self.drains.by_port)
+
+    def to_wall(self) -> float:
+        """Add to a monotonic time to get a wall-clock one."""
+        return self.started_wall - self.started_mono
+
+    def wall_port_states(self, now: float) -> dict[str, PortState]:
+        """port_states with wall-clock times (for operators and reports)."""
+        to_wall = self.to_wall()
+        return {p: replace(s, since=s.since + to_wall,
+                           hold_until=s.hold_until + to_wall if s.hold_until else 0.0)
+                for p, s in self.port_states(now).items()}
+
+    def netlink_writes(self) -> int:
+        return self.kernel.writes if self.kernel else 0
+
+    def current_sensor(self) -> Sensor | None:
+        return self.sensor
+
+    def inventory(self) -> fleet_pb2.Inventory:
+        return reports.inventory(self.config, self.healthdoc.rdma)
+
+    def port_report(self) -> fleet_pb2.PortReport:
+        """The PortReport of this daemon (ports as the policy sees them)."""
+        rails = self.decision.rails if self.decision is not None else ()
+        rail_paths = {r.name: r.active_rail or "none" for r in rails}
+        return reports.port_report(self.wall_port_states(self.clock()),
+                                   reports.path_samples(self.probes.echo), rail_paths)
+
+    # ------------------------------------------------------------- decisions
 
     async def handle(self, events: list) -> None:
         """Observe a batch of events, then decide and reconcile. Nothing that
@@ -348,10 +392,12 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
             self._fail(f"unexpected {type(exc).__name__}: {exc}", now, exc_info=exc)
         finally:
             self._flush_logs()
-            self._flush_events()
-            self._publish_health(now)
-            self._answer_commands(events)
-            self._agent_after_pass()
+            self.recorder.flush()
+            self.healthdoc.publish(now, self.config.rails, self.wall_port_states(now))
+            settled = (self.decision is not None and self.applied == self.decision.desired
+                       and not self.failures)
+            self.drains.answer(events, settled, self.last_error)
+            self.aggregator.after_pass()
 
     async def _handle(self, events: list, now: float) -> None:
         echo_ports: dict[str, None] = {}  # ports whose echo paths changed, in order
@@ -362,30 +408,33 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
             if isinstance(event, Reload):
                 await self._reload(now)
             elif isinstance(event, DrainCommand):
-                self._apply_drain_command(event)
+                self.drains.apply(event)
             elif isinstance(event, LinkSnapshot):
                 if event.reason != "start":
                     self.needs_resync = True
-                    self._emit(EventKind.RESYNC, "links_resync", severity=Severity.WARNING,
-                               message=f"every link re-read ({event.reason})", reason=event.reason)
+                    self.recorder.emit(EventKind.RESYNC, "links_resync", severity=Severity.WARNING,
+                                       message=f"every link re-read ({event.reason})",
+                                       reason=event.reason)
                 for sample in event.samples.values():
-                    self._observe(sample, now)
+                    self.observe(sample, now)
             elif isinstance(event, LinkEvent):
-                self._observe(event.sample, now)
+                self.observe(event.sample, now)
             elif isinstance(event, Tick):
                 for sample in list(self.links.values()):
-                    self._observe(sample, now)
-                if self.bfd_pending and now >= self.next_bfd_retry:
-                    self._sync_bfd(now)
-                self._expire_drains()
+                    self.observe(sample, now)
+                if self.probes.bfd_retry_due(now):
+                    self.probes.sync_bfd(self.config, now)
+                self.drains.expire()
             elif isinstance(event, (CounterReading, OpticsRead)):
                 self._observe_sensor(event, now)
             elif isinstance(event, BfdEvent):
-                self._observe_bfd(event, now)
+                self.observe_bfd(event, now)
             elif isinstance(event, EchoChange):
                 echo_ports.setdefault(event.port, None)
             elif isinstance(event, MeshPeersChanged):
-                self._take_mesh_peers()
+                if self.aggregator.take_mesh_peers():
+                    self.sync_probes()
+                    self._reset_signals()  # a port left without paths drops its echo opinion
         for port in echo_ports:  # once per port and batch: a rail blackhole changes every path
             self._observe_echo(port, now)
         if not all(p in self.links for p in self.ports()):
@@ -400,8 +449,8 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
             # changed: a failover never waits for an earlier failure.
             if now >= self.hold_until or decision.desired != self.failed_desired:
                 await self._reconcile(decision, now)
-        self._save_verdicts()
-        self._save_mesh()
+        self.files.save_verdicts(self.health, self.config.health)
+        self.aggregator.save_mesh()
 
     def _later(self, event: str, **fields) -> None:
         """Log after the kernel writes, so logging never delays a failover."""
@@ -412,7 +461,8 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
             log.info(event, **fields)
         self.pending_logs.clear()
 
-    def _observe(self, sample: LinkSample, now: float) -> None:
+    def observe(self, sample: LinkSample, now: float) -> None:
+        """A link sample (netlink event, snapshot or tick) into the port's health."""
         if sample.port not in self.ports():
             return
         previous = self.links.get(sample.port)
@@ -455,7 +505,8 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
                                           self.config.health)
         self._set_health(before, after)
 
-    def _observe_bfd(self, event: BfdEvent, now: float) -> None:
+    def observe_bfd(self, event: BfdEvent, now: float) -> None:
+        """A BFD session's change into its port's health."""
         port = event.spec.ifname
         if port not in self.ports():
             return
@@ -467,17 +518,17 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         judged = bfd_assessment(event.name, change.new.name, ever_up=change.ever_up, diag=diag,
                                 peer_state=change.remote_state.name,
                                 detection_s=event.detection_time_s, max_lag_s=event.max_lag_s)
-        if judged.status == "suspect" and self.bfd is not None:
+        if judged.status == "suspect":
             # our lateness explains it: ask again once the loop has kept time
-            self.bfd.recheck(event.name, event.detection_time_s)
+            self.probes.recheck_bfd(event.name, event.detection_time_s)
             if event.recheck:
                 return  # still no telling; nothing new to say
         what = "still down once our loop kept time" if event.recheck else \
             f"{change.old} -> {change.new}"
-        self._emit(EventKind.SIGNAL, "bfd_session", port=port, rail=self._rail_of(port),
-                   message=f"BFD {event.name} on {port}: {what} ({diag})",
-                   peer=event.spec.peer, state=str(change.new), previous=str(change.old),
-                   diag=diag, judged=judged.status, lag_ms=round(event.max_lag_s * 1e3, 1))
+        self.recorder.emit(EventKind.SIGNAL, "bfd_session", port=port, rail=self.rail_of(port),
+                           message=f"BFD {event.name} on {port}: {what} ({diag})",
+                           peer=event.spec.peer, state=str(change.new), previous=str(change.old),
+                           diag=diag, judged=judged.status, lag_ms=round(event.max_lag_s * 1e3, 1))
         before = self.health.get(port)
         if before is None:
             # The session changed before the port's first link sample: keep
@@ -489,9 +540,9 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
 
     def _observe_echo(self, port: str, now: float) -> None:
         before = self.health.get(port)
-        if before is None or self.echo is None or port not in self.ports():
+        if before is None or port not in self.ports():
             return
-        paths = self.echo.assessments(port)
+        paths = self.probes.echo_assessments(port)
         if not paths:
             return
         judged = rail_assessment(paths, ECHO_SIGNAL)
@@ -504,12 +555,21 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
             self.echo_logged[port] = logged
             way = (f" ({judged.direction})"
                    if judged.direction and judged.direction not in ("none", "unknown") else "")
-            self._emit(EventKind.SIGNAL, "echo_paths", port=port, rail=self._rail_of(port),
-                       message=f"echo paths of {port}: {judged.status}{way}", judged=judged.status,
-                       detail=judged.detail, direction=judged.direction,
-                       paths=" ".join(f"{a.signal}={a.detail!r}" for a in paths))
+            self.recorder.emit(EventKind.SIGNAL, "echo_paths", port=port, rail=self.rail_of(port),
+                               message=f"echo paths of {port}: {judged.status}{way}",
+                               judged=judged.status, detail=judged.detail, direction=judged.direction,
+                               paths=" ".join(f"{a.signal}={a.detail!r}" for a in paths))
         self._set_health(before, health.observe_probe(before, ECHO_SIGNAL, judged, now,
                                                       self.config.timers, self.config.health))
+
+    def sync_probes(self) -> None:
+        """The echo service and responder as the config and the aggregator's
+        mesh say: at start, on reload and when the mesh changes. A service
+        made anew starts every port's echo signal again."""
+        if self.probes.sync_echo(self.config, self.aggregator.mesh_peers,
+                                 self.aggregator.mesh_probers):
+            self.echo_logged.clear()
+            self._reset_signals(restart=(ECHO_SIGNAL,))
 
     def _replace_sensor(self) -> None:
         """A new backend (or directory, or pace) from a reload. Readings of
@@ -521,85 +581,10 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         self._reset_signals(restart=health.SENSOR_SIGNALS)
         log.info("sensor_replaced", backend=self.config.sensors.backend)
 
-    def _log_echo_counters(self, why: str) -> None:
-        assert self.echo is not None
-        for path, prober in self.echo.probers.items():
-            state = prober.state
-            log.info("echo_counters", why=why, path=str(path), **vars(prober.counters),
-                     longest_silence_ms=round(state.longest_silence_s * 1e3, 1),
-                     peer_held_max_ms=round(state.held_max_s * 1e3, 1),
-                     stall_max_ms=round(state.stall_max_s * 1e3, 1))
-        log.info("echo_loop_lag", stalls=self.echo.lag.stalls,
-                 max_lag_ms=round(self.echo.lag.max_lag_s * 1e3, 1), **self.echo.batching(),
-                 **({"responder_" + k: v for k, v in self.responder.tally().items()}
-                    if self.responder is not None else {}))
-
-    def _sync_echo(self) -> None:
-        """Run the echo service the config asks for: at start and on reload. A
-        change of peers or timers starts it anew (paths begin as never up)."""
-        spec = echo_spec(self.config, self.mesh_peers, self.mesh_probers)
-        self._sync_responder(spec)
-        if spec == self.echo_spec:
-            return
-        if (self.echo is not None and spec is not None and self.echo_spec is not None
-                and replace(spec, paths=(), responder=None)
-                == replace(self.echo_spec, paths=(), responder=None)):
-            # Only peers or who may be answered changed: paths that stay keep
-            # their probers (verdict, loss window), new ones start never up.
-            self.echo.set_paths(spec.paths)
-            self.echo_spec = spec
-            log.info("echo_peers_changed", paths=len(spec.paths))
-            return
-        if self.echo is not None:
-            self._log_echo_counters("reloaded")
-            self.echo.close()
-            self.echo = None
-            self.echo_logged.clear()
-            self._reset_signals(restart=(ECHO_SIGNAL,))
-        self.echo_spec = spec
-        if spec is None:
-            return
-        self.echo = EchoService(
-            spec.paths, spec.probe, echo_port=spec.port, tos=spec.tos,
-            lag_period_s=spec.heartbeat_s, lag=self.looplag, respond=False,
-            on_change=lambda path, _a: self.queue.put_nowait(EchoChange(path.port)))
-        self.echo.start()
-        taken = self.echo_port_problems()
-        if taken:
-            log.error("echo_port_taken", port=spec.port, detail=taken[0].detail,
-                      note="shown in status until that process lets go of the port")
-        log.info("echo_probing", paths=len(spec.paths), port=spec.port,
-                 interval_ms=self.config.probes.interval_ms)
-        if not spec.responder.fabric_prefixes:
-            log.warning("echo_responder_peers_only", peers=len(spec.responder.peers),
-                        note="[probes] fabric_prefixes is empty: only configured probe_peers "
-                             "get answers")
-
-    def _sync_responder(self, spec: EchoSpec | None) -> None:
-        """Our echo responder, a process of its own (adapters.responderproc):
-        started with probing, handed each new policy, replaced only when its
-        port changes. Nothing here waits on it: a reload never joins or
-        restarts a responder for a change of timers or peers."""
-        if spec is None:
-            if self.responder is not None:
-                log.info("echo_responder_stopped", **self.responder.tally())
-                self.responder.close()
-                self.responder = None
-            return
-        if self.responder is not None and self.responder.port == spec.port:
-            if self.responder.policy != spec.responder:
-                self.responder.set_policy(spec.responder)
-            return
-        if self.responder is not None:
-            log.info("echo_responder_stopped", **self.responder.tally())
-            self.responder.close()
-        self.responder = ResponderProcess(spec.port, policy=spec.responder)
-        self.responder.start()
-
     def _reset_signals(self, drop=(), restart=()) -> None:
         """Forget signals on every port (core.health.reset_signals): echo on a
         port that no longer probes is dropped, not awaited."""
-        spec = echo_spec(self.config, self.mesh_peers, self.mesh_probers)
+        spec = echo_spec(self.config, self.aggregator.mesh_peers, self.aggregator.mesh_probers)
         echo_ports = {p.port for p in spec.paths} if spec is not None else set()
         for port, h in list(self.health.items()):
             gone = set(drop) | ({ECHO_SIGNAL} if port not in echo_ports else set())
@@ -610,22 +595,14 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         self.health[after.port] = after
         if before is None or before.verdict != after.verdict:
             bad = after.verdict is not Verdict.UP
-            self._emit(EventKind.VERDICT, "port_verdict", port=after.port,
-                       rail=self._rail_of(after.port),
-                       severity=Severity.WARNING if bad else Severity.INFO,
-                       message=f"{after.port} is {after.verdict} ({after.reason})",
-                       verdict=str(after.verdict), phase=after.phase, reason=after.reason,
-                       previous=str(before.verdict) if before else "none",
-                       evidence=" | ".join(health.port_state(after, self.clock(), self.config.timers,
-                                                             self.config.health).evidence))
-
-    def port_states(self, now: float) -> dict[str, PortState]:
-        """As the policy sees them: a drained port is DEGRADED (core.drain)."""
-        return drain.apply({p: health.port_state(h, now, self.config.timers, self.config.health)
-                            for p, h in self.health.items()}, self.drains)
-
-    def _rail_of(self, port: str) -> str:
-        return next((r.name for r in self.config.rails if r.port == port), "")
+            self.recorder.emit(
+                EventKind.VERDICT, "port_verdict", port=after.port, rail=self.rail_of(after.port),
+                severity=Severity.WARNING if bad else Severity.INFO,
+                message=f"{after.port} is {after.verdict} ({after.reason})",
+                verdict=str(after.verdict), phase=after.phase, reason=after.reason,
+                previous=str(before.verdict) if before else "none",
+                evidence=" | ".join(health.port_state(after, self.clock(), self.config.timers,
+                                                      self.config.health).evidence))
 
     def _log_decision_changes(self, new: policy.Decision) -> None:
         old = {r.name: r for r in self.decision.rails} if self.decision else {}
@@ -634,22 +611,24 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
             if prev is None or prev.active_rail != rail.active_rail:
                 moved = rail.active_rail != rail.name
                 h = self.health.get(rail.port)
-                self._emit(EventKind.RAIL_PATH, "rail_path", rail=rail.name, port=rail.port,
-                           severity=Severity.WARNING if moved else Severity.INFO,
-                           message=f"{rail.name} table {rail.table} via "
-                                   f"{rail.active_rail or 'no path'}",
-                           table=rail.table, path=rail.active_rail or "none",
-                           previous=prev.active_rail if prev else "unknown",
-                           cause=cause_of(h.reason if h else "", rail.port in self.drains))
+                self.recorder.emit(EventKind.RAIL_PATH, "rail_path", rail=rail.name, port=rail.port,
+                                   severity=Severity.WARNING if moved else Severity.INFO,
+                                   message=f"{rail.name} table {rail.table} via "
+                                           f"{rail.active_rail or 'no path'}",
+                                   table=rail.table, path=rail.active_rail or "none",
+                                   previous=prev.active_rail if prev else "unknown",
+                                   cause=cause_of(h.reason if h else "", rail.port in self.drains))
         old_groups = {g.name: g for g in self.decision.groups} if self.decision else {}
         for group in new.groups:
             prev = old_groups.get(group.name)
             if prev is None or prev.members != group.members:
-                self._emit(EventKind.GROUP_MEMBERS, "group_members",
-                           message=f"group {group.name} ({group.destination}): "
-                                   f"{','.join(group.members) or 'no members'}",
-                           group=group.name, destination=group.destination,
-                           members=",".join(group.members) or "none")
+                self.recorder.emit(EventKind.GROUP_MEMBERS, "group_members",
+                                   message=f"group {group.name} ({group.destination}): "
+                                           f"{','.join(group.members) or 'no members'}",
+                                   group=group.name, destination=group.destination,
+                                   members=",".join(group.members) or "none")
+
+    # ------------------------------------------------------------- kernel writes
 
     async def _reconcile(self, decision: policy.Decision, now: float) -> None:
         """Apply the plan one object at a time (core.apply): a write the
@@ -721,9 +700,9 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         self.foreign = tuple((f, before.get(str(f), now)) for f in foreign)
         for f, _since in self.foreign:
             if str(f) not in before:
-                self._emit(EventKind.CONFLICT, "foreign_object", severity=Severity.WARNING,
-                           message=f"foreign {f.kind} inside an owned range, left alone: {f}",
-                           object_kind=f.kind, protocol=f.protocol, object=str(f))
+                self.recorder.emit(EventKind.CONFLICT, "foreign_object", severity=Severity.WARNING,
+                                   message=f"foreign {f.kind} inside an owned range, left alone: {f}",
+                                   object_kind=f.kind, protocol=f.protocol, object=str(f))
 
     def _refused(self, op: Op, exc: KernelOpError, now: float) -> None:
         """The kernel refused `op` against a fresh view: remember it, retry it
@@ -741,9 +720,9 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
             log.error("write_refused", op=apply.describe(op), error=str(exc),
                       conflict=foreign, retry_s=round(failure.retry_at - now, 1))
             if foreign:
-                self._emit(EventKind.CONFLICT, "write_conflict", severity=Severity.ERROR,
-                           message=f"{apply.describe(op)}: a foreign object is in the way",
-                           op=apply.describe(op), error=str(exc))
+                self.recorder.emit(EventKind.CONFLICT, "write_conflict", severity=Severity.ERROR,
+                                   message=f"{apply.describe(op)}: a foreign object is in the way",
+                                   op=apply.describe(op), error=str(exc))
 
     def _renew_socket(self) -> None:
         """Continue on a fresh netlink socket; late replies, a stuck send or
@@ -766,12 +745,47 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
         if self.consecutive_failures <= 1:  # the first of a run is an event (logged as such)
             if exc_info is not None:
                 log.error("reconcile_failed_traceback", error=message, exc_info=exc_info)
-            self._emit(EventKind.RECONCILE_FAILED, "reconcile_failed", severity=Severity.ERROR,
-                       message=message, error=message, failures=self.reconcile_failures,
-                       retry_s=retry_s)
+            self.recorder.emit(EventKind.RECONCILE_FAILED, "reconcile_failed",
+                               severity=Severity.ERROR, message=message, error=message,
+                               failures=self.reconcile_failures, retry_s=retry_s)
         else:  # the rest of the run: the log only
             log.error("reconcile_failed", error=message, failures=self.reconcile_failures,
                       retry_s=retry_s, exc_info=exc_info)
+
+    # ------------------------------------------------------------- allocation
+
+    def _load_allocation(self, observed: KernelState | None) -> None:
+        """Nexthop ids, rule priorities and auto tables by name (core.alloc),
+        kept across restarts; new numbers never take an id still in the
+        kernel."""
+        previous = self.files.load_allocation(observed)
+        reserved = alloc.kernel_ids(observed) if observed is not None else frozenset()
+        try:
+            allocation = alloc.allocate(self.config, previous, reserved)
+        except alloc.AllocationError as exc:
+            # What was kept no longer fits; numbering afresh beats not running
+            # (the config check guarantees a fresh start fits).
+            log.error("allocation_renumbered", error=str(exc))
+            allocation = alloc.allocate(self.config, None)
+        self.config = self._use_allocation(self.config, allocation)
+
+    def _use_allocation(self, config: Config, allocation: alloc.Allocation) -> Config:
+        """Adopt `allocation` (allocation.json is written before any kernel
+        write that uses it) and return `config` with its auto tables resolved."""
+        self.allocation = allocation
+        self.files.save_allocation(config.state_dir, allocation)
+        return alloc.resolve(config, allocation)
+
+    async def _kernel_ids(self) -> frozenset[int]:
+        """Owned ids in the kernel now (a fresh dump; our view if that fails)."""
+        assert self.kernel is not None
+        try:
+            return alloc.kernel_ids(await self.kernel.observe(self.config.ownership))
+        except Exception as exc:  # noqa: BLE001 - fall back to what we know
+            log.warning("allocation_kernel_read_failed", error=repr(exc), fallback="last view")
+            return alloc.kernel_ids(self.kernel_view) if self.kernel_view else frozenset()
+
+    # ------------------------------------------------------------- reload
 
     async def _reload(self, now: float) -> None:
         if not self.config_path:
@@ -798,9 +812,9 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
             self.reload_failures += 1
             self.last_error = f"reload rejected, running config kept: {exc}"
             self.last_error_at = self.wallclock()
-            self._emit(EventKind.RELOAD_REFUSED, "reload_rejected", severity=Severity.ERROR,
-                       message=f"reload refused, running config kept: {exc}", error=str(exc),
-                       failures=self.reload_failures)
+            self.recorder.emit(EventKind.RELOAD_REFUSED, "reload_rejected", severity=Severity.ERROR,
+                               message=f"reload refused, running config kept: {exc}",
+                               error=str(exc), failures=self.reload_failures)
             return
         old, self.config = self.config, new
         for key in ("control_socket", "control_group", "admin_group", "metrics_listen",
@@ -810,131 +824,23 @@ class Daemon(StateFiles, Operations, StatusReport, AggregatorLink):
                             note="takes effect when linkpassd restarts")
         if new.sensors != old.sensors:
             self._replace_sensor()
-        assert self.monitor is not None and self.bfd is not None
+        assert self.monitor is not None
         self.monitor.watch(self.ports())
         # A session whose spec changed starts anew: a bad verdict it gave is
         # held until the new session proves the path (a reload keeps every
         # verdict whose evidence is unchanged).
-        self._agent_reloaded(old)
+        self.aggregator.reloaded(old)
         before, after = bfd_specs(old), bfd_specs(new)
         self.health = {p: h for p, h in self.health.items() if p in self.ports()}
         self._reset_signals(drop=before.keys() - after.keys(),
                             restart={n for n in after if n in before and before[n] != after[n]})
-        self._sync_bfd(now)
-        self._sync_echo()
+        self.probes.sync_bfd(self.config, now)
+        self.sync_probes()
         snap = await self.monitor.snapshot(self.ipr, "reload")
         self.links = {p: s for p, s in self.links.items() if p in self.ports()}
         for sample in snap.samples.values():
-            self._observe(sample, now)
+            self.observe(sample, now)
         self.needs_resync = True
-        self._refresh_rdma()
-        self._emit(EventKind.RELOAD, "reloaded", message=f"config {new.source} in use",
-                   config=new.source, rails=len(new.rails))
-
-
-DESCRIPTION = """\
-linkpassd keeps this host's GPU-cluster traffic on healthy links. It watches
-every rail's NIC, optic and cable (carrier, error counters, module readings,
-BFD and echo probes), moves a rail's routing table and multipath groups off a
-port that fails or degrades (within the detection time the config sets, and
-never below it), moves them back after the port has proved itself again, and
-reports each decision to linkpass-aggregator. Stopping it leaves the routes as
-they are (fail-static)."""
-
-EPILOG = """\
-Query it and drain ports with linkpassctl (status, links, explain PORT,
-drain PORT --reason TEXT, events). Signals: SIGHUP re-reads the config (a bad
-one is refused and the running one kept); SIGTERM stops. One linkpassd per
-run directory (run_dir/linkpassd.lock). The config is documented in
-docs/config.md.
-
-Exit status: 0 stopped by a signal; 1 --check-config found a problem, or
-another linkpassd is running; 2 the config is bad at start; 3 --check-config:
-the file is valid but the aggregator would refuse this host (host_id and
-certificate differ), which does not stop linkpassd from protecting it."""
-
-
-FD_RESERVE = 256  # state files, netlink and ethtool sockets, logs, the responder, grpc's own
-FDS_PER_RAIL = 16  # a rail's probe sockets (echo, BFD sessions) with room
-
-
-def fds_needed(config: Config) -> int:
-    """Open files the configuration needs: the control socket's and the
-    metrics endpoint's connection caps, probe sockets per rail, a reserve."""
-    from linkpassd.adapters import metrics_http
-    from linkpassd.adapters.control_access import MAX_CONNECTIONS
-    return (MAX_CONNECTIONS + (metrics_http.MAX_CONNECTIONS if config.metrics_listen else 0)
-            + FDS_PER_RAIL * len(config.rails) + FD_RESERVE)
-
-
-def check_fd_limit(daemon: Daemon, config: Config) -> None:
-    """Raise the soft open-file limit to the hard one; below what the config
-    needs, warn and show it in `status` as a problem (the host is still
-    protected: linkpassd never refuses to start over it)."""
-    from linkpassd.adapters import fdlimit
-    limit = fdlimit.raise_nofile(fds_needed(config))
-    if limit.enough:
-        log.info("fd_limit", limit=limit.soft, hard=limit.hard, needed=limit.needed, raised_from=limit.before)
-        return
-    log.warning("fd_limit_too_low", limit=limit.soft, hard=limit.hard, needed=limit.needed,
-                detail=limit.describe())
-    daemon.state_problems["open-file limit"] = Problem("fd_limit", "open-file limit", limit.describe(),
-                                                       daemon.wallclock())
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="linkpassd", description=DESCRIPTION, epilog=EPILOG,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", metavar="FILE", default=None,
-                        help=f"the config file (TOML) [default: {DEFAULT_CONFIG}]")
-    parser.add_argument("--check-config", metavar="FILE", nargs="?", const=True, default=None,
-                        help="check the config (FILE, or the --config file) and that the "
-                             "aggregator would accept this host's certificate, without touching "
-                             "the system; print OK or the problem, then exit")
-    parser.add_argument("--version", action="version", version=linkpassd.__version__)
-    args = parser.parse_args(argv)
-    if args.check_config is not None:
-        path = args.config or DEFAULT_CONFIG
-        if isinstance(args.check_config, str):
-            if args.config is not None and args.config != args.check_config:
-                parser.error(f"--config {args.config} and --check-config {args.check_config} "
-                             "name two files; give the file once")
-            path = args.check_config
-        return configmod.check_config_main(path)
-    config_path = args.config or DEFAULT_CONFIG
-    try:
-        config = configmod.load_config(config_path)
-        socket_problem = control_socket_problem(config.control_socket)
-        if socket_problem:  # exit 2: the unit does not restart it in a loop
-            raise configmod.ConfigError(config.source, "daemon.control_socket", socket_problem)
-    except configmod.ConfigError as exc:
-        print(f"linkpassd: {exc}", file=sys.stderr)
-        return 2
-    # Before anything is touched: a second daemon on this run directory
-    # would fight the first over every route, socket and state file.
-    lock = InstanceLock(config.run_dir)
-    try:
-        lock.acquire()
-    except AlreadyRunning as exc:
-        print(f"linkpassd: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"linkpassd: cannot take the lock {lock.path}: {exc.strerror or exc}",
-              file=sys.stderr)
-        return 1
-    logs.configure(config.log_format, config.log_level)
-    daemon = Daemon(config, config_path)
-    check_fd_limit(daemon, config)
-    try:
-        asyncio.run(daemon.run())
-    except KeyboardInterrupt:
-        pass
-    except ControlSocketError as exc:  # one line, not a traceback
-        log.error("control_socket_failed", error=str(exc))
-        print(f"linkpassd: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        self.healthdoc.refresh_rdma(self.ports())
+        self.recorder.emit(EventKind.RELOAD, "reloaded", message=f"config {new.source} in use",
+                           config=new.source, rails=len(new.rails))
