@@ -28,8 +28,17 @@ from dataclasses import dataclass
 from linkpassd.adapters import mmsg
 from linkpassd.core.admission import ResponderPolicy, SourceLimiter
 from linkpassd.core.wire import (  # noqa: F401 - re-exported: callers use adapters.echo
-    ECHO_PORT, KIND_REPLY, KIND_REQUEST, MAGIC, PACKET, RECEIPT_MODULO, RECEIPT_PRESENT, VERSION,
-    EchoPacket, parse)
+    ECHO_PORT,
+    KIND_REPLY,
+    KIND_REQUEST,
+    MAGIC,
+    PACKET,
+    RECEIPT_MODULO,
+    RECEIPT_PRESENT,
+    VERSION,
+    EchoPacket,
+    parse,
+)
 
 # Linux values Python's socket module does not name (asm-generic; x86-64 and arm64).
 SO_TIMESTAMPNS = 35

@@ -48,8 +48,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from linkpassd.adapters.echoresponder import (_ANCILLARY, _RECV_BYTES, SO_TIMESTAMPNS, _cmsgs,
-                                              _random_id, _udp_socket)
+from linkpassd.adapters.echoresponder import _ANCILLARY, _RECV_BYTES, SO_TIMESTAMPNS, _cmsgs, _random_id, _udp_socket
 from linkpassd.core.direction import Receipts
 from linkpassd.core.wire import ECHO_PORT, KIND_REPLY, KIND_REQUEST, EchoPacket, parse
 

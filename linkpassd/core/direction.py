@@ -72,7 +72,7 @@ class Receipts:
     last_seq: int | None = None
     last_count: int = 0
     unsent: int = 0  # since the last receipt
-    recent: deque = field(default_factory=lambda: deque(maxlen=RECENT))  # True: a request
+    recent: deque[bool] = field(default_factory=lambda: deque(maxlen=RECENT))  # True: a request
 
     def on_unsent(self) -> None:
         self.unsent += 1

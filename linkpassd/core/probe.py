@@ -412,20 +412,20 @@ class Prober:
             return Assessment(sig, Verdict.DOWN, "down", self.reason + one_way + recovering,
                               direction=str(direction))
         stats = self._stats()
-        direction = str(self.receipts.direction())
+        way = str(self.receipts.direction())
         if self.state is PathState.SUSPECT:
             text = (f"suspect: silent since a probe {self._ms(self.silence_from)} ago; "
                     f"DOWN if the silence lasts the {cfg.tolerance_s * 1e3:g} ms tolerance; "
                     f"{stats}")
             if self.degraded:
-                return Assessment(sig, Verdict.DEGRADED, "suspect", text, direction=direction)
+                return Assessment(sig, Verdict.DEGRADED, "suspect", text, direction=way)
             return Assessment(sig, Verdict.DOWN, "suspect", text, confirmed=False,
-                              direction=direction)
+                              direction=way)
         if self.degraded:
             return Assessment(sig, Verdict.DEGRADED, "degraded",
                               f"{self.reason}: {self.receipts.words(self.peer)}; {stats}",
-                              direction=direction)
-        return Assessment(sig, Verdict.UP, "ok", stats, direction=direction)
+                              direction=way)
+        return Assessment(sig, Verdict.UP, "ok", stats, direction=way)
 
     def _ms(self, at: float | None) -> str:
         return "?" if at is None else f"{(self.now - at) * 1e3:.1f} ms"

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from linkpassd.core import wire
-from linkpassd.core.direction import (Direction, Receipts, classify, describe, judge)
+from linkpassd.core.direction import Direction, Receipts, classify, describe, judge
 
 
 def simulate(n, request_loss, reply_loss, seed=1, receipts=True, start_seq=1,
@@ -62,7 +62,7 @@ def test_wire_format_is_one_40_byte_packet_and_receipt_round_trips():
 
 
 def test_the_adapters_speak_the_one_format():
-    from linkpassd.adapters import echo, echoresponder, echorail, valprober
+    from linkpassd.adapters import echo, echorail, echoresponder, valprober
     for mod in (echo, echoresponder, echorail):
         assert mod.PACKET is wire.PACKET
     assert valprober.parse is wire.parse and echo.EchoPacket is wire.EchoPacket
