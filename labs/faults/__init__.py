@@ -12,12 +12,13 @@ each (see base.py).
 """
 
 from labs.faults.base import Fault
-from labs.faults.blackhole import LeafPortBlackhole, SpineLinkBlackhole
+from labs.faults.blackhole import LeafPortBlackhole, SpineLinkBlackhole, SpineLinkLoss
 from labs.faults.link import CablePull, Flap
 from labs.faults.miswire import Miswire
-from labs.faults.nft import NftFault, OneWayLoss, RandomLoss, SilentBlackhole
+from labs.faults.nft import HostPortLoss, NftFault, OneWayLoss, RandomLoss, SilentBlackhole
 from labs.faults.optics import OpticDegradation
 from labs.faults.pause import LeafPause
 
-__all__ = ["Fault", "CablePull", "Flap", "LeafPause", "LeafPortBlackhole", "Miswire", "NftFault",
-           "OneWayLoss", "RandomLoss", "SilentBlackhole", "SpineLinkBlackhole", "OpticDegradation"]
+__all__ = ["Fault", "CablePull", "Flap", "HostPortLoss", "LeafPause", "LeafPortBlackhole", "Miswire",
+           "NftFault", "OneWayLoss", "RandomLoss", "SilentBlackhole", "SpineLinkBlackhole",
+           "SpineLinkLoss", "OpticDegradation"]

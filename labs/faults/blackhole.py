@@ -73,6 +73,44 @@ class SpineLinkBlackhole(NftFault):
                 "rail": u.rail, **self.stamps()}
 
 
+class SpineLinkLoss(NftFault):
+    """Frames dropped with probability ``percent``/100 on one leaf-spine
+    link, at the leaf's end, in one direction or both: ``leaf_to_spine``
+    (what the leaf sends up: egress) and ``spine_to_leaf`` (ingress). LLDP
+    included, as a lossy optic would. Only flows ECMP hashes onto the link
+    see it."""
+
+    kind = "spine-link-loss"
+    hooks = {"leaf_to_spine": "egress", "spine_to_leaf": "ingress"}
+
+    def __init__(self, lab: Lab, leaf: str | int, spine: str | int, percent: int,
+                 directions: tuple[str, ...] = ("leaf_to_spine", "spine_to_leaf")):
+        from labs.faults.nft import _percent
+        self.percent = _percent(percent)
+        self.uplink = _uplink(lab, leaf, spine)
+        self.host = None  # a fabric link: no host port
+        self.rail = None
+        self._init_state(lab)
+        self._init_rules(self.uplink.leaf, self.uplink.leaf_port, directions)
+
+    def _match(self) -> str:
+        return f"numgen random mod 100 < {self.percent}"
+
+    @property
+    def description(self) -> str:
+        u = self.uplink
+        ways = "" if len(self.directions) == 2 else f" {self.directions[0].replace('_', ' ')}"
+        return (f"{self.kind} on {u.leaf} {u.leaf_port} <-> {u.spine} {u.spine_port}: "
+                f"{self.percent}% loss{ways}")
+
+    def record(self) -> dict[str, Any]:
+        u = self.uplink
+        return {"fault": self.kind, "description": self.description, "leaf": u.leaf,
+                "leaf_port": u.leaf_port, "spine": u.spine, "spine_port": u.spine_port,
+                "rail": u.rail, "percent": self.percent, "directions": list(self.directions),
+                **self.stamps()}
+
+
 def _uplink(lab: Lab, leaf: str | int, spine: str | int) -> Uplink:
     plan = lab.plan
     leaf_name = plan.leaf_of(leaf) if isinstance(leaf, int) else leaf

@@ -181,6 +181,7 @@ def assessment_to_proto(a: Assessment) -> pb.Assessment:
         status=a.status,
         detail=a.detail,
         confirmed=a.confirmed,
+        direction=a.direction,
     )
 
 

@@ -10,11 +10,9 @@ unassigned in the IANA registry copy we checked (Wireshark 4.0's), sits next to
 the RoCE ports an operator already opens in fabric ACLs, and lies below the
 Linux ephemeral range (32768-60999), so no client socket can hold it.
 
-Wire format, network byte order, 40 bytes, the same both ways:
-
-    magic "LPEC" | version u8 (1) | kind u8 (1 request, 2 reply) | reserved u16
-    seq u32 | sent_ns u64 (prober's clock, echoed) | prober_id u64 (echoed)
-    responder_id u64 (0 in requests) | held_us u32 (0 in requests)
+Wire format: core.wire, the one definition (40 bytes, the same both ways;
+replies carry the responder's receipt, which says which way a path loses
+packets: core.direction).
 
 `held_us` is how long the responder's host held the request (kernel receive
 to reply), so a late reply caused by a stalled peer daemon is not blamed on
@@ -112,6 +110,9 @@ from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.model import Assessment, ResponderCounters
 from linkpassd.core.probe import RTT_BUCKETS_S, ProbeConfig, Prober, Send, rail_ask_due
 from linkpassd.core.schedule import send_slot
+from linkpassd.core.wire import RECEIPT_MODULO, RECEIPT_PRESENT
+
+RECEIPT_COUNT = RECEIPT_MODULO - 1  # the receipt field's count bits (core.wire)
 
 _MAX_KERNEL_DELAY_S = 1.0  # beyond this a receive timestamp is a clock step, not a delay
 _RETRY_S = 1.0  # reopen a rail's socket this long after it failed (port or address missing)
@@ -216,7 +217,8 @@ class EchoProber:
         a = self.state.assessment()
         if self.socket_error:
             return Assessment(a.signal, a.severity, a.status,
-                              f"{a.detail}; cannot probe: {self.socket_error}", a.confirmed)
+                              f"{a.detail}; cannot probe: {self.socket_error}", a.confirmed,
+                              a.direction)
         return a
 
     def peer_heard(self, at: float | None = None) -> None:
@@ -260,7 +262,7 @@ class EchoProber:
         """A datagram from our peer's echo port, unpacked (PACKET), with the
         kernel's receive time `rx` (unix time) if known: the hot path of
         every reply (the rail checked its size and source)."""
-        magic, version, kind, _r, seq, sent_ns, prober_id, _responder_id, held_us = fields
+        magic, version, kind, receipt, seq, sent_ns, prober_id, _responder_id, held_us = fields
         if magic != MAGIC or version != VERSION or kind != KIND_REPLY:
             self.state.count_malformed()
             return
@@ -276,7 +278,8 @@ class EchoProber:
             rtt = 0.0
         self.rtt_counts[bisect_left(RTT_BUCKETS_S, rtt)] += 1
         self.rtt_sum_s += rtt
-        self.state.on_reply(seq, received, sent_at, held)
+        self.state.on_reply(seq, received, sent_at, held,
+                            receipt & RECEIPT_COUNT if receipt & RECEIPT_PRESENT else None)
 
     def _received(self, data: bytes, ancdata, flags: int, now: float, wall: float,
                   lag: float) -> None:

@@ -30,17 +30,10 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from linkpassd.adapters.echoresponder import (
-    KIND_REQUEST,
-    MAGIC,
-    PACKET,
-    SCM_TIMESTAMPNS,
-    SO_TIMESTAMPNS,
-    VERSION,
-    _udp_socket,
-)
+from linkpassd.adapters.echoresponder import SCM_TIMESTAMPNS, SO_TIMESTAMPNS, _udp_socket
 from linkpassd.adapters.mmsg import HEADER_SIZE, NAME_SIZE, PORT_ADDR, RESULT, RESULT_OFFSET, RecvBatch, SendBatch
 from linkpassd.core.probe import Prober
+from linkpassd.core.wire import KIND_REQUEST, MAGIC, PACKET, VERSION
 
 
 class RailPath(Protocol):

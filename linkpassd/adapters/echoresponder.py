@@ -1,8 +1,16 @@
-"""The echo wire format and the responder: what every linkpassd answers.
+"""The echo responder: what every linkpassd answers.
 
-See adapters.echo for the protocol (port, packet, admission, timestamps). Kept
-apart from the probers (adapters.echo) so each module stays readable; echo
-re-exports every name here, so callers import from adapters.echo.
+The datagram's wire format is core.wire's (re-exported here and by
+adapters.echo); see adapters.echo for the protocol (port, admission,
+timestamps). Kept apart from the probers (adapters.echo) so each module
+stays readable.
+
+Receipts (core.wire): per prober socket (its source address and port, the
+address it sent to, its prober id) the responder counts the requests it
+answers and puts the count in each reply, so the prober can tell a request
+lost on the way here from a reply lost on the way back (core.direction).
+The table is bounded (`_RECEIPT_KEYS`); when full it starts again, and the
+probers see a count that does not add up and start again too.
 """
 
 from __future__ import annotations
@@ -19,13 +27,18 @@ from dataclasses import dataclass
 
 from linkpassd.adapters import mmsg
 from linkpassd.core.admission import ResponderPolicy, SourceLimiter
-
-ECHO_PORT = 4793
-MAGIC = b"LPEC"
-VERSION = 1
-KIND_REQUEST = 1
-KIND_REPLY = 2
-PACKET = struct.Struct("!4sBBHIQQQI")
+from linkpassd.core.wire import (  # noqa: F401 - re-exported: callers use adapters.echo
+    ECHO_PORT,
+    KIND_REPLY,
+    KIND_REQUEST,
+    MAGIC,
+    PACKET,
+    RECEIPT_MODULO,
+    RECEIPT_PRESENT,
+    VERSION,
+    EchoPacket,
+    parse,
+)
 
 # Linux values Python's socket module does not name (asm-generic; x86-64 and arm64).
 SO_TIMESTAMPNS = 35
@@ -49,42 +62,10 @@ _BATCH = 32  # requests read (and replies sent) per system call by the responder
 _SLOT = 48  # bytes per received datagram: a valid one has 40; longer is malformed
 _CONTROL = 64  # ancillary bytes per datagram: a timestamp and a pktinfo, 32 each
 _CMSGHDR = struct.Struct("@Nii")
-
-
-# --------------------------------------------------------------------------
-# Packets
-# --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EchoPacket:
-    kind: int
-    seq: int
-    sent_ns: int
-    prober_id: int
-    responder_id: int = 0
-    held_us: int = 0
-
-    def encode(self) -> bytes:
-        return PACKET.pack(MAGIC, VERSION, self.kind, 0, self.seq, self.sent_ns,
-                           self.prober_id, self.responder_id, self.held_us)
-
-
-def parse(data: bytes, truncated: bool = False) -> tuple[EchoPacket | None, str]:
-    """A packet, or None and why not. Never raises on any input."""
-    if truncated or len(data) > PACKET.size:
-        return None, "too long"
-    if len(data) < PACKET.size:
-        return None, "too short"
-    magic, version, kind, _reserved, seq, sent_ns, prober_id, responder_id, held_us = \
-        PACKET.unpack(data)
-    if magic != MAGIC:
-        return None, "bad magic"
-    if version != VERSION:
-        return None, f"version {version}"
-    if kind not in (KIND_REQUEST, KIND_REPLY):
-        return None, f"kind {kind}"
-    return EchoPacket(kind, seq, sent_ns, prober_id, responder_id, held_us), ""
+# Prober sockets the responder keeps receipts for; beyond, the table starts
+# again (each prober socket is one rail of one peer, or one validation flow).
+_RECEIPT_KEYS = 16384
+_RECEIPT_MASK = RECEIPT_MODULO - 1
 
 
 def _random_id() -> int:
@@ -197,6 +178,7 @@ class EchoResponder:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._heard: dict[tuple[str, str], float] = {}  # the thread's, until handed over
+        self._receipts: dict[tuple, int] = {}  # the thread's: requests answered per prober socket
         self._handed_at = 0.0
 
     def set_policy(self, policy: ResponderPolicy) -> None:
@@ -316,10 +298,11 @@ class EchoResponder:
         if held is None:
             return
         _m, _v, _k, _r, seq, sent_ns, prober_id, _rid, _held = fields
+        receipt = self._receipt((src4, sport, b"" if info is None else info[2], prober_id))
         j = (replies.add(src4, sport) if info is None  # as routed
              else replies.add(src4, sport, info[0], info[1]))
-        PACKET.pack_into(replies.payload, j * PACKET.size, MAGIC, VERSION, KIND_REPLY, 0, seq,
-                         sent_ns, prober_id, self.responder_id, held)
+        PACKET.pack_into(replies.payload, j * PACKET.size, MAGIC, VERSION, KIND_REPLY, receipt,
+                         seq, sent_ns, prober_id, self.responder_id, held)
         if replies.full:
             queued = replies.count
             failed = len(replies.send(self.sock.fileno()))
@@ -327,6 +310,20 @@ class EchoResponder:
             self.counters.send_errors += failed
         if info is not None and self.on_heard is not None:
             self._heard[(info[1], src4)] = now
+
+    def _receipt(self, key: tuple) -> int:
+        """The receipt field of the reply to a request from prober socket
+        `key` (source address, source port, our address, prober id): how
+        many of its requests we have answered, this one included (core.wire)."""
+        receipts = self._receipts
+        n = receipts.get(key)
+        if n is None:
+            if len(receipts) >= _RECEIPT_KEYS:
+                receipts.clear()  # its probers see counts that do not add up, and start again
+            n = 0
+        n = (n + 1) & _RECEIPT_MASK
+        receipts[key] = n
+        return RECEIPT_PRESENT | n
 
     def _judge(self, info, source: int, fields: tuple | None, rx: float | None,
                now: float) -> int | None:
@@ -393,7 +390,8 @@ class EchoResponder:
         if held is None:
             return
         _m, _v, _k, _r, seq, sent_ns, prober_id, _rid, _held = fields
-        reply = PACKET.pack(MAGIC, VERSION, KIND_REPLY, 0, seq, sent_ns, prober_id,
+        receipt = self._receipt((src4, src[1], b"" if info is None else info[2], prober_id))
+        reply = PACKET.pack(MAGIC, VERSION, KIND_REPLY, receipt, seq, sent_ns, prober_id,
                             self.responder_id, held)  # EchoPacket(...).encode()
         try:
             if info is None:

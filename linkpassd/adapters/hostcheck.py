@@ -342,6 +342,8 @@ async def validate_host(request: fleet_pb2.ValidateHost, context: HostContext,
             pair.burst_sent, pair.burst_received = tally.burst_sent, tally.burst_received
             pair.rtt_p50_us, pair.rtt_p99_us = tally.rtt_us(0.50), tally.rtt_us(0.99)
             pair.flows, pair.flows_silent = tally.flows, tally.flows_silent
+            pair.requests_lost, pair.replies_lost = tally.requests_lost, tally.replies_lost
+            pair.receipts = tally.receipts
         result.pairs.append(pair)
     result.problems.extend(problems)
     result.notes.extend(prober.notes)
@@ -381,7 +383,11 @@ def _port_check(p: fleet_pb2.ExpectedPort, context: HostContext, links0, links1,
         check.lldp_system = neighbour.system
         check.lldp_port = neighbour.switch_port
         check.lldp_source = neighbour.source
-    elif (p.switch_name or p.switch_port) and (first is None or first.present):
+    elif (p.switch_name or p.switch_port) and (first is None or first.present) \
+            and not lldp.heard_nothing(why):
+        # The check could not listen: it did not run. One that listened for
+        # the window and heard nothing is a result (the PortCheck without a
+        # neighbour), not a check that did not run (issue 31).
         problems.append(f"{port}: no LLDP neighbour: lldpd: {lldpd.problem or 'none for this port'}"
                         f"; wire: {why}")
     return check

@@ -294,6 +294,16 @@ def _packet_socket(port: str, netns: str | None) -> socket.socket:
     return sock
 
 
+# How sniff_lldp says it listened for the whole window and heard no neighbour:
+# a result (the check ran), unlike its other reasons (it could not listen).
+HEARD_NOTHING = "no LLDP frame within"
+
+
+def heard_nothing(why: str) -> bool:
+    """Whether sniff_lldp's `why` is a check that ran and saw no neighbour."""
+    return why.startswith(HEARD_NOTHING)
+
+
 async def sniff_lldp(port: str, timeout_s: float, netns: str | None = None
                      ) -> tuple[LldpNeighbour | None, str]:
     """The first LLDP neighbour heard on `port` within `timeout_s`, or None and
@@ -330,7 +340,7 @@ async def sniff_lldp(port: str, timeout_s: float, netns: str | None = None
                         return neighbour, ""
                     last_problem = problem
     except TimeoutError:
-        why = f"no LLDP frame within {timeout_s:.0f} s on {port}"
+        why = f"{HEARD_NOTHING} {timeout_s:.0f} s on {port}"
         return None, f"{why} (last frame: {last_problem})" if last_problem else why
     finally:
         loop.remove_reader(sock.fileno())

@@ -18,7 +18,7 @@ flows of one pair over different spines, so a dead spine link kills some of
 a pair's flows and spares the others - the signature that tells it from a
 dead port, which kills them all (validate.localize).
 
-It speaks the daemon's echo wire format (adapters.echoresponder) to the
+It speaks the daemon's echo wire format (core.wire) to the
 responders every linkpassd runs (or labs/echopeer.py): nothing new to open
 in fabric ACLs. Those responders answer only sources in their
 `fabric_prefixes` or probe peers, at most `responder_rate_pps` (default
@@ -48,19 +48,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from linkpassd.adapters.echoresponder import (
-    _ANCILLARY,
-    _RECV_BYTES,
-    ECHO_PORT,
-    KIND_REPLY,
-    KIND_REQUEST,
-    SO_TIMESTAMPNS,
-    EchoPacket,
-    _cmsgs,
-    _random_id,
-    _udp_socket,
-    parse,
-)
+from linkpassd.adapters.echoresponder import _ANCILLARY, _RECV_BYTES, SO_TIMESTAMPNS, _cmsgs, _random_id, _udp_socket
+from linkpassd.core.direction import Receipts
+from linkpassd.core.wire import ECHO_PORT, KIND_REPLY, KIND_REQUEST, EchoPacket, parse
 
 _POLL_S = 0.02  # longest wait between looks at the stop flag and the send schedule
 _SENDS_PER_ROUND = 256  # then read replies before sending more
@@ -126,6 +116,25 @@ class PairTally:
     flow_sent: list[int] = field(default_factory=list)
     flow_received: list[int] = field(default_factory=list)
     next_flow: int = 0
+    # The responder's receipts per flow (core.direction): each flow numbers
+    # its own probes to this target, and the responder counts per flow.
+    flow_receipts: list[Receipts] = field(default_factory=list)
+    flow_ordinal: list[int] = field(default_factory=list)
+
+    @property
+    def requests_lost(self) -> int:
+        """Lost probes (both phases) classed as requests lost on the way to the peer."""
+        return sum(r.requests_lost for r in self.flow_receipts)
+
+    @property
+    def replies_lost(self) -> int:
+        """Lost probes classed as replies lost on the way back."""
+        return sum(r.replies_lost for r in self.flow_receipts)
+
+    @property
+    def receipts(self) -> bool:
+        """Whether the peer's responder returned receipts."""
+        return any(r.receipted for r in self.flow_receipts)
 
     @property
     def flows(self) -> int:
@@ -153,7 +162,8 @@ class _Flow:
 
     index: int
     sock: socket.socket
-    pending: dict[int, tuple[int, int]] = field(default_factory=dict)  # seq -> (tally, phase)
+    pending: dict[int, tuple[int, int, int]] = field(default_factory=dict)  # seq -> (tally, phase,
+    # the probe's number among this flow's probes to that target: receipts count per target)
     seq: int = 0
 
 
@@ -209,6 +219,8 @@ class ValidationProber:
             for i in members:
                 self.tallies[i].flow_sent = [0] * len(flows)
                 self.tallies[i].flow_received = [0] * len(flows)
+                self.tallies[i].flow_receipts = [Receipts() for _ in flows]
+                self.tallies[i].flow_ordinal = [0] * len(flows)
             self._rails.append(_Rail(port, source, flows, members))
 
     def _socket(self, port: str, source: str) -> tuple[socket.socket | None, str]:
@@ -309,7 +321,8 @@ class ValidationProber:
             why = f"{tally.target.rail} ({rail.port}): {exc.strerror or exc}"
             self.unsent[why] = self.unsent.get(why, 0) + 1
             return
-        flow.pending[flow.seq] = (index, phase)
+        ordinal = tally.flow_ordinal[flow.index] = tally.flow_ordinal[flow.index] + 1
+        flow.pending[flow.seq] = (index, phase, ordinal)
         tally.flow_sent[flow.index] += 1
         if phase == LOW:
             tally.sent += 1
@@ -350,13 +363,14 @@ class ValidationProber:
             if entry is None:
                 self._duplicate(rail, src)
                 continue
-            index, phase = entry
+            index, phase, ordinal = entry
             tally = self.tallies[index]
             if src[0] != tally.target.peer or src[1] != self.echo_port:
                 self.stray += 1
                 continue
             del flow.pending[packet.seq]
             tally.flow_received[flow.index] += 1
+            tally.flow_receipts[flow.index].on_reply(ordinal, packet.received)
             rx, _ = _cmsgs(ancdata)
             waited = 0.0 if rx is None else min(max(0.0, wall - rx), _MAX_KERNEL_DELAY_S)
             rtt = max(0.0, now - waited - packet.sent_ns * 1e-9 - packet.held_us * 1e-6)

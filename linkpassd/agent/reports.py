@@ -32,6 +32,9 @@ class PathSample:
     state: str  # "up", "down" or "init"
     loss: float  # 0..1 over the path's window
     rtt_p50_us: int  # 0: unknown
+    direction: str = ""  # core.direction.Direction's value ("" not said)
+    requests_lost: int = 0  # lost probes the receipts classed, since the prober started
+    replies_lost: int = 0
 
 
 def inventory(config: Config, rdma: Mapping[str, tuple[str, int]]) -> fleet_pb2.Inventory:
@@ -51,7 +54,8 @@ def port_report(states: Mapping[str, PortState], paths: Sequence[PathSample],
     report = fleet_pb2.PortReport(
         ports=[port_state_to_proto(s) for s in states.values() if s.verdict is not None],
         paths=[fleet_pb2.PathState(port=p.port, peer=p.peer, state=p.state, loss=p.loss,
-                                   rtt_p50_us=p.rtt_p50_us)
+                                   rtt_p50_us=p.rtt_p50_us, direction=p.direction,
+                                   requests_lost=p.requests_lost, replies_lost=p.replies_lost)
                for p in sorted(paths, key=lambda p: (p.port, p.peer))],
         rail_paths=dict(rail_paths))
     if wall is not None:
@@ -83,7 +87,10 @@ def path_samples(echo) -> list[PathSample]:
         out.append(PathSample(port=path.port, peer=path.peer,
                               state=_PATH_STATES.get(str(state.state), "init"),
                               loss=state.loss_ratio or 0.0,
-                              rtt_p50_us=median_us(prober.rtt_counts, RTT_BUCKETS_S)))
+                              rtt_p50_us=median_us(prober.rtt_counts, RTT_BUCKETS_S),
+                              direction=str(state.receipts.direction()),
+                              requests_lost=state.receipts.requests_lost,
+                              replies_lost=state.receipts.replies_lost))
     return out
 
 

@@ -120,6 +120,7 @@ def port_report(r: pb.PortReport) -> None:
         _name(f"{where}.port", path.port)
         _name(f"{where}.peer", path.peer)
         _name(f"{where}.state", path.state)
+        _name(f"{where}.direction", path.direction)
     for rail, path in r.rail_paths.items():
         _name("PortReport.rail_paths key", rail)
         _name(f"PortReport.rail_paths[{rail[:64]!r}]", path)

@@ -89,6 +89,11 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 86400:.0f}d ago"
 
 
+def _why(cell: grid.Cell) -> str:
+    """A problem cell's evidence and, when its hosts said, which way its paths lose packets."""
+    return "; ".join(x for x in (cell.evidence, cell.direction) if x) or "-"
+
+
 def _cell_html(cell: grid.Cell) -> str:
     classes = ["cell", f"v-{cell.verdict.lower()}"]
     text = CELL_TEXT[cell.verdict]
@@ -103,6 +108,7 @@ def _cell_html(cell: grid.Cell) -> str:
         "drained" if cell.drained else "",
         f"path {cell.path}" if cell.path else "",
         cell.evidence,
+        cell.direction,
         "" if cell.connected else "host offline: last report",
     ) if x)
     return (f'<td class="{" ".join(classes)}" data-host="{_e(cell.host_id)}" data-rail="{_e(cell.rail)}" '
@@ -142,7 +148,7 @@ def _problems_html(g: grid.Grid) -> str:
     rows = "".join(
         f'<tr><td>{_e(c.host_id)}</td><td>{_e(c.rail)}</td><td>{_e(c.port)}</td>'
         f'<td class="v-{c.verdict.lower()}{" drained" if c.drained else ""}">{_e(c.verdict)}'
-        f'{" drained" if c.drained else ""}</td><td>{_e(c.path or "-")}</td><td>{_e(c.evidence or "-")}</td></tr>'
+        f'{" drained" if c.drained else ""}</td><td>{_e(c.path or "-")}</td><td>{_e(_why(c))}</td></tr>'
         for c in cells[:PROBLEMS_SHOWN])
     more = (f'<p class="meta">… and {len(cells) - PROBLEMS_SHOWN} more</p>' if len(cells) > PROBLEMS_SHOWN else "")
     return ('<table id="problems"><thead><tr><th>host</th><th>rail</th><th>port</th><th>verdict</th>'

@@ -382,6 +382,9 @@ class Assessment:
     status: str  # "ok", "degraded", "unreadable", "unsupported", "warming up", "suppressed"
     detail: str = ""
     confirmed: bool = True  # severity has held for `confirm` readings
+    # A path probe's: which way it loses packets (core.direction.Direction's
+    # values: "requests", "replies", "both", "none", "unknown"); "" for other signals.
+    direction: str = ""
 
     @property
     def effective(self) -> Verdict | None:

@@ -84,6 +84,7 @@ import math
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field, replace
 
+from linkpassd.core.direction import Direction, Receipts, describe, judge
 from linkpassd.core.model import Assessment, Verdict
 from linkpassd.core.schedule import slot_start
 
@@ -298,8 +299,11 @@ class Prober:
     stall_max_s: float = 0.0
     silence_from: float | None = None  # first probe of the current chain (SUSPECT)
     rail_asked: bool = False  # this silence has asked the rail's other paths to probe
+    down_receipts: tuple[int, int] = (0, 0)  # receipts' (requests, replies) lost when DOWN began
     now: float = 0.0  # the latest time the prober was told (for the texts it writes)
     counters: ProbeCounters = field(default_factory=ProbeCounters)
+    # The responder's receipts (core.direction): which way lost probes were lost.
+    receipts: Receipts = field(default_factory=lambda: Receipts(seq_modulo=SEQ_MODULO - 1))
     _flights: OrderedDict[int, Flight] = field(default_factory=OrderedDict, init=False, repr=False)
     _window: deque[bool] = field(init=False, repr=False)
     _window_lost: int = field(default=0, init=False, repr=False)
@@ -314,6 +318,8 @@ class Prober:
         new._flights = OrderedDict((k, replace(f)) for k, f in self._flights.items())
         new._window = deque(self._window, maxlen=self.config.loss_window)
         new._window_lost = self._window_lost
+        new.receipts = replace(self.receipts, recent=deque(self.receipts.recent,
+                                                           maxlen=self.receipts.recent.maxlen))
         return new
 
     # ---------------------------------------------------------------- views
@@ -391,21 +397,35 @@ class Prober:
             recovering = (f"; recovering: {self.streak} of {cfg.rise} replies"
                           if self.streak else "")
             # The peer's own probes reaching us since then: peer-to-us delivers.
-            one_way = ("; the peer's own probes have reached us since, so our requests are "
-                       "being lost (one-way)"
-                       if self.heard_at is not None and self.heard_at > self.since else "")
-            return Assessment(sig, Verdict.DOWN, "down", self.reason + one_way + recovering)
+            if self.heard_at is not None and self.heard_at > self.since:
+                one_way = (f"; loss towards {self.peer}: the peer's own probes have reached "
+                           "us since, so our requests are being lost (one-way)")
+                direction = Direction.REQUESTS
+            elif self.receipts.round_trip_only:
+                one_way = ("; which way is unknown: the peer's responder keeps no receipts "
+                           "(round trip only)")
+                direction = Direction.UNKNOWN
+            else:
+                one_way = ("; which way is unknown while nothing comes back (the first reply's "
+                           "receipt will say)")
+                direction = Direction.UNKNOWN
+            return Assessment(sig, Verdict.DOWN, "down", self.reason + one_way + recovering,
+                              direction=str(direction))
         stats = self._stats()
+        way = str(self.receipts.direction())
         if self.state is PathState.SUSPECT:
             text = (f"suspect: silent since a probe {self._ms(self.silence_from)} ago; "
                     f"DOWN if the silence lasts the {cfg.tolerance_s * 1e3:g} ms tolerance; "
                     f"{stats}")
             if self.degraded:
-                return Assessment(sig, Verdict.DEGRADED, "suspect", text)
-            return Assessment(sig, Verdict.DOWN, "suspect", text, confirmed=False)
+                return Assessment(sig, Verdict.DEGRADED, "suspect", text, direction=way)
+            return Assessment(sig, Verdict.DOWN, "suspect", text, confirmed=False,
+                              direction=way)
         if self.degraded:
-            return Assessment(sig, Verdict.DEGRADED, "degraded", f"{self.reason}; {stats}")
-        return Assessment(sig, Verdict.UP, "ok", stats)
+            return Assessment(sig, Verdict.DEGRADED, "degraded",
+                              f"{self.reason}: {self.receipts.words(self.peer)}; {stats}",
+                              direction=way)
+        return Assessment(sig, Verdict.UP, "ok", stats, direction=way)
 
     def _ms(self, at: float | None) -> str:
         return "?" if at is None else f"{(self.now - at) * 1e3:.1f} ms"
@@ -422,6 +442,9 @@ class Prober:
             parts.append(f"peer held a request up to {self.held_max_s * 1e3:.1f} ms")
         if self.stall_max_s >= self.config.lag_tolerance_s:
             parts.append(f"our longest stall {self.stall_max_s * 1e3:.1f} ms")
+        r = self.receipts
+        if (r.requests_lost or r.replies_lost or r.round_trip_only) and not self.degraded:
+            parts.append(r.words(self.peer))  # a degraded path's reason says it already
         return ", ".join(parts)
 
     # --------------------------------------------------------------- inputs
@@ -472,11 +495,13 @@ class Prober:
         return self, sends
 
     def on_reply(self, seq: int, received_at: float, echoed_sent_at: float | None = None,
-                 held_s: float = 0.0) -> "Prober":
+                 held_s: float = 0.0, receipt: int | None = None) -> "Prober":
         """A reply to probe `seq` arrived at `received_at` (the kernel's receive
         time when the adapter has it). `echoed_sent_at` is the send time the
         reply carries (it must match ours); `held_s` is how long the
-        responder held the request before answering."""
+        responder held the request before answering; `receipt` the
+        responder's count (core.wire; None: it keeps none)."""
+        self.receipts.on_reply(seq, receipt)
         flight = self._flights.get(seq)
         if flight is not None and echoed_sent_at is not None \
                 and abs(echoed_sent_at - flight.sent_at) > 0.5:
@@ -521,6 +546,7 @@ class Prober:
     def on_send_error(self, seq: int, now: float) -> "Prober":
         """The probe could not be sent: no evidence either way."""
         self.counters.send_errors += 1
+        self.receipts.on_unsent()
         self._flights.pop(seq, None)
         return self
 
@@ -674,8 +700,25 @@ class Prober:
             self.counters.downs += 1
             self.streak = 0
             self._flights.clear()
+            self.down_receipts = (self.receipts.requests_lost, self.receipts.replies_lost)
         elif new is PathState.UP:
             self.reason = why + (" (first contact)" if old is PathState.NEVER_UP else " after DOWN")
+            if old is PathState.DOWN:
+                self.reason += self._outage_direction()
+
+    def _outage_direction(self) -> str:
+        """Which way the outage that just ended lost probes: the first reply
+        after it carried the receipt that classes them (core.direction)."""
+        r = self.receipts
+        if r.round_trip_only:
+            return "; which way the outage ran is unknown (the peer keeps no receipts)"
+        requests = r.requests_lost - self.down_receipts[0]
+        replies = r.replies_lost - self.down_receipts[1]
+        if requests <= 0 and replies <= 0:
+            return ""
+        words = describe(judge(max(0, requests), max(0, replies)), self.peer,
+                         max(0, requests), max(0, replies))
+        return f"; the outage was {words}"
 
     def _window_add(self, lost: bool, now: float) -> None:
         cfg, window = self.config, self._window

@@ -35,8 +35,10 @@ def rail_assessment(paths: Iterable[Assessment], name: str = "probe") -> Assessm
         return Assessment(name, None, "never up" if paths else "unsupported",
                           f"no peer has answered yet ({len(paths)} probed)")
     down = sorted(a.signal.removeprefix("probe:") for a in judged if a.effective is Verdict.DOWN)
-    bad = sorted(a.signal.removeprefix("probe:") for a in judged
-                 if a.effective in (Verdict.DOWN, Verdict.DEGRADED))
+    bad_paths = [a for a in judged if a.effective in (Verdict.DOWN, Verdict.DEGRADED)]
+    bad = sorted(a.signal.removeprefix("probe:") for a in bad_paths)
+    direction, which = _direction(bad_paths, ours=2 * len(bad) > len(judged) + len(confirming)
+                                  or len(down) == len(judged))
     if len(down) == len(judged) and confirming:
         return Assessment(name, None, "suspect",
                           f"{len(down)} of {len(judged) + len(confirming)} peers unreachable "
@@ -44,12 +46,49 @@ def rail_assessment(paths: Iterable[Assessment], name: str = "probe") -> Assessm
                           + ", ".join(confirming))
     if len(down) == len(judged):
         return Assessment(name, Verdict.DOWN, "down",
-                          f"all {len(judged)} peers unreachable: " + ", ".join(down))
+                          f"all {len(judged)} peers unreachable: " + ", ".join(down) + which,
+                          direction=direction)
     if 2 * len(bad) > len(judged) + len(confirming):
         return Assessment(name, Verdict.DEGRADED, "degraded",
-                          f"{len(bad)} of {len(judged)} peers degraded or down: " + ", ".join(bad))
+                          f"{len(bad)} of {len(judged)} peers degraded or down: "
+                          + ", ".join(bad) + which, direction=direction)
     if bad:
         return Assessment(name, Verdict.UP, "ok",
                           f"{len(judged) - len(bad)} of {len(judged)} peers fine; "
-                          f"trouble only towards {', '.join(bad)} (their side)")
+                          f"trouble only towards {', '.join(bad)} (their side){which}",
+                          direction=direction)
     return Assessment(name, Verdict.UP, "ok", f"all {len(judged)} peers answer")
+
+
+# What a direction shared by most of a rail's paths says about the rail (our side)...
+_RAIL_WORDS = {
+    "requests": "loss towards the peers, replies fine (our transmit direction)",
+    "replies": "replies lost on the way back, requests reach the peers (our receive direction)",
+    "both": "loss both ways",
+}
+# ...and by a few of them (their side).
+_PEER_WORDS = {"requests": "loss towards {peers}, replies fine",
+               "replies": "replies lost from {peers}, requests reach them",
+               "both": "loss both ways with {peers}"}
+
+
+def _direction(bad: list[Assessment], ours: bool) -> tuple[str, str]:
+    """The direction the troubled paths share (core.direction's words) and
+    a clause saying it (`ours`: as our rail's direction, else as the
+    peers'), with each path's when they differ."""
+    if not bad:
+        return "", ""
+    kinds = {a.direction or "unknown" for a in bad}
+    if len(kinds) == 1:
+        (kind,) = kinds
+        if kind in _RAIL_WORDS:
+            if ours:
+                return kind, f"; {_RAIL_WORDS[kind]}"
+            peers = ", ".join(sorted(a.signal.removeprefix("probe:") for a in bad))
+            return kind, "; " + _PEER_WORDS[kind].format(peers=peers)
+        return "unknown", ("; which way is unknown (nothing came back yet, or the peers keep "
+                           "no receipts)")
+    known = sorted(f"{a.signal.removeprefix('probe:')} {a.direction}" for a in bad
+                   if a.direction in _RAIL_WORDS)
+    return "unknown", ("; which way differs by peer (lost: " + ", ".join(known) + ")"
+                       if known else "")

@@ -154,7 +154,8 @@ class Daemon:
         self.monitor: LinkMonitor | None = None
         self.sensor: Sensor | None = None
         self.early_probes: dict[str, dict[str, Assessment]] = {}  # before a port's first sample
-        self.echo_logged: dict[str, str] = {}  # each port's last logged echo status
+        # Each port's last logged echo status and direction (core.direction).
+        self.echo_logged: dict[str, tuple[str, str]] = {}
         self.watchdog = Watchdog.from_environment(clock)  # WatchdogSec= from systemd, if any
         self.allocation: alloc.Allocation | None = None  # None: a fresh start's numbering
         self.metrics = None  # adapters.metrics.Metrics when [metrics] listen is set
@@ -550,13 +551,17 @@ class Daemon:
             return
         judged = rail_assessment(paths, ECHO_SIGNAL)
         # A suspicion settled by its burst is routine on a lossy path (several
-        # a second at 5 % loss): logged only when the rail's status changes
-        # otherwise. Suspicions are counted per path (`echo_counters`).
-        if judged.status != "suspect" and judged.status != self.echo_logged.get(port):
-            self.echo_logged[port] = judged.status
+        # a second at 5 % loss): logged only when the rail's status or the
+        # direction its troubled paths lose packets in (core.direction)
+        # changes otherwise. Suspicions are counted per path (`echo_counters`).
+        logged = (judged.status, judged.direction)
+        if judged.status != "suspect" and logged != self.echo_logged.get(port):
+            self.echo_logged[port] = logged
+            way = (f" ({judged.direction})"
+                   if judged.direction and judged.direction not in ("none", "unknown") else "")
             self.recorder.emit(EventKind.SIGNAL, "echo_paths", port=port, rail=self.rail_of(port),
-                               message=f"echo paths of {port}: {judged.status}",
-                               judged=judged.status, detail=judged.detail,
+                               message=f"echo paths of {port}: {judged.status}{way}",
+                               judged=judged.status, detail=judged.detail, direction=judged.direction,
                                paths=" ".join(f"{a.signal}={a.detail!r}" for a in paths))
         self._set_health(before, health.observe_probe(before, ECHO_SIGNAL, judged, now,
                                                       self.config.timers, self.config.health))

@@ -29,6 +29,7 @@ class Cell:
     path: str  # the path the rail's table routes through now; "" unknown, "none" no path
     connected: bool  # the host's stream is open (else the cell shows its last report)
     evidence: str  # the first reason for the verdict (a drained port's: its drain)
+    direction: str = ""  # which way its troubled echo paths lose packets, in words ("": not said)
 
     @property
     def failed_over(self) -> bool:
@@ -73,6 +74,26 @@ def verdict_word(verdict: int) -> str:
     return NO_REPORT  # unspecified (not judged yet) or a value newer than this release
 
 
+# PathState.direction of a path that loses packets, as the page says it.
+DIRECTION_WORDS = {"requests": "loss towards", "replies": "replies lost from",
+                   "both": "loss both ways with"}
+
+
+def direction_words(paths) -> str:
+    """Which way a port's troubled echo paths (down, or losing) lose
+    packets, from the hosts' receipts: "loss towards 198.18.1.7, 198.18.1.9",
+    "which way differs by peer", or "" when no troubled path says."""
+    troubled = [p for p in paths if p.direction in DIRECTION_WORDS
+                and (p.state == "down" or p.loss > 0)]
+    kinds = {p.direction for p in troubled}
+    if not kinds:
+        return ""
+    if len(kinds) > 1:
+        return "which way differs by peer: " + ", ".join(
+            f"{p.peer} {p.direction}" for p in sorted(troubled, key=lambda p: p.peer))
+    return f"{DIRECTION_WORDS[kinds.pop()]} " + ", ".join(sorted(p.peer for p in troubled))
+
+
 def build(hosts: fleet_pb2.ListHostsResponse, max_columns: int = MAX_COLUMNS) -> Grid:
     """Hosts and rails in natural order; a rail any host has is a column, up
     to `max_columns` (the rails most hosts have): the page and `linkpassctl
@@ -88,6 +109,9 @@ def build(hosts: fleet_pb2.ListHostsResponse, max_columns: int = MAX_COLUMNS) ->
     for host in sorted(hosts.hosts, key=lambda h: natural_key(h.host_id)):
         port_of = {r.rail: r.port for r in host.rails}
         state_of = {p.port: p for p in host.report.ports}
+        paths_of: dict[str, list[fleet_pb2.PathState]] = {}
+        for path in host.report.paths:
+            paths_of.setdefault(path.port, []).append(path)
         cells = []
         for rail in rails:
             port = port_of.get(rail, "")
@@ -99,6 +123,7 @@ def build(hosts: fleet_pb2.ListHostsResponse, max_columns: int = MAX_COLUMNS) ->
                 path=host.report.rail_paths.get(rail, ""),
                 connected=host.connected,
                 evidence=(state.evidence[0] if state is not None and state.evidence else ""),
+                direction=direction_words(paths_of.get(port, ())) if port else "",
             ))
         rows.append(Row(host=host, cells=tuple(cells)))
     return Grid(rails=tuple(rails), rows=tuple(rows), hidden_rails=hidden)

@@ -13,13 +13,20 @@ only what earlier steps left unexplained, so one fault gives one finding):
    counters rising (*counters*): one finding per port, the most specific
    kind first and the rest as evidence. A port with such a finding explains
    the pairs through it (a swapped cable also breaks its probes). No LLDP
-   neighbour at all (*lldp*) is reported but explains nothing.
+   neighbour at all (*lldp*) is reported but explains nothing; when a
+   blackhole or leaf finding covers its port it is part of that finding.
 2. Failing pairs (low-rate loss >= `fail_loss`: a blackhole, not loss):
    - *leaf*: every pair that touches any host under a leaf fails (intra-
      and cross-leaf) while the rest of the rail works: the leaf drops all.
    - *blackhole*: every pair of one host port fails while its peers' other
      pairs work: the host port, its cable or the leaf port (a leaf port
      that drops looks exactly like this; the finding names both ends).
+     Which way: from the responders' receipts when enough came back to
+     class the losses (core.direction); else from LLDP: no LLDP from the
+     leaf means the leaf-to-host direction is dead (host to leaf cannot be
+     seen: no reply comes back), LLDP as planned means host to leaf is dead
+     or the leaf's forwarding drops the port's traffic. The port's LLDP
+     finding, if any, is part of it (one fault, one finding).
    - Cross-leaf pairs that fail while intra-leaf pairs work point above the
      leaves. A flow is one UDP source port of a pair (the hosts spread each
      pair's probes over several, valprober); a fabric hashing ECMP on the
@@ -46,8 +53,12 @@ only what earlier steps left unexplained, so one fault gives one finding):
    >= `min_lost` losses with 95 % probability once its loss rate reaches
    lambda/n (Poisson; lambda = 6.3 for 3 losses; with min_lost = 1 this is
    the rule of three, 3/n). The report's loss_resolution is the worst
-   port's (`loss_resolution`). Loss is per round trip: a link that drops
-   p one way costs the echo p.
+   port's (`loss_resolution`). Loss is per round trip, and says so: a link
+   that drops p one way costs the echo p. Which way is from the
+   responders' receipts (the pairs' requests_lost / replies_lost): a
+   request lost from a pair the port's host sent is host to leaf, from a
+   pair it answered leaf to host, a reply the other way round; the finding
+   gives each direction's rate and names the transmitter to check first.
 4. What is left failing is *unexplained* (one finding per rail), so no
    failure passes silently; hosts that could not run a check, or sent no
    check for a planned port, are *incomplete*. A host's notes (a check
@@ -65,9 +76,10 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2
+from linkpassd.core.direction import Direction, judge
 from linkpassd.validate.plan import CablingPlan, PlannedPort
 from linkpassd.validate.results import Finding, HostResult, HostValidation, PairResult, PortCheck, host_results
 
@@ -117,8 +129,10 @@ def localize(plan: CablingPlan | Sequence[PlannedPort],
     for pair in pairs:
         if not pair.explained:
             by_rail[pair.rail].append(pair)
+    no_lldp = {(p.host, p.rail) for p in ports.no_lldp}
     for rail in sorted(by_rail):
-        findings.extend(_RailStage(plan, rail, by_rail[rail], thresholds).run())
+        findings.extend(_RailStage(plan, rail, by_rail[rail], thresholds, no_lldp).run())
+    findings = _merge_lldp(findings)
     for host in sorted(ok):
         notes = [*ok[host].problems, *ports.incomplete.get(host, ()), *incomplete.get(host, ())]
         if notes:
@@ -443,6 +457,7 @@ class _RailStage:
     rail: str
     pairs: list[_Pair]
     th: Thresholds
+    no_lldp: set[tuple[str, str]] = field(default_factory=set)  # (host, rail): carrier, no LLDP
     done: set[int] = field(default_factory=set)  # ids of pairs a finding explains
 
     def run(self) -> list[Finding]:
@@ -515,15 +530,43 @@ class _RailStage:
             intra = sum(not p.cross_leaf for p in touching)
             evidence = [f"all {len(touching)} probed pairs of {host} on {self.rail} fail "
                         f"({intra} under {port.switch}, {len(touching) - intra} to other leaves)",
-                        f"{len(fine)} of its {len(peers)} peers work with other hosts",
-                        "carrier up, LLDP as planned: a silent drop at the host port, the cable or the leaf port"]
+                        f"{len(fine)} of its {len(peers)} peers work with other hosts"]
+            what, why, fix = self._blackhole_direction(host, port, touching)
+            evidence += why
             if len(leaves.get(port.switch, ())) == 1:
                 evidence.append(f"{host} is the only host probed under {port.switch}: the leaf itself is possible")
             self.done.update(id(p) for p in touching)
-            out.append(Finding("blackhole", _link(port) + ": drops all traffic", hosts=(host,),
+            out.append(Finding("blackhole", f"{_link(port)}: {what}", hosts=(host,),
                                ports=_link_ports(port), rail=self.rail, evidence=tuple(evidence),
-                               confidence=round(_strength(len(touching)) * working, 3)))
+                               confidence=round(_strength(len(touching)) * working, 3), fix=fix))
         return out
+
+    def _blackhole_direction(self, host: str, port: PlannedPort,
+                             touching: Sequence[_Pair]) -> tuple[str, list[str], str]:
+        """(what it drops, evidence, fix) for a host port whose every pair
+        fails: which way, from the receipts of what did come back, else
+        from LLDP (frames from the leaf arriving or not)."""
+        ways = _port_ways(host, touching)
+        tx, rx = ways.tx, ways.rx
+        if tx + rx >= self.th.min_lost:
+            direction = judge(tx, rx)
+            if direction in (Direction.REQUESTS, Direction.REPLIES):
+                way = _WAY[direction]
+                return (f"drops traffic {way}", [ways.evidence(host, port)],
+                        _fix(direction, host, port))
+        if (host, self.rail) in self.no_lldp:
+            return ("drops all traffic, leaf to host at least",
+                    [f"carrier up but no LLDP from {port.switch} either: frames from the leaf do not "
+                     "arrive, so the leaf-to-host direction is dead; whether host to leaf works too "
+                     "cannot be seen from the hosts (no reply can come back)"],
+                    _fix(Direction.REPLIES, host, port)
+                    + "; if the host-to-leaf direction is dead too: the cable, or both optics")
+        return ("drops all traffic",
+                ["carrier up, LLDP from the leaf as planned: frames from the leaf arrive, so either "
+                 "the host-to-leaf direction is dead or the leaf's forwarding drops this port's "
+                 "traffic while its control plane still sends LLDP"],
+                f"{_fix(Direction.REQUESTS, host, port)}; else {port.switch} {port.switch_port}'s "
+                "forwarding")
 
     def _above_leaves(self, leaves: Mapping[str, list[str]]) -> list[Finding]:
         """Cross-leaf pairs failing (or losing whole flows) while intra-leaf
@@ -640,9 +683,21 @@ class _RailStage:
             evidence.append(f"low-rate phase: {_pct(low_lost, low_n)}; it resolves only >= "
                             f"{_percent(detectable_loss(low_n, self.th.min_lost, self.th.power))}")
         confidence = concentration * significance * _strength(lossy_pairs)
-        return Finding("lossy_link", f"{_link(port)}: random loss ~{_percent(lost / n)}", hosts=(host,),
+        ways = _port_ways(host, own)
+        what = f"random loss ~{_percent(lost / n)} per round trip"
+        fix = ""
+        if ways.receipts:
+            evidence.append(ways.evidence(host, port))
+            direction = judge(ways.tx, ways.rx)
+            if direction in _WAY:
+                what += f", {_WAY[direction]}"
+                fix = _fix(direction, host, port)
+        else:
+            evidence.append("which way is not known: the peers' responders keep no receipts "
+                            "(round trip only)")
+        return Finding("lossy_link", f"{_link(port)}: {what}", hosts=(host,),
                        ports=_link_ports(port), rail=self.rail, evidence=tuple(evidence),
-                       confidence=round(min(MAX_CONFIDENCE, confidence), 3))
+                       confidence=round(min(MAX_CONFIDENCE, confidence), 3), fix=fix)
 
     def _unexplained(self) -> list[Finding]:
         left = [p for p in self._open() if p.failed]
@@ -653,6 +708,81 @@ class _RailStage:
         return [Finding("unexplained", f"{self.rail}: {len(left)} failing pairs no single component explains",
                         hosts=tuple(sorted({h for p in left for h in (p.a, p.b)})), rail=self.rail,
                         evidence=tuple(shown), confidence=0.3)]
+
+
+# A host port's directions, as core.direction names a probe's (the host sends the requests).
+_WAY = {Direction.REQUESTS: "host to leaf", Direction.REPLIES: "leaf to host",
+        Direction.BOTH: "both ways"}
+
+
+def _fix(direction: Direction, host: str, port: PlannedPort) -> str:
+    """Where to look first for loss in `direction` on a host port's link."""
+    if direction is Direction.REQUESTS:
+        return (f"check the transmitter on the host side first: {host} {port.port} (its optic or "
+                f"NIC), then the cable and {port.switch} {port.switch_port}'s receiver")
+    if direction is Direction.REPLIES:
+        return (f"check the transmitter on the leaf side first: {port.switch} {port.switch_port} "
+                f"(its optic), then the cable and {host} {port.port}'s receiver")
+    return (f"check the cable first (both directions lose), then the optics at both ends "
+            f"({host} {port.port}, {port.switch} {port.switch_port})")
+
+
+@dataclass(frozen=True)
+class _Ways:
+    """A host port's lost probes by direction (from its pairs' receipts)."""
+
+    tx: int  # host to leaf
+    rx: int  # leaf to host
+    unclassed: int
+    probes: int  # probes through the port (each crosses it once each way)
+    receipts: bool
+
+    def evidence(self, host: str, port: PlannedPort) -> str:
+        n = self.probes
+        return (f"per direction (the responders' receipts): {host} {port.port} to {port.switch}: "
+                f"{_pct(self.tx, n)}; {port.switch} to {host}: {_pct(self.rx, n)}"
+                + (f"; {self.unclassed:,} lost probes not classed (nothing came back after them)"
+                   if self.unclassed else ""))
+
+
+def _port_ways(host: str, pairs: Sequence[_Pair]) -> _Ways:
+    """Which way `host`'s pairs lost probes (both phases): a request lost
+    from a pair `host` sent is host to leaf, from a pair it answered is
+    leaf to host; a reply lost the other way round."""
+    tx = rx = lost = probes = 0
+    receipts = False
+    for p in pairs:
+        r = p.result
+        probes += r.sent + r.burst_sent
+        lost += max(0, r.sent - r.received) + max(0, r.burst_sent - r.burst_received)
+        if not r.receipts:
+            continue
+        receipts = True
+        if p.a == host:
+            tx, rx = tx + r.requests_lost, rx + r.replies_lost
+        else:
+            tx, rx = tx + r.replies_lost, rx + r.requests_lost
+    return _Ways(tx, rx, max(0, lost - tx - rx), probes, receipts)
+
+
+def _merge_lldp(findings: list[Finding]) -> list[Finding]:
+    """One fault, one finding: a port with no LLDP neighbour whose traffic
+    a blackhole or leaf finding already explains is part of that finding
+    (a dead optic or fibre kills LLDP too), not a finding of its own."""
+    covering = [f for f in findings if f.kind in ("blackhole", "leaf")]
+    out = []
+    absorbed: dict[int, list[str]] = defaultdict(list)
+    for f in findings:
+        if f.kind == "lldp":
+            owner = next((c for c in covering if c.rail == f.rail and set(f.hosts) <= set(c.hosts)),
+                         None)
+            if owner is not None:
+                absorbed[id(owner)].extend(f.evidence)
+                continue
+        out.append(f)
+    return [replace(f, evidence=f.evidence + tuple(e for e in absorbed[id(f)]
+                                                   if f.kind == "leaf"))
+            if absorbed.get(id(f)) else f for f in out]
 
 
 def _all_dead(items: Sequence[_Pair]) -> bool:

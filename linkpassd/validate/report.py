@@ -94,7 +94,7 @@ def render_text(report: fleet_pb2.ValidationReport) -> str:
     for rail, row in sorted(rows.items()):
         lines.append(f"  {rail}: {row['ports']} ports checked, {row['pairs']} pairs probed, {row['failed']} failing; "
                      f"low-rate loss {_loss(row['lost'], row['sent'])}, "
-                     f"burst loss {_loss(row['blost'], row['bsent'])}; "
+                     f"burst loss {_loss(row['blost'], row['bsent'])} (per round trip); {_ways(row)}; "
                      f"RTT p50 {row['p50']} us, worst p99 {row['p99']} us")
     notes = [(h.host_id, n) for h in report.hosts if h.status == OK for n in h.validation.notes]
     if notes:
@@ -124,9 +124,18 @@ def _loss(lost: int, sent: int) -> str:
     return f"{lost}/{sent} ({lost / sent:.2%})" if sent else "-"
 
 
+def _ways(row: dict[str, int]) -> str:
+    """Which way the rail's lost probes went, from the responders' receipts."""
+    if not row["receipts"]:
+        return "which way: unknown (no receipts from the responders: round trip only)"
+    return (f"of them {row['requests']} lost sender to peer, {row['replies']} peer to sender "
+            f"(receipts from {row['receipts']} of {row['pairs']} pairs)")
+
+
 def _rail_rows(report: fleet_pb2.ValidationReport) -> dict[str, dict[str, int]]:
     rows: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(
-        ("ports", "pairs", "failed", "sent", "lost", "bsent", "blost", "p50", "p99"), 0))
+        ("ports", "pairs", "failed", "sent", "lost", "bsent", "blost", "p50", "p99", "requests",
+         "replies", "receipts"), 0))
     p50s: dict[str, list[int]] = defaultdict(list)
     for host in report.hosts:
         for port in host.validation.ports:
@@ -140,6 +149,10 @@ def _rail_rows(report: fleet_pb2.ValidationReport) -> dict[str, dict[str, int]]:
             row["lost"] += lost
             row["bsent"] += pair.burst_sent
             row["blost"] += max(0, pair.burst_sent - pair.burst_received)
+            if pair.receipts:
+                row["receipts"] += 1
+                row["requests"] += pair.requests_lost
+                row["replies"] += pair.replies_lost
             if pair.received:
                 p50s[pair.rail].append(pair.rtt_p50_us)
                 row["p99"] = max(row["p99"], pair.rtt_p99_us)

@@ -59,18 +59,25 @@ class PairResult:
     burst_received: int = 0
     flows: int = 0  # 0: not counted (an older host)
     flows_silent: int = 0
+    # Which way lost probes were lost (core.direction); False: no receipts, round trip only.
+    requests_lost: int = 0
+    replies_lost: int = 0
+    receipts: bool = False
 
     @classmethod
     def from_proto(cls, m: fleet_pb2.PairResult) -> PairResult:
         return cls(rail=m.rail, peer=m.peer, peer_host=m.peer_host, sent=m.sent, received=m.received,
                    rtt_p50_us=m.rtt_p50_us, rtt_p99_us=m.rtt_p99_us, burst_sent=m.burst_sent,
-                   burst_received=m.burst_received, flows=m.flows, flows_silent=m.flows_silent)
+                   burst_received=m.burst_received, flows=m.flows, flows_silent=m.flows_silent,
+                   requests_lost=m.requests_lost, replies_lost=m.replies_lost, receipts=m.receipts)
 
     def to_proto(self) -> fleet_pb2.PairResult:
         return fleet_pb2.PairResult(rail=self.rail, peer=self.peer, peer_host=self.peer_host, sent=self.sent,
                                     received=self.received, rtt_p50_us=self.rtt_p50_us, rtt_p99_us=self.rtt_p99_us,
                                     burst_sent=self.burst_sent, burst_received=self.burst_received,
-                                    flows=self.flows, flows_silent=self.flows_silent)
+                                    flows=self.flows, flows_silent=self.flows_silent,
+                                    requests_lost=self.requests_lost, replies_lost=self.replies_lost,
+                                    receipts=self.receipts)
 
 
 @dataclass(frozen=True)

@@ -90,6 +90,10 @@ def realistic_sensors() -> tuple[PortSensors, ...]:
                 Assessment("optics", Verdict.DEGRADED, "degraded",
                            "lane 2 RX -9.20 dBm below low warning -8.4 (1 of 3 readings)", confirmed=False),
                 Assessment("flaps", Verdict.UP, "ok", "penalty 12 (suppress at 2500)"),
+                Assessment("probe", Verdict.DEGRADED, "degraded",
+                           "2 of 3 peers degraded or down: 198.18.1.7, 198.18.1.8; loss towards "
+                           "the peers, replies fine (our transmit direction)",
+                           direction="requests"),
             ),
         ),
         PortSensors(

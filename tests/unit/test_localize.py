@@ -329,6 +329,76 @@ def test_loss_everywhere_on_a_rail_is_blamed_on_no_single_port():
     assert "no single port to blame" in f.component
 
 
+# ---------------------------------------------------------------- direction (issue 31)
+
+
+@pytest.mark.parametrize("way, words, fix", [
+    ("tx", "host to leaf", "check the transmitter on the host side first: gpu-03 eth0"),
+    ("rx", "leaf to host", "check the transmitter on the leaf side first: leaf-r0-a Ethernet3")])
+def test_one_way_random_loss_on_a_host_port_names_its_direction_and_fix(way, words, fix):
+    fabric = Fabric(seed=4)
+    fabric.one_way[("gpu-03", "rail0")] = (way, 0.02)
+    f = only(fabric)
+    assert (f.kind, f.hosts, f.rail) == ("lossy_link", ("gpu-03",), "rail0")
+    assert f.component.endswith(f"per round trip, {words}"), f.component
+    assert f.fix.startswith(fix), f.fix
+    (ways,) = [e for e in f.evidence if e.startswith("per direction")]
+    tx, rx = ways.split("; ")[:2]
+    lossy, clean = (tx, rx) if way == "tx" else (rx, tx)
+    assert " 0 of " not in lossy and " 0 of " in clean, ways
+
+
+def test_a_round_trip_only_peer_says_so():
+    fabric = Fabric(seed=2)
+    fabric.lossy[("gpu-01", "rail0")] = 0.02
+    (f,) = findings(fabric)
+    assert "per round trip" in f.component and f.fix == ""
+    assert any("round trip only" in e for e in f.evidence)
+
+
+def test_a_silent_blackhole_without_lldp_is_one_finding_leaf_to_host_at_least():
+    fabric = Fabric()
+    fabric.blackholed_ports.add(("gpu-02", "rail1"))
+    fabric.no_lldp.add(("gpu-02", "rail1"))
+    f = only(fabric)
+    assert f.kind == "blackhole" and f.component.endswith("drops all traffic, leaf to host at least")
+    assert not any("LLDP as planned" in e for e in f.evidence)
+    assert any("no LLDP from leaf-r1-a either" in e for e in f.evidence)
+    assert f.fix.startswith("check the transmitter on the leaf side first")
+
+
+def test_a_leaf_to_host_only_fault_is_one_finding():
+    fabric = Fabric()
+    fabric.one_way[("gpu-06", "rail0")] = ("rx", 1.0)
+    fabric.no_lldp.add(("gpu-06", "rail0"))  # LLDP comes from the leaf too
+    f = only(fabric)
+    assert f.kind == "blackhole" and "leaf to host" in f.component
+
+
+def test_a_host_to_leaf_only_fault_keeps_lldp_and_says_what_that_leaves():
+    fabric = Fabric()
+    fabric.one_way[("gpu-06", "rail0")] = ("tx", 1.0)
+    f = only(fabric)
+    assert f.kind == "blackhole" and f.component.endswith("drops all traffic")
+    assert any("either the host-to-leaf direction is dead" in e for e in f.evidence)
+    assert f.fix.startswith("check the transmitter on the host side first: gpu-06 eth0")
+
+
+def test_heavy_one_way_loss_that_fails_every_pair_is_named_by_its_receipts():
+    fabric = Fabric(seed=3)
+    fabric.one_way[("gpu-07", "rail1")] = ("rx", 0.7)
+    f = only(fabric)
+    assert f.kind == "blackhole" and f.component.endswith("drops traffic leaf to host"), f.component
+
+
+def test_a_dead_leaf_without_lldp_is_one_finding():
+    fabric = Fabric()
+    fabric.dead_leaves.add("leaf-r0-a")
+    fabric.no_lldp.update((h, "rail0") for h in ("gpu-01", "gpu-02", "gpu-03", "gpu-04"))
+    f = only(fabric)
+    assert f.kind == "leaf" and sum("no LLDP neighbour" in e for e in f.evidence) == 4
+
+
 def test_a_host_that_sent_fewer_probes_than_planned_is_a_note_not_a_finding():
     """A busy host's prober falling behind (valprober's "could not keep up")
     still ran its checks: its pairs count only what was sent, the loss

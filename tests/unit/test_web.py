@@ -292,3 +292,20 @@ def test_a_bad_listen_address_is_refused_by_name(listen: str) -> None:
 def test_listen_addresses_parse() -> None:
     assert web.parse_listen("127.0.0.1:9480") == ("127.0.0.1", 9480)
     assert web.parse_listen("[::1]:0") == ("::1", 0)
+
+
+def test_a_port_losing_one_way_says_which_way_in_its_cell_and_the_problems() -> None:
+    """The hosts' PathState.direction (the receipts) reaches the page (issue 31)."""
+    h = host("h1", {0: cpb.VERDICT_DEGRADED, 1: cpb.VERDICT_UP}, evidence="probe: degraded")
+    h.report.paths.extend([
+        pb.PathState(port="eth1", peer="198.18.0.7", state="up", loss=0.3, direction="requests"),
+        pb.PathState(port="eth1", peer="198.18.0.9", state="down", direction="requests"),
+        pb.PathState(port="eth1", peer="198.18.0.5", state="up", direction="none"),
+        pb.PathState(port="eth2", peer="198.18.1.7", state="up", loss=0.2, direction="replies"),
+        pb.PathState(port="eth2", peer="198.18.1.9", state="up", loss=0.1, direction="requests")])
+    dom = Dom(page([h]))
+    cells = dom.cells()
+    assert "loss towards 198.18.0.7, 198.18.0.9" in cells[("h1", "rail0")]["title"]
+    assert "which way differs by peer: 198.18.1.7 replies, 198.18.1.9 requests" \
+        in cells[("h1", "rail1")]["title"]
+    assert "probe: degraded; loss towards 198.18.0.7, 198.18.0.9" in "".join(dom.text)

@@ -58,6 +58,10 @@ class Fabric:
     lossy: dict[tuple[str, str], float] = field(default_factory=dict)
     noise: list[tuple[str, str, str, int]] = field(default_factory=list)  # (rail, sender, receiver, lost)
     wrong_speed: dict[tuple[str, str], int] = field(default_factory=dict)
+    # (host, rail) -> (direction, loss): "tx" host to leaf, "rx" leaf to host;
+    # the pairs report which way they lost (the responders' receipts).
+    one_way: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
+    no_lldp: set[tuple[str, str]] = field(default_factory=set)  # carrier up, no LLDP neighbour seen
 
     def __post_init__(self) -> None:
         self.host_names = [f"gpu-{i + 1:02d}" for i in range(self.hosts)]
@@ -106,8 +110,23 @@ class Fabric:
         digest = hashlib.blake2b(key.encode(), digest_size=4).digest()
         return int.from_bytes(digest, "big") % self.spines
 
+    def _ways(self, rail: str, a: str, b: str) -> tuple[float, float] | None:
+        """(request loss, reply loss) of pair a -> b from one-way faults; None without any."""
+        if not any(key in self.one_way for key in ((a, rail), (b, rail))):
+            return None
+
+        def way(host: str, direction: str) -> float:
+            d, p = self.one_way.get((host, rail), ("", 0.0))
+            return p if d == direction else 0.0
+        request = 1 - (1 - way(a, "tx")) * (1 - way(b, "rx"))
+        reply = 1 - (1 - way(b, "tx")) * (1 - way(a, "rx"))
+        return request, reply
+
     def flow_fails(self, rail: str, a: str, b: str, flow: int = 0) -> bool:
         if self._port_dead(a, rail) or self._port_dead(b, rail):
+            return True
+        ways = self._ways(rail, a, b)
+        if ways is not None and max(ways) >= 1.0:
             return True
         la, lb = self.port(a, rail).switch, self.port(b, rail).switch
         if la in self.dead_leaves or lb in self.dead_leaves:
@@ -152,8 +171,10 @@ class Fabric:
                 checks.append(PortCheck(
                     port=planned.port, rail=rail, carrier=not dead_optic,
                     speed_mbps=0 if dead_optic else self.wrong_speed.get((host, rail), SPEED),
-                    lldp_system="" if dead_optic else far.switch, lldp_port="" if dead_optic else far.switch_port,
-                    lldp_source="" if dead_optic else "lldpd", optics_problems=problems))
+                    lldp_system="" if dead_optic or (host, rail) in self.no_lldp else far.switch,
+                    lldp_port="" if dead_optic or (host, rail) in self.no_lldp else far.switch_port,
+                    lldp_source="" if dead_optic or (host, rail) in self.no_lldp else "lldpd",
+                    optics_problems=problems))
             pairs = []
             for target in self.probes.targets_for(host):
                 pairs.append(self._pair(rng, target.rail, host, target.peer_host, target.peer))
@@ -162,6 +183,9 @@ class Fabric:
 
     def _pair(self, rng: random.Random, rail: str, a: str, b: str, address: str) -> PairResult:
         flows = {"flows": self.flows} if self.flows else {}
+        ways = self._ways(rail, a, b)
+        if ways is not None:
+            return self._one_way_pair(rng, rail, a, b, address, *ways)
         if self.pair_fails(rail, a, b):
             return PairResult(rail, address, b, sent=self.rate_sent, received=0, burst_sent=self.burst_sent,
                               burst_received=0, **flows, **({"flows_silent": self.flows} if self.flows else {}))
@@ -178,3 +202,24 @@ class Fabric:
         return PairResult(rail, address, b, sent=self.rate_sent, received=low_ok,
                           rtt_p50_us=25, rtt_p99_us=60, burst_sent=self.burst_sent,
                           burst_received=burst_ok, **flows, **({"flows_silent": silent} if self.flows else {}))
+
+    def _one_way_pair(self, rng: random.Random, rail: str, a: str, b: str, address: str,
+                      request_loss: float, reply_loss: float) -> PairResult:
+        """A pair through a one-way fault, probe by probe (one flow): what
+        came back, and which way the rest was lost as the receipts class it
+        (probes after the last reply are not classed)."""
+        got = {0: 0, 1: 0}
+        requests = replies = pending_req = pending_rep = 0
+        for phase, n in ((0, self.rate_sent), (1, self.burst_sent)):
+            for _ in range(n):
+                if rng.random() < request_loss:
+                    pending_req += 1
+                elif rng.random() < reply_loss:
+                    pending_rep += 1
+                else:
+                    got[phase] += 1
+                    requests, replies = requests + pending_req, replies + pending_rep
+                    pending_req = pending_rep = 0
+        return PairResult(rail, address, b, sent=self.rate_sent, received=got[0], rtt_p50_us=25,
+                          rtt_p99_us=60, burst_sent=self.burst_sent, burst_received=got[1],
+                          requests_lost=requests, replies_lost=replies, receipts=True)

@@ -230,18 +230,20 @@ class CounterSample(_message.Message):
     def __init__(self, port: _Optional[str] = ..., rx_crc_errors: _Optional[int] = ..., symbol_errors: _Optional[int] = ..., length_errors: _Optional[int] = ..., rx_missed: _Optional[int] = ..., fec_corrected: _Optional[int] = ..., fec_uncorrectable: _Optional[int] = ..., link_down_events: _Optional[int] = ..., ext_state: _Optional[str] = ..., ext_substate: _Optional[str] = ...) -> None: ...
 
 class Assessment(_message.Message):
-    __slots__ = ("signal", "severity", "status", "detail", "confirmed")
+    __slots__ = ("signal", "severity", "status", "detail", "confirmed", "direction")
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     CONFIRMED_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
     signal: str
     severity: Verdict
     status: str
     detail: str
     confirmed: bool
-    def __init__(self, signal: _Optional[str] = ..., severity: _Optional[_Union[Verdict, str]] = ..., status: _Optional[str] = ..., detail: _Optional[str] = ..., confirmed: _Optional[bool] = ...) -> None: ...
+    direction: str
+    def __init__(self, signal: _Optional[str] = ..., severity: _Optional[_Union[Verdict, str]] = ..., status: _Optional[str] = ..., detail: _Optional[str] = ..., confirmed: _Optional[bool] = ..., direction: _Optional[str] = ...) -> None: ...
 
 class PortSensors(_message.Message):
     __slots__ = ("port", "optics", "optics_unreadable", "counters", "assessments")

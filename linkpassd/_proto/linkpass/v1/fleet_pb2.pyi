@@ -104,18 +104,24 @@ class PortReport(_message.Message):
     def __init__(self, ports: _Optional[_Iterable[_Union[_control_pb2.PortState, _Mapping]]] = ..., paths: _Optional[_Iterable[_Union[PathState, _Mapping]]] = ..., rail_paths: _Optional[_Mapping[str, str]] = ..., time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class PathState(_message.Message):
-    __slots__ = ("port", "peer", "state", "loss", "rtt_p50_us")
+    __slots__ = ("port", "peer", "state", "loss", "rtt_p50_us", "direction", "requests_lost", "replies_lost")
     PORT_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     RTT_P50_US_FIELD_NUMBER: _ClassVar[int]
+    DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_LOST_FIELD_NUMBER: _ClassVar[int]
+    REPLIES_LOST_FIELD_NUMBER: _ClassVar[int]
     port: str
     peer: str
     state: str
     loss: float
     rtt_p50_us: int
-    def __init__(self, port: _Optional[str] = ..., peer: _Optional[str] = ..., state: _Optional[str] = ..., loss: _Optional[float] = ..., rtt_p50_us: _Optional[int] = ...) -> None: ...
+    direction: str
+    requests_lost: int
+    replies_lost: int
+    def __init__(self, port: _Optional[str] = ..., peer: _Optional[str] = ..., state: _Optional[str] = ..., loss: _Optional[float] = ..., rtt_p50_us: _Optional[int] = ..., direction: _Optional[str] = ..., requests_lost: _Optional[int] = ..., replies_lost: _Optional[int] = ...) -> None: ...
 
 class EventBatch(_message.Message):
     __slots__ = ("boot_id", "events", "gap_first", "gap_last")
@@ -281,7 +287,7 @@ class PortCheck(_message.Message):
     def __init__(self, port: _Optional[str] = ..., rail: _Optional[str] = ..., carrier: _Optional[bool] = ..., speed_mbps: _Optional[int] = ..., lldp_system: _Optional[str] = ..., lldp_port: _Optional[str] = ..., lldp_source: _Optional[str] = ..., optics_problems: _Optional[_Iterable[str]] = ..., counters_rising: _Optional[_Mapping[str, int]] = ...) -> None: ...
 
 class PairResult(_message.Message):
-    __slots__ = ("rail", "peer", "peer_host", "sent", "received", "rtt_p50_us", "rtt_p99_us", "burst_sent", "burst_received", "flows", "flows_silent")
+    __slots__ = ("rail", "peer", "peer_host", "sent", "received", "rtt_p50_us", "rtt_p99_us", "burst_sent", "burst_received", "flows", "flows_silent", "requests_lost", "replies_lost", "receipts")
     RAIL_FIELD_NUMBER: _ClassVar[int]
     PEER_FIELD_NUMBER: _ClassVar[int]
     PEER_HOST_FIELD_NUMBER: _ClassVar[int]
@@ -293,6 +299,9 @@ class PairResult(_message.Message):
     BURST_RECEIVED_FIELD_NUMBER: _ClassVar[int]
     FLOWS_FIELD_NUMBER: _ClassVar[int]
     FLOWS_SILENT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_LOST_FIELD_NUMBER: _ClassVar[int]
+    REPLIES_LOST_FIELD_NUMBER: _ClassVar[int]
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
     rail: str
     peer: str
     peer_host: str
@@ -304,7 +313,10 @@ class PairResult(_message.Message):
     burst_received: int
     flows: int
     flows_silent: int
-    def __init__(self, rail: _Optional[str] = ..., peer: _Optional[str] = ..., peer_host: _Optional[str] = ..., sent: _Optional[int] = ..., received: _Optional[int] = ..., rtt_p50_us: _Optional[int] = ..., rtt_p99_us: _Optional[int] = ..., burst_sent: _Optional[int] = ..., burst_received: _Optional[int] = ..., flows: _Optional[int] = ..., flows_silent: _Optional[int] = ...) -> None: ...
+    requests_lost: int
+    replies_lost: int
+    receipts: bool
+    def __init__(self, rail: _Optional[str] = ..., peer: _Optional[str] = ..., peer_host: _Optional[str] = ..., sent: _Optional[int] = ..., received: _Optional[int] = ..., rtt_p50_us: _Optional[int] = ..., rtt_p99_us: _Optional[int] = ..., burst_sent: _Optional[int] = ..., burst_received: _Optional[int] = ..., flows: _Optional[int] = ..., flows_silent: _Optional[int] = ..., requests_lost: _Optional[int] = ..., replies_lost: _Optional[int] = ..., receipts: _Optional[bool] = ...) -> None: ...
 
 class ValidateRequest(_message.Message):
     __slots__ = ("plan", "hosts", "rails", "duration_s")
