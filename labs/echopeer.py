@@ -22,7 +22,7 @@ import subprocess
 import sys
 from dataclasses import asdict
 
-from linkpassd.adapters.echo import ECHO_PORT, EchoResponder
+from linkpassd.adapters.echoresponder import ECHO_PORT, EchoResponder
 from linkpassd.core.admission import ResponderPolicy
 
 READY_TIMEOUT_S = 10.0

@@ -25,7 +25,7 @@ import sys
 import time
 
 from labs.bench.scale_lab import N_RAILS, echo_peer
-from linkpassd.adapters.echo import ECHO_PORT, KIND_REQUEST, MAGIC, PACKET, VERSION
+from linkpassd.adapters.echoresponder import ECHO_PORT, KIND_REQUEST, MAGIC, PACKET, VERSION
 from linkpassd.adapters.mmsg import PORT_ADDR, RecvBatch, SendBatch
 from linkpassd.core.schedule import send_slot
 

@@ -82,27 +82,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from linkpassd.adapters.echorail import Outbox, RailSocket
-from linkpassd.adapters.echoresponder import (  # noqa: F401 - re-exported: callers use echo
-    _ANCILLARY,
-    _HANDOFF_S,
-    _RECV_BYTES,
+from linkpassd.adapters.echoresponder import (
     ECHO_PORT,
-    IP_PKTINFO,
     KIND_REPLY,
-    KIND_REQUEST,
     MAGIC,
     PACKET,
-    SCM_TIMESTAMPNS,
-    SO_TIMESTAMPNS,
     VERSION,
-    EchoPacket,
     EchoResponder,
-    HeardCallback,
-    ResponderTally,
     _cmsgs,
     _random_id,
-    _udp_socket,
-    parse,
 )
 from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.wakeups import SharedTimer

@@ -1,7 +1,7 @@
 """The echo responder: what every linkpassd answers.
 
-The datagram's wire format is core.wire's (re-exported here and by
-adapters.echo); see adapters.echo for the protocol (port, admission,
+The datagram's wire format is core.wire's (each caller imports it from there);
+see adapters.echo for the protocol (port, admission,
 timestamps). Kept apart from the probers (adapters.echo) so each module
 stays readable.
 
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from linkpassd.adapters import mmsg
 from linkpassd.core.admission import ResponderPolicy, SourceLimiter
-from linkpassd.core.wire import (  # noqa: F401 - re-exported: callers use adapters.echo
+from linkpassd.core.wire import (
     ECHO_PORT,
     KIND_REPLY,
     KIND_REQUEST,
@@ -36,8 +36,6 @@ from linkpassd.core.wire import (  # noqa: F401 - re-exported: callers use adapt
     RECEIPT_MODULO,
     RECEIPT_PRESENT,
     VERSION,
-    EchoPacket,
-    parse,
 )
 
 # Linux values Python's socket module does not name (asm-generic; x86-64 and arm64).

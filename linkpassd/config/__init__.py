@@ -14,7 +14,7 @@ keeps the last good config when a SIGHUP reload brings one.
 
 from linkpassd.config.build import build_config, load_config, parse_config
 from linkpassd.config.checks import DEFAULT_PATH, MAX_FILE_BYTES, ConfigError
-from linkpassd.config.reference import _toml_literal, check_config_main, render_reference_markdown  # noqa: F401 - the tests' TOML writer
+from linkpassd.config.reference import check_config_main, render_reference_markdown
 from linkpassd.config.schema import SCHEMA, Option, Section
 
 __all__ = [

@@ -14,7 +14,8 @@ import os
 import pytest
 
 from labs.netnslib import run
-from linkpassd.adapters.echo import ECHO_PORT, EchoResponder, EchoService, ProbePath
+from linkpassd.adapters.echo import EchoService, ProbePath
+from linkpassd.adapters.echoresponder import ECHO_PORT, EchoResponder
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.probe import ProbeConfig
 

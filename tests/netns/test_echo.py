@@ -18,21 +18,12 @@ import struct
 import pytest
 
 from labs.netnslib import run, wait_for
-from linkpassd.adapters.echo import (
-    ECHO_PORT,
-    KIND_REPLY,
-    KIND_REQUEST,
-    MAGIC,
-    PACKET,
-    EchoPacket,
-    EchoProber,
-    EchoResponder,
-    EchoService,
-    ProbePath,
-)
+from linkpassd.adapters.echo import EchoProber, EchoService, ProbePath
+from linkpassd.adapters.echoresponder import ECHO_PORT, KIND_REPLY, KIND_REQUEST, MAGIC, PACKET, EchoResponder
 from linkpassd.adapters.looplag import LoopLag
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.probe import PathState, ProbeConfig, detection_bound_s
+from linkpassd.core.wire import EchoPacket
 
 pytestmark = pytest.mark.netns
 

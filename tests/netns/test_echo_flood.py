@@ -25,7 +25,8 @@ from labs.bench.carrier_failover import NO_DAMPENING, Watcher, quiet, wait_until
 from labs.daemonproc import DaemonProcess, assessment, rail_config_toml
 from labs.echopeer import NETNS_PEER, EchoPeerProcess
 from labs.netnslib import run, wait_for_sync
-from linkpassd.adapters.echo import ECHO_PORT, KIND_REQUEST, EchoPacket
+from linkpassd.adapters.echoresponder import ECHO_PORT, KIND_REQUEST
+from linkpassd.core.wire import EchoPacket
 
 pytestmark = pytest.mark.netns
 

@@ -21,7 +21,8 @@ from pyroute2.netns import create_socket
 
 from labs.netnslib import run, wait_for
 from linkpassd.adapters import mmsg
-from linkpassd.adapters.echo import KIND_REQUEST, MAGIC, PACKET, VERSION, EchoResponder, EchoService, ProbePath
+from linkpassd.adapters.echo import EchoService, ProbePath
+from linkpassd.adapters.echoresponder import KIND_REQUEST, MAGIC, PACKET, VERSION, EchoResponder
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.probe import ProbeConfig
 

@@ -22,6 +22,7 @@ from linkpassd.config import (
     parse_config,
     render_reference_markdown,
 )
+from linkpassd.config.reference import _toml_literal as toml_literal
 from linkpassd.core.model import (
     AggregatorSettings,
     BfdSettings,
@@ -346,7 +347,7 @@ def _defaults_toml() -> str:
         if section.array or section.switch:  # a switch section's presence turns it on
             continue
         lines.append(f"[{section.name}]")
-        lines += [f"{o.key} = {cfgmod._toml_literal(o.default)}" for o in values]
+        lines += [f"{o.key} = {toml_literal(o.default)}" for o in values]
     return "\n".join(lines) + "\n"
 
 
@@ -616,7 +617,7 @@ def _tls_files(tmp_path) -> dict[str, str]:
 
 
 def _with_aggregator(**keys: object) -> str:
-    body = "\n".join(f"{k} = {cfgmod._toml_literal(v)}" for k, v in keys.items())
+    body = "\n".join(f"{k} = {toml_literal(v)}" for k, v in keys.items())
     return MINIMAL_RAIL + "\n[aggregator]\n" + body + "\n"
 
 

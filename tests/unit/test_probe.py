@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from linkpassd.adapters import echo
+from linkpassd.adapters import echo, echoresponder
+from linkpassd.core import wire
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.probe import PathState, ProbeConfig
 
@@ -28,30 +29,30 @@ BFD_DETECT_MULT = 3  # FRR bfdd's default detect-multiplier
 u32, u64 = st.integers(0, 2**32 - 1), st.integers(0, 2**64 - 1)
 
 
-@given(st.sampled_from([echo.KIND_REQUEST, echo.KIND_REPLY]), u32, u64, u64, u64, u32)
+@given(st.sampled_from([echoresponder.KIND_REQUEST, echoresponder.KIND_REPLY]), u32, u64, u64, u64, u32)
 def test_packets_round_trip(kind, seq, sent_ns, prober_id, responder_id, held_us):
-    pkt = echo.EchoPacket(kind, seq, sent_ns, prober_id, responder_id, held_us)
+    pkt = wire.EchoPacket(kind, seq, sent_ns, prober_id, responder_id, held_us)
     data = pkt.encode()
-    assert len(data) == echo.PACKET.size == 40
-    assert echo.parse(data) == (pkt, "")
-    assert echo.parse(data, truncated=True)[0] is None
+    assert len(data) == echoresponder.PACKET.size == 40
+    assert wire.parse(data) == (pkt, "")
+    assert wire.parse(data, truncated=True)[0] is None
 
 
 @given(st.binary(max_size=120))
 def test_parse_never_raises_and_accepts_only_the_format(data):
-    pkt, why = echo.parse(data)
-    valid = (len(data) == 40 and data[:4] == echo.MAGIC and data[4] == echo.VERSION
-             and data[5] in (echo.KIND_REQUEST, echo.KIND_REPLY))
+    pkt, why = wire.parse(data)
+    valid = (len(data) == 40 and data[:4] == echoresponder.MAGIC and data[4] == echoresponder.VERSION
+             and data[5] in (echoresponder.KIND_REQUEST, echoresponder.KIND_REPLY))
     assert (pkt is not None) == valid and (why == "") == valid
 
 
 def test_parse_says_why():
-    good = echo.EchoPacket(echo.KIND_REQUEST, 1, 2, 3).encode()
-    assert echo.parse(good[:-1])[1] == "too short"
-    assert echo.parse(good + b"\0")[1] == "too long"
-    assert echo.parse(b"LPEX" + good[4:])[1] == "bad magic"
-    assert echo.parse(good[:4] + b"\x02" + good[5:])[1] == "version 2"
-    assert echo.parse(good[:5] + b"\x03" + good[6:])[1] == "kind 3"
+    good = wire.EchoPacket(echoresponder.KIND_REQUEST, 1, 2, 3).encode()
+    assert wire.parse(good[:-1])[1] == "too short"
+    assert wire.parse(good + b"\0")[1] == "too long"
+    assert wire.parse(b"LPEX" + good[4:])[1] == "bad magic"
+    assert wire.parse(good[:4] + b"\x02" + good[5:])[1] == "version 2"
+    assert wire.parse(good[:5] + b"\x03" + good[6:])[1] == "kind 3"
 
 
 class FakeSocket:
@@ -67,12 +68,12 @@ class FakeSocket:
 
 def timestamp_cmsg(unix_s: float):
     sec = int(unix_s)
-    return (socket.SOL_SOCKET, echo.SCM_TIMESTAMPNS,
+    return (socket.SOL_SOCKET, echoresponder.SCM_TIMESTAMPNS,
             struct.pack("@qq", sec, int((unix_s - sec) * 1e9)))
 
 
 def pktinfo_cmsg(ifindex: int, local: str):
-    return (socket.IPPROTO_IP, echo.IP_PKTINFO,
+    return (socket.IPPROTO_IP, echoresponder.IP_PKTINFO,
             struct.pack("@i4s4s", ifindex, socket.inet_aton(local), socket.inet_aton(local)))
 
 
@@ -81,13 +82,13 @@ RAIL_POLICY = ResponderPolicy.build({"198.18.0.1"}, ["198.18.0.0/24"], peers={"1
 
 def responder(policy=RAIL_POLICY, **kw):
     heard = []
-    r = echo.EchoResponder(policy=policy, on_heard=heard.append, **kw)
+    r = echoresponder.EchoResponder(policy=policy, on_heard=heard.append, **kw)
     r.sock = FakeSocket()
     return r, heard
 
 
 def request(seq=7) -> bytes:
-    return echo.EchoPacket(echo.KIND_REQUEST, seq, 123456789, 42).encode()
+    return wire.EchoPacket(echoresponder.KIND_REQUEST, seq, 123456789, 42).encode()
 
 
 def test_the_responder_answers_from_the_address_and_interface_the_request_came_to():
@@ -95,17 +96,17 @@ def test_the_responder_answers_from_the_address_and_interface_the_request_came_t
     anc = [timestamp_cmsg(time.time() - 0.003), pktinfo_cmsg(5, "198.18.0.1")]
     r._answer(request(), anc, 0, ("198.18.0.2", 40000))
     (data, ancdata, addr), = r.sock.sent
-    reply, _ = echo.parse(data)
-    assert (reply.kind, reply.seq, reply.sent_ns, reply.prober_id) == (echo.KIND_REPLY, 7, 123456789, 42)
+    reply, _ = wire.parse(data)
+    assert (reply.kind, reply.seq, reply.sent_ns, reply.prober_id) == (echoresponder.KIND_REPLY, 7, 123456789, 42)
     assert reply.responder_id == r.responder_id and 2_500 <= reply.held_us <= 1_000_000
     assert len(data) == len(request())  # never larger than the request
     assert addr == ("198.18.0.2", 40000)
     ((level, kind, info),) = ancdata
-    assert (level, kind) == (socket.IPPROTO_IP, echo.IP_PKTINFO)
+    assert (level, kind) == (socket.IPPROTO_IP, echoresponder.IP_PKTINFO)
     assert struct.unpack("@i4s4s", info)[:2] == (5, socket.inet_aton("198.18.0.1"))
     assert [list(h) for h in heard] == [[("198.18.0.1", "198.18.0.2")]]
     # A reply sent to a responder is never answered: two responders cannot ping-pong.
-    r._answer(echo.EchoPacket(echo.KIND_REPLY, 7, 1, 42).encode(), anc, 0, ("198.18.0.2", 4793))
+    r._answer(wire.EchoPacket(echoresponder.KIND_REPLY, 7, 1, 42).encode(), anc, 0, ("198.18.0.2", 4793))
     assert len(r.sock.sent) == 1 and r.counters.ignored == 1
 
 
@@ -148,7 +149,7 @@ def test_the_responder_hands_what_it_heard_to_the_loop_in_batches():
         r._answer(request(i), on_rail, 0, (f"198.18.0.{2 + i % 3}", 1))
     took = time.monotonic() - began
     assert r.counters.answered == 2000
-    assert len(heard) <= 1 + took / echo._HANDOFF_S, (len(heard), took)
+    assert len(heard) <= 1 + took / echoresponder._HANDOFF_S, (len(heard), took)
     assert len(heard) < 2000 / 10
     r._hand_off(time.monotonic(), force=True)
     pairs = {pair for batch in heard for pair in batch}
@@ -168,7 +169,7 @@ def test_a_new_policy_takes_effect_at_once():
 @settings(max_examples=300)
 @given(data=st.binary(max_size=100), truncated=st.booleans(),
        anc=st.lists(st.tuples(st.sampled_from([socket.SOL_SOCKET, socket.IPPROTO_IP, 99]),
-                              st.sampled_from([echo.SCM_TIMESTAMPNS, echo.IP_PKTINFO, 1]),
+                              st.sampled_from([echoresponder.SCM_TIMESTAMPNS, echoresponder.IP_PKTINFO, 1]),
                               st.binary(max_size=24)), max_size=3),
        src=st.sampled_from(["198.18.0.2", "198.19.0.2"]))
 def test_garbage_at_the_responder_is_counted_never_raised(data, truncated, anc, src):
@@ -197,14 +198,14 @@ def test_garbage_at_the_prober_is_counted_never_raised(data, truncated):
 def test_the_prober_matches_its_replies_and_uses_the_kernel_receive_time():
     pr = service_prober(echo.ProbePath("lprail0", "198.18.0.2", "198.18.0.1"))
     pr.state, (send,) = pr.state.poll(10.0)
-    reply = echo.EchoPacket(echo.KIND_REPLY, send.seq, round(10.0 * 1e9), pr.prober_id, 7,
+    reply = wire.EchoPacket(echoresponder.KIND_REPLY, send.seq, round(10.0 * 1e9), pr.prober_id, 7,
                             0).encode()
     wall = time.time()
     # Read 30 ms after it arrived (a busy loop), but the kernel says it came at +0.5 ms.
     pr._received(reply, [timestamp_cmsg(wall - 0.0295)], 0, 10.030, wall, 0.0)
     assert pr.counters.received == 1 and pr.counters.late == 0
     assert pr.state.rtt_s == pytest.approx(0.0005, abs=2e-4)
-    other = echo.EchoPacket(echo.KIND_REPLY, send.seq, round(10.0 * 1e9),
+    other = wire.EchoPacket(echoresponder.KIND_REPLY, send.seq, round(10.0 * 1e9),
                             pr.prober_id ^ 1).encode()
     pr._received(other, [], 0, 10.031, wall, 0.0)
     assert pr.counters.stray == 1
@@ -254,11 +255,11 @@ def _fill(batch, i: int, data: bytes, src: tuple[str, int], pktinfo=None, rx=Non
     control, c = bytearray(), i * batch.control_slot
     if rx is not None:
         sec = int(rx)
-        control += struct.pack("@Nii", 32, socket.SOL_SOCKET, echo.SCM_TIMESTAMPNS)
+        control += struct.pack("@Nii", 32, socket.SOL_SOCKET, echoresponder.SCM_TIMESTAMPNS)
         control += struct.pack("@qq", sec, int((rx - sec) * 1e9))
     if pktinfo is not None:
         ifindex, local = pktinfo
-        control += struct.pack("@Nii", socket.CMSG_LEN(12), socket.IPPROTO_IP, echo.IP_PKTINFO)
+        control += struct.pack("@Nii", socket.CMSG_LEN(12), socket.IPPROTO_IP, echoresponder.IP_PKTINFO)
         control += struct.pack("@i4s4s", ifindex, socket.inet_aton(local), socket.inet_aton(local))
         control += bytes(4)  # CMSG_SPACE padding
     batch.control[c:c + len(control)] = control
@@ -275,13 +276,13 @@ def test_the_batched_responder_answers_like_the_single_one():
         pytest.skip("no sendmmsg/recvmmsg in this libc")
     r, heard = responder()
     got = mmsg.RecvBatch(8, 48, 64)
-    replies = mmsg.SendBatch(8, echo.PACKET.size, pktinfo=True)
+    replies = mmsg.SendBatch(8, echoresponder.PACKET.size, pktinfo=True)
     wall = time.time()
     _fill(got, 0, request(7), ("198.18.0.2", 40000), (5, "198.18.0.1"), rx=wall - 0.003)
     _fill(got, 1, request(8), ("198.18.0.2", 40000), (1, "127.0.0.1"))  # not a rail address
     _fill(got, 2, request(9), ("198.19.0.2", 40000), (5, "198.18.0.1"))  # not an allowed source
     _fill(got, 3, request(10) + b"\0", ("198.18.0.2", 40000), (5, "198.18.0.1"))  # too long
-    _fill(got, 4, echo.EchoPacket(echo.KIND_REPLY, 7, 1, 42).encode(), ("198.18.0.2", 4793),
+    _fill(got, 4, wire.EchoPacket(echoresponder.KIND_REPLY, 7, 1, 42).encode(), ("198.18.0.2", 4793),
           (5, "198.18.0.1"))  # a reply: never answered
     _fill(got, 5, bytes(48), ("198.18.0.2", 40000), (5, "198.18.0.1"), flags=socket.MSG_TRUNC)
     for i in range(6):
@@ -293,9 +294,9 @@ def test_the_batched_responder_answers_like_the_single_one():
     assert (socket.inet_ntoa(addr4), port) == ("198.18.0.2", 40000)
     ifindex, local = struct.unpack_from("@i4s", replies.control, 16)
     assert (ifindex, socket.inet_ntoa(local)) == (5, "198.18.0.1")
-    reply, why = echo.parse(bytes(replies.payload[:echo.PACKET.size]))
+    reply, why = wire.parse(bytes(replies.payload[:echoresponder.PACKET.size]))
     assert why == "" and (reply.kind, reply.seq, reply.sent_ns, reply.prober_id) == (
-        echo.KIND_REPLY, 7, 123456789, 42)
+        echoresponder.KIND_REPLY, 7, 123456789, 42)
     assert reply.responder_id == r.responder_id and 2_500 <= reply.held_us <= 1_000_000
     r._hand_off(time.monotonic(), force=True)
     assert [list(h) for h in heard] == [[("198.18.0.1", "198.18.0.2")]]
