@@ -20,17 +20,15 @@ nftables (labs/faults):
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
 
 import pytest
+from validationlab import needs_lab, wait_healthy
 
 from labs import validation
 from labs.faults import HostPortLoss, OneWayLoss, RandomLoss, SilentBlackhole
-from labs.topos.plan import LabError
 from labs.validation import findings, summary
 
 pytestmark = pytest.mark.lab
@@ -49,23 +47,11 @@ FIX = {"host_to_leaf": "check the transmitter on the host side first",
        "leaf_to_host": "check the transmitter on the leaf side first"}
 
 
-def needs_lab() -> None:
-    if os.geteuid() != 0 or shutil.which("mnexec") is None or shutil.which("lldpd") is None:
-        pytest.skip("needs root, mnexec and lldpd (./scripts/bootstrap.sh installs them)")
-
-
 @pytest.fixture(scope="module")
 def dlab():
     needs_lab()
     with validation.validation_lab(HOSTS, RAILS, SPINES, leaves_per_rail=LEAVES_PER_RAIL) as lab:
         yield lab
-
-
-def wait_healthy(lab) -> None:
-    try:
-        validation.wait_healthy(lab)
-    except LabError as exc:
-        pytest.fail(str(exc))
 
 
 def ctl(lab, host: str, *args: str) -> dict:

@@ -20,17 +20,15 @@ left in any switch, and every host pair answering a ping on every rail.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 
 import pytest
+from validationlab import needs_lab, wait_healthy
 
 from labs import validation
 from labs.faults import Miswire, RandomLoss
 from labs.faults.blackhole import LeafPortBlackhole, SpineLinkBlackhole
 from labs.faults.optics import OpticDegradation
-from labs.topos.plan import LabError
 from labs.validation import findings, summary
 
 pytestmark = pytest.mark.lab
@@ -40,23 +38,11 @@ DURATION_S = 8.0  # each host's window (LLDP from lldpd every second, probes, co
 RUN_TIMEOUT_S = 120.0
 
 
-def needs_lab() -> None:
-    if os.geteuid() != 0 or shutil.which("mnexec") is None or shutil.which("lldpd") is None:
-        pytest.skip("needs root, mnexec and lldpd (./scripts/bootstrap.sh installs them)")
-
-
 @pytest.fixture(scope="module")
 def vlab():
     needs_lab()
     with validation.validation_lab(HOSTS, RAILS, SPINES, leaves_per_rail=LEAVES_PER_RAIL) as lab:
         yield lab
-
-
-def wait_healthy(lab) -> None:
-    try:
-        validation.wait_healthy(lab)
-    except LabError as exc:
-        pytest.fail(str(exc))
 
 
 def validate(lab) -> tuple[int, dict]:

@@ -21,7 +21,7 @@ from dataclasses import replace
 import pytest
 
 from labs.frr import FrrBfd
-from labs.netnslib import run
+from labs.netnslib import run, wait_for_sync
 from linkpassd.adapters.announce import Announcer
 from linkpassd.announce_frr import bgpd_config, zebra_config
 from linkpassd.config import parse_config
@@ -67,11 +67,7 @@ def _path(frr: FrrBfd, address: str) -> dict | None:
 
 
 def wait(pred, what: str, timeout: float = TIMEOUT_S):
-    deadline = time.monotonic() + timeout
-    while not pred():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+    return wait_for_sync(pred, timeout, what)
 
 
 def veth(a, a_if: str, a_addr: str, b, b_if: str, b_addr: str) -> None:

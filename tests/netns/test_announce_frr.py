@@ -31,7 +31,7 @@ from labs.daemonproc import DaemonProcess, assessment, rail_config_toml
 from labs.echopeer import NETNS_PEER as ECHO_PEER
 from labs.echopeer import EchoPeerProcess
 from labs.frr import BgpNeighbor, BgpSpeaker, FrrBfd
-from labs.netnslib import HostLab, run
+from labs.netnslib import HostLab, run, wait_for_sync
 from linkpassd.adapters.announce import Announcer
 from linkpassd.announce_frr import bgpd_config, zebra_config
 from linkpassd.config import parse_config
@@ -82,14 +82,7 @@ def fib_via(lab: HostLab, address: str) -> list[str]:
 
 
 def wait(pred, what: str, timeout: float = LEARN_TIMEOUT_S):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
+    return wait_for_sync(pred, timeout, what)
 
 
 def test_rail_addresses_follow_linkpassd_through_frr(netns_factory):
