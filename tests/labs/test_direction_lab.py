@@ -100,7 +100,9 @@ def test_one_way_loss_at_a_port_is_named_by_linkpassd_and_by_validate(dlab, wher
                and f"({PATH_DIRECTION[direction]})" in e.get("message", "") for e in events), \
         [(e.get("message"), e.get("fields", {}).get("detail")) for e in events]
     assert run.code == validation.EXIT_FINDINGS, summary(run.report)
-    (found,) = findings(run.report)
+    found_all = findings(run.report)
+    assert len(found_all) == 1, summary(run.report)  # one fault, one finding
+    (found,) = found_all
     assert found["kind"] == "lossy_link", summary(run.report)
     assert (found["hosts"], found["rail"]) == ([host.name], "rail0"), summary(run.report)
     assert found["component"].endswith(f"per round trip, {FINDING_WAY[direction]}"), found
