@@ -203,16 +203,22 @@ def bgpd_config(speaker: BgpSpeaker, hostname: str = "lp-bgpd") -> str:
 class FrrBfd:
     """zebra and bfdd in the named namespace `netns`, or wherever the argv
     prefix `runner` puts them (exactly one of the two), configured with `peers`
-    (and `profiles`, for sessions bgpd creates); with `bgp`, bgpd too."""
+    (and `profiles`, for sessions bgpd creates); with `bgp` (or `bgpd_conf`),
+    bgpd too; with ``bfdd=False`` no bfdd."""
 
     def __init__(self, netns: str | None, peers: Sequence[BfdPeer],
                  log_level: str = "informational", *, runner: Sequence[str] | None = None,
                  profiles: Sequence[BfdProfile] = (), bgp: BgpSpeaker | None = None,
-                 zebra_conf: str = "", bgpd_conf: str | None = None):
+                 zebra_conf: str = "", bgpd_conf: str | None = None, bfdd: bool = True):
         if (netns is None) == (runner is None):
             raise ValueError("give exactly one of netns and runner")
         if bgp is not None and bgpd_conf is not None:
             raise ValueError("give at most one of bgp and bgpd_conf")
+        if not bfdd and (peers or profiles or (bgp is not None and bgp.profiles)):
+            raise ValueError("BFD peers or profiles need bfdd")
+        # bfdd=False: zebra (and bgpd) only, for a node whose BFD speaker is
+        # something else (a host's linkpassd holds UDP 3784 there).
+        self.run_bfdd = bfdd
         self.zebra_conf = zebra_conf  # appended to zebra's config
         self.bgpd_conf = bgpd_conf  # bgpd's whole config, written as given
         self.netns = netns
@@ -282,7 +288,8 @@ class FrrBfd:
         try:
             self._spawn("zebra")
             self._wait(lambda: self._path("run", "zserv.api").exists(), deadline, "zebra socket")
-            self._spawn("bfdd", ["--bfdctl", str(self._path("run", "bfdd.sock"))])
+            if self.run_bfdd:
+                self._spawn("bfdd", ["--bfdctl", str(self._path("run", "bfdd.sock"))])
             if self.bgp is not None or self.bgpd_conf is not None:
                 self._spawn("bgpd")
             wanted = {p.peer for p in self.peers_conf}

@@ -139,10 +139,13 @@ class TrialResult:
 class ScenarioLab:
     """The dualrail lab with one host-routing mechanism, reused across trials."""
 
-    def __init__(self, mechanism: str, *, rate: int = 1000, aggregator: bool = False):
+    def __init__(self, mechanism: str, *, rate: int = 1000, aggregator: bool = False,
+                 fabric: str = "bgp"):
         """`aggregator`: (linkpassd only) both daemons report to a lab
         aggregator (`self.lab.aggregator`), which also hands out their probe
-        peers (no probe_peers in the configs)."""
+        peers (no probe_peers in the configs). `fabric`: ``bgp`` (leaves and
+        spine learn host routes; with linkpassd the hosts announce them) or
+        ``static`` (the old lab with its carrier-only detour)."""
         if mechanism not in MECHANISMS:
             raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
         if aggregator and mechanism != "linkpassd":
@@ -152,7 +155,8 @@ class ScenarioLab:
         self.lab = dualrail(mechanism, linkpassd_timers=LAB_TIMERS,
                             bfd=LAB_BFD if mechanism == "linkpassd" else None,
                             probes=LAB_PROBES if mechanism == "linkpassd" else None,
-                            aggregator=aggregator, mesh=aggregator)
+                            aggregator=aggregator, mesh=aggregator, fabric=fabric)
+        self.fabric = fabric
         self.trials = 0
 
     def __enter__(self) -> "ScenarioLab":
@@ -229,6 +233,8 @@ class ScenarioLab:
         if self.mechanism == "linkpassd":
             for host, peer in ((SENDER, rx), (RECEIVER, tx)):
                 problems += self._linkpassd_unhealthy(host, peer)
+        if self.fabric == "bgp":
+            problems += self.lab.fabric_missing(bfd=self.mechanism == "linkpassd")
         return problems
 
     def _linkpassd_unhealthy(self, host: str, peer) -> list[str]:

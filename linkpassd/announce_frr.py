@@ -11,7 +11,9 @@ table, derived from linkpassd's config.
   metric names that rail (core.announce.metric_of): the rail's own address
   with MED ``owner_med``, another rail's address (a detour) with MED 0, so a
   detour wins over a usable own-rail announcement that a broken session could
-  not withdraw.
+  not withdraw, and a settling one (an address on its way back from a detour
+  over that rail) with MED 0 and NO_EXPORT, so the leaf keeps it and passes
+  it on to nobody.
   Everything else is denied.
 
 ``python -m linkpassd.announce_frr /etc/linkpass/linkpassd.toml`` prints it.
@@ -22,7 +24,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from linkpassd.core.announce import metric_of
+from linkpassd.core.announce import metric_of, settle_metric_of
 from linkpassd.core.model import Config
 
 
@@ -39,9 +41,11 @@ def zebra_config(config: Config) -> str:
 
 
 def bgpd_config(config: Config, *, router_id: str | None = None,
-                advertisement_interval_s: int = 0) -> str:
+                advertisement_interval_s: int = 0, connect_retry_s: int | None = None) -> str:
     """bgpd's part. Needs `[announce] local_asn`; without `peer_asn` each
-    session takes any external AS (leaves of different rails in different ASes)."""
+    session takes any external AS (leaves of different rails in different ASes).
+    `connect_retry_s`: a `timers connect` per session (None: FRR's default,
+    120 s, so a session that went down may wait that long to try again)."""
     a = config.announce
     if not a.local_asn:
         raise SnippetError(f"{config.source}: [announce] local_asn must be set to write the FRR "
@@ -66,6 +70,11 @@ def bgpd_config(config: Config, *, router_id: str | None = None,
                 " match ip address prefix-list lp-announce",
                 f" match metric {metric}",
                 " set metric 0",
+                f"route-map {name} permit 30",
+                " match ip address prefix-list lp-announce",
+                f" match metric {settle_metric_of(config, a, r.name)}",
+                " set metric 0",
+                " set community no-export",
                 f"route-map {name} deny 100", "!"]
     out += [f"router bgp {a.local_asn}"]
     out += [f" bgp router-id {router_id or config.rails[0].address}"]
@@ -74,6 +83,8 @@ def bgpd_config(config: Config, *, router_id: str | None = None,
                 f" neighbor {r.gateway} description linkpass {r.name} ({r.port})",
                 f" neighbor {r.gateway} update-source {r.address}",
                 f" neighbor {r.gateway} advertisement-interval {advertisement_interval_s}"]
+        if connect_retry_s is not None:
+            out.append(f" neighbor {r.gateway} timers connect {int(connect_retry_s)}")
     out += [" !", " address-family ipv4 unicast",
             f"  redistribute table {a.table} route-map lp-announce-redistribute"]
     for r in config.rails:

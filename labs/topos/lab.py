@@ -40,7 +40,7 @@ from labs.aggproc import AggregatorProc
 from labs.frr import BfdPeer, FrrBfd, mnexec_attach
 from labs.lldp import LabLldp, lldp_options, sniff_lldp
 from labs.simsensor import SimSensor
-from labs.topos import frrbgp
+from labs.topos import bgpfabric, frrbgp
 from labs.topos.nl import LinkSetter, arp_who_has
 from labs.topos.plan import (
     HOST_SPACE,
@@ -189,6 +189,9 @@ class Lab:
                            "'detect_mult': ...}")
         if mechanism == frrbgp.MECHANISM and plan.leaves_per_rail > 1:
             raise LabError("frr-bgp speaks to one leaf per rail: leaves_per_rail must be 1")
+        if mechanism == frrbgp.MECHANISM and plan.fabric == "bgp":
+            raise LabError("frr-bgp runs its own bgpd on the leaves: it needs the static fabric "
+                           "(FabricPlan(..., fabric='static'))")
         self.plan = plan
         self.mechanism = mechanism
         self.carrier_events = carrier_events
@@ -277,8 +280,9 @@ class Lab:
                 self.run(name, ["ip", "-batch", "-"], input="\n".join(setup.ip_batch) + "\n")
         if self.want_aggregator:
             self.aggregator = AggregatorProc(self.workdir / "aggregator", **self.aggregator_options)
-        for host in self.plan.hosts:
-            self._write_host_files(host)
+        if self.plan.fabric != "bgp":
+            for host in self.plan.hosts:
+                self._write_host_files(host)
         if self.aggregator is not None:
             self.aggregator.start()
         deadline = time.monotonic() + CARRIER_WAIT_S
@@ -291,7 +295,12 @@ class Lab:
         if self.lldp_options:  # its processes join _procs: teardown stops them by PID
             self.lldp = LabLldp(self, self.lldp_options)
             self.lldp.start()
-        if self.bfd:
+        if self.plan.fabric == "bgp":
+            self._start_bgp_fabric()  # the hosts' linkpassd configs name their FRR
+            for host in self.plan.hosts:
+                self._write_host_files(host)
+            self.wait_fabric()
+        elif self.bfd:
             self._start_frr()
         if self.mechanism == frrbgp.MECHANISM:
             self.wait_frr_bgp()
@@ -318,6 +327,9 @@ class Lab:
             for host in self.hosts:
                 self._frr[host.name] = FrrBfd(None, [], runner=mnexec_attach(self.pid(host.name)),
                                               bgp=frrbgp.host_speaker(host, bfd))
+        self._start_all_frr()
+
+    def _start_all_frr(self) -> None:
         try:
             with ThreadPoolExecutor(max_workers=len(self._frr)) as pool:
                 for started in [pool.submit(frr.start) for frr in self._frr.values()]:
@@ -327,6 +339,31 @@ class Lab:
                 if frr.dir is not None:
                     self._frr_dirs.append(frr.dir)
                 self._procs.extend((leaf, proc) for proc in frr.procs.values())
+
+    def _start_bgp_fabric(self) -> None:
+        """The ``bgp`` fabric (labs/topos/bgpfabric.py): bgpd on every leaf
+        and spine (the leaves with bfdd when the lab has ``bfd``: their
+        sessions with host ports are BFD-tracked), and with the ``linkpassd``
+        mechanism zebra + bgpd on every host, configured from its linkpassd
+        config as linkpassd.announce_frr prints it (no bfdd on a host: its
+        BFD speaker is linkpassd)."""
+        from linkpassd.announce_frr import bgpd_config, zebra_config
+        from linkpassd.config import parse_config
+
+        for name, switch in bgpfabric.switches(self.plan, self.bfd).items():
+            self._frr[name] = FrrBfd(None, [], runner=mnexec_attach(self.pid(name)),
+                                     profiles=switch.profiles,
+                                     bgpd_conf=bgpfabric.bgpd_config(switch),
+                                     bfdd=bool(switch.profiles))
+        if self.mechanism == "linkpassd":
+            for host in self.hosts:
+                cfg = parse_config(self.host_config_toml(host), source=f"<lab {host.name}>")
+                bgpd = bgpd_config(cfg, connect_retry_s=bgpfabric.CONNECT_RETRY_S)
+                self._frr[host.name] = FrrBfd(
+                    None, [], runner=mnexec_attach(self.pid(host.name)),
+                    zebra_conf=zebra_config(cfg), bfdd=False,
+                    bgpd_conf=f"frr defaults traditional\nhostname {host.name}\n!\n" + bgpd)
+        self._start_all_frr()
 
     def close(self) -> None:
         """Tear down; idempotent. Raises LabLeakError if anything was left.
@@ -623,8 +660,8 @@ class Lab:
         if isinstance(node, HostPlan):
             node = node.name
         name = self.plan.leaf_of(node) if isinstance(node, int) else node
-        if not self.bfd:
-            raise LabError("this lab runs no BFD (Lab(..., bfd={...}))")
+        if not self._frr:
+            raise LabError("this lab runs no FRR (Lab(..., bfd={...}) or the bgp fabric)")
         try:
             return self._frr[name]
         except KeyError:
@@ -677,6 +714,63 @@ class Lab:
                                f"in main (main has: {have})")
         return missing
 
+    def wait_fabric(self, timeout: float = FRR_BGP_READY_S, *, bfd: bool = False) -> float:
+        """The bgp fabric settled (see fabric_missing); returns the seconds it
+        took, LabError names what is missing at the deadline."""
+        started = time.monotonic()
+        while True:
+            missing = self.fabric_missing(bfd=bfd)
+            if not missing:
+                return time.monotonic() - started
+            if time.monotonic() - started > timeout:
+                raise LabError(f"bgp fabric not ready after {timeout:g}s:\n  "
+                               + "\n  ".join(missing))
+            time.sleep(0.1)
+
+    def fabric_missing(self, *, bfd: bool = False) -> list[str]:
+        """What keeps the bgp fabric from its healthy state, one line each
+        ([] when settled): every switch-to-switch session Established, and
+        every leaf-to-host one when the hosts run FRR (and with ``bfd`` its
+        BFD session up: linkpassd must be running); every leaf routes every
+        other leaf's host subnets, and no leaf holds a BGP route for a host
+        address of its own ports (nothing detoured)."""
+        if self.plan.fabric != "bgp":
+            raise LabError("this lab's fabric is static")
+        missing = []
+        hosts_speak = self.mechanism == "linkpassd"
+        switches = bgpfabric.switches(self.plan, self.bfd)
+        for name, switch in switches.items():
+            frr = self._frr[name]
+            states = frr.try_read(frr.bgp_states) or {}
+            peers = {p.get("peer"): p.get("status") for p in
+                     (frr.try_read(frr.bfd_peers) or [])} if bfd and switch.profiles else {}
+            for p in switch.peers:
+                if p.host and not hosts_speak:
+                    continue
+                if states.get(p.address) != "Established":
+                    missing.append(f"{name}: BGP with {p.address} is "
+                                   f"{states.get(p.address, 'not listed')}, not Established")
+                if bfd and p.bfd is not None and peers.get(p.address) != "up":
+                    missing.append(f"{name}: BFD with {p.address} is "
+                                   f"{peers.get(p.address, 'not listed')}, not up")
+        for leaf in self.plan.leaves:
+            routes = json.loads(self.run(leaf.name, ["ip", "-j", "route", "show", "proto",
+                                                     "bgp"]).stdout or "[]")
+            have = {r.get("dst") for r in routes}
+            own = {self.plan.host_rail(i, leaf.rail) for i in leaf.hosts}
+            for other in self.plan.leaves:
+                if other.name == leaf.name:
+                    continue
+                for i in other.hosts:
+                    subnet = self.plan.host_rail(i, other.rail).subnet
+                    if subnet not in have:
+                        missing.append(f"{leaf.name}: no BGP route to {subnet} ({other.name})")
+            for port in own:
+                if port.address in have:
+                    missing.append(f"{leaf.name}: {port.address} ({port.port}) is routed by BGP "
+                                   "(detoured), not over its own port")
+        return missing
+
     def bfd_peers(self, leaf: str | int) -> list[dict]:
         """``show bfd peers json`` of a leaf, parsed."""
         return self.frr(leaf).bfd_peers()
@@ -722,9 +816,21 @@ class Lab:
                               log_level=self.linkpassd_log_level, bfd=self.bfd,
                               probes=self.probes,
                               peers=None if self.mesh else self.echo_peers(plan),
-                              aggregator=self.aggregator.address if self.aggregator else None)
+                              aggregator=self.aggregator.address if self.aggregator else None,
+                              announce=self._announce_options(plan))
         parse_config(text, source=f"<lab {plan.name}>")
         return text
+
+    def _announce_options(self, host: HostPlan) -> dict | None:
+        """[announce] for a linkpassd host in the bgp fabric: its AS and
+        where its FRR keeps its pid files (once that FRR exists)."""
+        if self.plan.fabric != "bgp" or self.mechanism != "linkpassd":
+            return None
+        out: dict = {"local_asn": bgpfabric.host_asn(host.index)}
+        frr = self._frr.get(host.name)
+        if frr is not None and frr.dir is not None:
+            out["frr_run_dir"] = str(frr.run_dir)
+        return out
 
     def echo_peers(self, host: str | HostPlan) -> dict[int, list[str]]:
         """Rail r of a host probes every other host's rail-r address."""

@@ -43,6 +43,8 @@ from functools import cached_property
 
 # frr-bgp: FRR's eBGP + BFD per rail (labs/topos/frrbgp.py), the baseline.
 MECHANISMS = ("none", "kernel", "linkpassd", "frr-bgp")
+# How the leaves and spines route (FabricPlan.fabric).
+FABRICS = ("static", "bgp")
 
 HOST, LEAF, SPINE = "lph", "lpl", "lps"
 #: Every interface and node this lab creates matches this; teardown checks it.
@@ -194,7 +196,27 @@ def _multipath(hops: list[tuple[str, str]]) -> str:
 class FabricPlan:
     """N hosts x R rails, ``leaves_per_rail`` leaves per rail (module doc), S spines.
 
-    ``detour``: when a host's link to leaf r is down, leaf r hands traffic for
+    ``fabric``: how the leaves and spines route.
+
+    - ``bgp``: every leaf and spine runs FRR bgpd (labs/topos/bgpfabric.py):
+      eBGP on every cable, each switch its own AS, host /32s learnt from the
+      hosts (with BFD on the leaf-host sessions when the lab has ``bfd``),
+      connected host subnets passed on, ECMP over the spines. The plan
+      renders only the switches' addresses and sysctls; every switch route
+      is BGP's. A host address moves only when the host announces it
+      elsewhere (linkpassd's ``[announce]``). The default of the labs that
+      measure the reverse flow (labs/scenario.py: the demo, the failover
+      bench, tests/labs/test_failover_lab.py and test_fleet_away.py).
+    - ``static`` (the default here): the routes below, written once, and the
+      ``detour``. Kept for the labs whose hosts run no BGP speaker of
+      linkpassd's and that never measure traffic into a faulted rail (the
+      fleet, validation, hiccup and probing labs), for the ``frr-bgp``
+      baseline (its leaves run their own bgpd, labs/topos/frrbgp.py), and for
+      tests/labs/test_topos_faults.py's
+      test_kernel_mechanism_survives_a_cable_pull_through_the_fabric_detour,
+      which needs the detour itself.
+
+    ``detour`` (static fabric only): when a host's link to leaf r is down, leaf r hands traffic for
     that host's rail-r address to the spine (its ``default`` table, consulted
     only after main misses), the spine sends it to leaf (r+1) mod R, and that
     leaf delivers it over the host's rail-(r+1) port. Without it a host
@@ -213,8 +235,11 @@ class FabricPlan:
     n_spines: int
     detour: bool = True
     leaves_per_rail: int = 1
+    fabric: str = "static"
 
     def __post_init__(self) -> None:
+        if self.fabric not in FABRICS:
+            raise LabError(f"fabric must be one of {', '.join(FABRICS)}, got {self.fabric!r}")
         for what, value, hi in (("hosts", self.n_hosts, MAX_HOSTS),
                                 ("rails", self.n_rails, MAX_RAILS),
                                 ("spines", self.n_spines, MAX_SPINES)):
@@ -443,6 +468,8 @@ class FabricPlan:
             b.append(f"address add {h.gateway}/{h.prefixlen} dev {h.leaf_port}")
         for u in ups:
             b.append(f"address add {u.leaf_address}/31 dev {u.leaf_port}")
+        if self.fabric == "bgp":
+            return setup  # every other route is bgpd's
         to_spines = _multipath([(u.spine_address, u.leaf_port) for u in ups])
         for other in range(self.n_rails):
             if other != r:
@@ -475,6 +502,8 @@ class FabricPlan:
         b = setup.ip_batch
         for u in ups:
             b.append(f"address add {u.spine_address}/31 dev {u.spine_port}")
+        if self.fabric == "bgp":
+            return setup  # every route is bgpd's
         for u in ups:
             b.extend(f"route add {prefix} via {u.leaf_address} dev {u.spine_port}"
                      for prefix in self._prefixes(self.leaf(u.leaf)))
@@ -499,7 +528,9 @@ class FabricPlan:
                   f"{', '.join(str(len(x.hosts)) for x in self.leaves if x.rail == 0)})"
                   if self.leaves_per_rail > 1 else "")
         lines = [f"railopt: {self.n_hosts} hosts x {self.n_rails} rails, {self.n_spines} spine(s)"
-                 f"{leaves}, detour {'on' if self.detour else 'off'}",
+                 f"{leaves}, "
+                 + ("fabric bgp" if self.fabric == "bgp"
+                    else f"detour {'on' if self.detour else 'off'}"),
                  f"{'host':<7}{'rail':<6}{'port':<13}{'address':<18}{'gateway':<15}leaf port"]
         for host in self.hosts:
             for rail in host.rails:
@@ -531,7 +562,7 @@ def linkpassd_toml(host: HostPlan, *, control_socket: str, run_dir: str,
                    log_level: str = "info", multipath: bool = True,
                    bfd: dict | None = None, probes: dict | None = None,
                    peers: dict[int, list[str]] | None = None,
-                   aggregator: str | None = None) -> str:
+                   aggregator: str | None = None, announce: dict | None = None) -> str:
     """A linkpassd config for one lab host: one rail per port, every rail
     backed up by the others in rail order, and one resilient group `fabric`.
 
@@ -566,7 +597,11 @@ def linkpassd_toml(host: HostPlan, *, control_socket: str, run_dir: str,
     ``aggregator`` (an address, e.g. ``unix:/tmp/lplab-x/aggregator.sock``):
     an ``[aggregator]`` section in insecure mode (labs only) with the host's
     name as its host id, and each rail's ``leaf``, so the aggregator can plan
-    the probe mesh. Give no ``peers`` then: the mesh hands them out."""
+    the probe mesh. Give no ``peers`` then: the mesh hands them out.
+
+    ``announce`` (e.g. ``{"local_asn": 65001, "frr_run_dir": ...}``): an
+    ``[announce]`` section, enabled, with those settings: the host's FRR
+    announces its rail addresses to the ``bgp`` fabric as linkpassd decides."""
     bfd = bfd_options(bfd)
     out = ["# linkpassd config for lab host " + host.name + " (generated by labs.topos)",
            "[daemon]",
@@ -587,6 +622,9 @@ def linkpassd_toml(host: HostPlan, *, control_socket: str, run_dir: str,
     if aggregator is not None:
         out += ["[aggregator]", f"address = {_toml(aggregator)}", f"host_id = {_toml(host.name)}",
                 "insecure = true"]
+    if announce is not None:
+        out += ["[announce]", "enabled = true"]
+        out += [f"{key} = {_toml(value)}" for key, value in announce.items()]
     if probes is not None:
         out += ["[probes]", "enabled = true"]
         # Every lab host's rail addresses lie in HOST_SPACE: answer all of them.

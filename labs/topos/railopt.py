@@ -29,17 +29,20 @@ import time
 
 from labs.daemonproc import wait_ready
 from labs.topos.lab import CARRIER_EVENTS, Lab
-from labs.topos.plan import HOST_SPACE, MECHANISMS, FabricPlan
+from labs.topos.plan import FABRICS, HOST_SPACE, MECHANISMS, FabricPlan
 
 DAEMON_READY_S = 20.0
 BFD_UP_S = 15.0
 
 
 def railopt(hosts: int = 4, rails: int = 2, spines: int = 2, mechanism: str = "none", *,
-            detour: bool = True, leaves_per_rail: int = 1, **lab_options) -> Lab:
+            detour: bool = True, leaves_per_rail: int = 1, fabric: str = "static",
+            **lab_options) -> Lab:
     """An unstarted Lab; ``with railopt(...) as lab:`` builds it and tears it
-    down. ``lab_options`` go to Lab (workdir, carrier_events, linkpassd_timers...)."""
-    return Lab(FabricPlan(hosts, rails, spines, detour=detour, leaves_per_rail=leaves_per_rail),
+    down. ``fabric``: ``static`` or ``bgp`` (FabricPlan). ``lab_options`` go
+    to Lab (workdir, carrier_events, linkpassd_timers...)."""
+    return Lab(FabricPlan(hosts, rails, spines, detour=detour, leaves_per_rail=leaves_per_rail,
+                          fabric=fabric),
                mechanism, **lab_options)
 
 
@@ -108,6 +111,9 @@ def main(argv: list[str] | None = None, *, defaults: tuple[int, int, int] = (4, 
     parser.add_argument("--mechanism", choices=MECHANISMS, default="none")
     parser.add_argument("--no-detour", action="store_true",
                         help="strict fabric: no fallback path to a host whose link is down")
+    parser.add_argument("--fabric", choices=FABRICS, default="static",
+                        help="bgp: leaves and spines run FRR bgpd and learn host routes "
+                             "(labs/topos/bgpfabric.py)")
     parser.add_argument("--carrier-events", choices=CARRIER_EVENTS, default="physical")
     parser.add_argument("--bfd-interval-ms", type=int, metavar="MS",
                         help="run FRR bfdd on the leaves, a session per host port at this interval")
@@ -117,7 +123,7 @@ def main(argv: list[str] | None = None, *, defaults: tuple[int, int, int] = (4, 
     parser.add_argument("--plan", action="store_true", help="print the addressing and exit")
     args = parser.parse_args(argv)
     plan = FabricPlan(args.hosts, args.rails, args.spines, detour=not args.no_detour,
-                      leaves_per_rail=args.leaves_per_rail)
+                      leaves_per_rail=args.leaves_per_rail, fabric=args.fabric)
     if args.plan or not args.check:
         print(plan.describe())
         if not args.check:

@@ -26,8 +26,10 @@ configured peer, within a per-source rate. Refused datagrams are dropped
 before they are parsed.
 
 Every path of a rail (one per peer) shares the rail's one socket
-(adapters.echorail), bound to the rail's interface (SO_BINDTODEVICE) and
-address, so a probe takes that rail whatever the routing tables say; a reply
+(adapters.echorail), which sends out of the rail's interface (IP_UNICAST_IF)
+from its address, so a probe takes that rail whatever the routing tables
+say, and takes a reply from whichever port the fabric delivers the rail
+address to (another rail's, while linkpassd announces it there); a reply
 is matched to its path by its source address. The probes of a rail due in
 one wake-up leave in one sendmmsg, its replies are read in one recvmmsg
 (adapters.mmsg), and an ICMP port unreachable (the peer host is up, its

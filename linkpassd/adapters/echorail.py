@@ -9,8 +9,15 @@ wake-up leave in one sendmmsg, and its replies are read in one recvmmsg per
 wake-up (adapters.mmsg), however many peers answer.
 
 What the connected sockets gave, kept:
-* the rail: the socket is bound to the rail's interface (SO_BINDTODEVICE)
-  and address, so a probe takes that rail whatever the routing tables say;
+* the rail: the socket sends out of the rail's interface (IP_UNICAST_IF,
+  the same output interface SO_BINDTODEVICE would give) from the rail's
+  address, so a probe takes that rail whatever the routing tables say. It
+  is not bound to the interface for receiving: a reply comes back wherever
+  the fabric routes the rail address, which is the rail itself unless
+  linkpassd announced the address through another rail ([announce],
+  docs/bgp.md). A socket bound to the device would drop those replies, and
+  a rail whose address is detoured could never be found healthy again;
+  the rail's link itself, both ways, is BFD's to judge;
 * which peer: a reply is matched to its path by its source address (and
   must come from the echo port); anything else is counted and dropped;
 * "port unreachable" per peer: an unconnected socket hears of ICMP errors
@@ -53,6 +60,8 @@ class RailPath(Protocol):
     def after_change(self) -> None: ...
 
 IP_RECVERR = 11  # Linux; the socket module does not name it
+IP_UNICAST_IF = 50  # Linux; the ifindex goes in network byte order for IPv4
+SIOCGIFINDEX = 0x8933
 SO_RCVBUFFORCE = 33
 MSG_ERRQUEUE = 0x2000
 _SEND_BATCH = 64  # datagrams per sendmmsg (more are sent in further calls)
@@ -64,6 +73,15 @@ _RCVBUF = 1 << 20  # ~100 ms of replies from 128 peers at 10 ms, so a stall drop
 _TIMESTAMP = struct.Struct("@Nii qq")  # cmsghdr (len, level, type) + struct timespec
 _TIMESTAMP_LEN = _TIMESTAMP.size
 _SOL_SOCKET = socket.SOL_SOCKET
+
+
+def _ifindex(sock: socket.socket, name: str) -> int:
+    """The ifindex of `name` in the socket's own network namespace (the
+    daemon's may differ: if_nametoindex would ask that one)."""
+    import fcntl
+
+    req = struct.pack("16si", name.encode()[:15], 0)
+    return struct.unpack("16si", fcntl.ioctl(sock.fileno(), SIOCGIFINDEX, req))[1]
 _MSG_TRUNC = int(socket.MSG_TRUNC)
 _SOCK_EXTENDED_ERR = struct.Struct("=IBBBBII")  # ee_errno, origin, type, code, pad, info, data
 GONE = (errno.ENODEV, errno.EADDRNOTAVAIL)  # the interface or address went away
@@ -167,7 +185,8 @@ class RailSocket:
             self.error = f"socket: {exc}"
             return False
         try:
-            sock.setsockopt(_SOL_SOCKET, socket.SO_BINDTODEVICE, self.port.encode())
+            sock.setsockopt(socket.IPPROTO_IP, IP_UNICAST_IF,
+                            struct.pack("!I", _ifindex(sock, self.port)))
             sock.setsockopt(_SOL_SOCKET, SO_TIMESTAMPNS, 1)
             sock.setsockopt(socket.IPPROTO_IP, IP_RECVERR, 1)
             try:  # beyond net.core.rmem_max needs CAP_NET_ADMIN, which the daemon has

@@ -463,6 +463,13 @@ ANNOUNCE = Section(
                "announcement from a session that cannot carry the withdrawal (a gray failure "
                "the leaf does not see) prefers the detour (docs/bgp.md).",
                (_int_range(1, U32_MAX),)),
+        Option("settle_s", FLOAT, 1.0,
+               "Seconds a detoured address stays announced over the detour rail's session with "
+               "NO_EXPORT when its own rail is trusted again, before it goes back to its own "
+               "session: the detour's leaf keeps delivering it while the rest of the fabric "
+               "forgets the detour, so the way back has no routing loop (docs/bgp.md). 0: "
+               "straight back.",
+               (_at_least(0),)),
         Option("local_asn", INT, 0,
                "The host's AS number, for the printed FRR config only (0: not set).",
                (_int_range(0, U32_MAX),)),

@@ -8,7 +8,15 @@ traffic; when the routing policy moves the rail's traffic to a backup rail
 the address is withdrawn from the rail's own session and announced over the
 session of that backup rail instead, so that traffic *to* the address also
 takes a healthy rail. It comes back to its own rail when the policy does,
-that is after the same hold-down as the routes. So the inbound detour is the
+that is after the same hold-down as the routes, in two steps: first it
+*settles* (``settle_s``): still over the detour rail's session, but with
+NO_EXPORT, so that leaf keeps delivering it over the host's detour port
+while it withdraws the detour from the rest of the fabric; then over its own
+session. Withdrawn at once, the detour's leaf would fall back to the fabric's
+route for the owner's subnet (through the spine) while the spine and the
+owner's leaf still held the detour: a routing loop until BGP converged
+(seen in the bgp lab as ~150 ms of loss to the address, enough for the echo
+probes to fail the rail again, every hold-down). So the inbound detour is the
 outbound one, by construction: this module reads the policy's decision
 (`RailStatus.active_rail`), it does not judge health again.
 
@@ -19,7 +27,8 @@ Only configured rail addresses are ever planned; the adapter also refuses any
 address the host does not hold (adapters.announce).
 
 Each announcement says which rail it goes out on by its metric,
-``metric_base + position of that rail in the config``: that is what FRR's
+``metric_base + position of that rail in the config`` (settling:
+``metric_base + number of rails + position``): that is what FRR's
 per-neighbour route-maps match (linkpassd.announce_frr writes them).
 """
 
@@ -38,6 +47,7 @@ METRIC_MAX = 0xFFFFFFFF
 class Role(enum.StrEnum):
     OWNER = "owner"  # over the rail's own session
     DETOUR = "detour"  # over a backup rail's session, while the own rail is not trusted
+    SETTLING = "settling"  # trusted again; still over the detour's session, NO_EXPORT, until `until`
 
 
 @dataclass(frozen=True, order=True)
@@ -46,7 +56,8 @@ class Announcement:
     rail: str  # the rail that owns the address
     via: str  # the rail whose session announces it
     role: Role
-    metric: int  # kernel route metric: says `via` to FRR
+    metric: int  # kernel route metric: says `via` (and settling or not) to FRR
+    until: float = 0.0  # SETTLING: when it goes back to its own rail's session
 
     @property
     def prefix(self) -> str:
@@ -61,9 +72,16 @@ def metric_of(config: Config, settings: AnnounceSettings, via: str) -> int:
     raise KeyError(via)
 
 
-def plan(config: Config, settings: AnnounceSettings,
-         rails: Sequence[RailStatus]) -> dict[str, Announcement]:
-    """Rail address -> its announcement, from the policy's rail statuses.
+def settle_metric_of(config: Config, settings: AnnounceSettings, via: str) -> int:
+    """The metric that means "announce over rail `via`, NO_EXPORT" (settling)."""
+    return metric_of(config, settings, via) + len(config.rails)
+
+
+def plan(config: Config, settings: AnnounceSettings, rails: Sequence[RailStatus],
+         previous: Mapping[str, Announcement] | None = None,
+         now: float = 0.0) -> dict[str, Announcement]:
+    """Rail address -> its announcement, from the policy's rail statuses,
+    the previous plan and the time (for settling, see the module doc).
     Addresses with no path are absent (withdrawn everywhere)."""
     if not settings.enabled:
         return {}
@@ -74,16 +92,37 @@ def plan(config: Config, settings: AnnounceSettings,
         if rail is None or status.active_rail is None:
             continue
         via = status.active_rail
-        role = Role.OWNER if via == rail.name else Role.DETOUR
-        out[rail.address] = Announcement(rail.address, rail.name, via, role,
+        if via == rail.name:
+            before = (previous or {}).get(rail.address)
+            settling = _settling(config, settings, before, now)
+            out[rail.address] = settling or Announcement(
+                rail.address, rail.name, via, Role.OWNER, metric_of(config, settings, via))
+            continue
+        out[rail.address] = Announcement(rail.address, rail.name, via, Role.DETOUR,
                                          metric_of(config, settings, via))
     return out
+
+
+def _settling(config: Config, settings: AnnounceSettings, before: Announcement | None,
+              now: float) -> Announcement | None:
+    """The settling announcement of an address whose own rail is trusted
+    again, if it still settles at `now` (None: back on its own session)."""
+    if before is None or settings.settle_s <= 0 or before.role is Role.OWNER:
+        return None
+    if before.via not in {r.name for r in config.rails}:
+        return None  # the detour rail left the config: nothing to settle over
+    until = before.until if before.role is Role.SETTLING else now + settings.settle_s
+    if now >= until:
+        return None
+    return Announcement(before.address, before.rail, before.via, Role.SETTLING,
+                        settle_metric_of(config, settings, before.via), until)
 
 
 class Change(enum.StrEnum):
     ANNOUNCED = "announced"  # on its own rail (first time, or back from nowhere)
     DETOURED = "detoured"  # moved off its own rail onto a backup's session
     DETOUR_MOVED = "detour_moved"  # from one backup's session to another's
+    SETTLING = "settling"  # own rail trusted again: NO_EXPORT over the detour's session
     RESTORED = "restored"  # back on its own rail
     WITHDRAWN = "withdrawn"  # announced nowhere
 
@@ -96,7 +135,11 @@ TRANSITIONS: Mapping[tuple[Role | None, Role | None], tuple[Change, Severity]] =
     (None, Role.DETOUR): (Change.DETOURED, Severity.WARNING),
     (Role.OWNER, Role.DETOUR): (Change.DETOURED, Severity.WARNING),
     (Role.DETOUR, Role.DETOUR): (Change.DETOUR_MOVED, Severity.WARNING),
-    (Role.DETOUR, Role.OWNER): (Change.RESTORED, Severity.INFO),
+    (Role.DETOUR, Role.OWNER): (Change.RESTORED, Severity.INFO),  # settle_s = 0
+    (Role.DETOUR, Role.SETTLING): (Change.SETTLING, Severity.INFO),
+    (Role.SETTLING, Role.OWNER): (Change.RESTORED, Severity.INFO),
+    (Role.SETTLING, Role.DETOUR): (Change.DETOURED, Severity.WARNING),
+    (Role.SETTLING, None): (Change.WITHDRAWN, Severity.WARNING),
     (Role.OWNER, None): (Change.WITHDRAWN, Severity.WARNING),
     (Role.DETOUR, None): (Change.WITHDRAWN, Severity.WARNING),
 }

@@ -106,7 +106,7 @@ class Announcements:
             st.adapter = Announcer(st.ipr, settings, settings.frr_run_dir)
             st.dirty = True
 
-        want = announce.plan(config, settings, decision.rails)
+        want = announce.plan(config, settings, decision.rails, st.planned, now)
         if want != st.planned or st.dirty:
             result = await st.adapter.apply(config, want)
             st.writes += len(result.added) + len(result.removed)

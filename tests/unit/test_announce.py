@@ -93,6 +93,43 @@ def test_every_transition_key_is_reachable_and_only_those():
             if a is None and b is None or a is b is Role.OWNER:
                 continue
             assert (a, b) in announce.TRANSITIONS
+    # settling only follows a detour, and ends on its own rail, in a detour or nowhere
+    settling = {k for k in announce.TRANSITIONS if Role.SETTLING in k}
+    assert settling == {(Role.DETOUR, Role.SETTLING), (Role.SETTLING, Role.OWNER),
+                        (Role.SETTLING, Role.DETOUR), (Role.SETTLING, None)}
+
+
+def test_a_detour_settles_with_no_export_over_its_rail_before_going_home():
+    """Own rail trusted again: the address stays on the detour rail's session
+    (the settling metric, which FRR sends with NO_EXPORT) for settle_s, then
+    goes home; a new failure while settling detours it again at once."""
+    cfg = rails_config(3)
+    settings = replace(ON, settle_s=1.0)
+    healthy = ports(cfg)
+    failed = ports(cfg, eth0=port("eth0", Verdict.DOWN))
+
+    def at(states, previous, now):
+        return announce.plan(cfg, settings, policy.decide(cfg, states).rails, previous, now)
+
+    detoured = at(failed, {}, 10.0)
+    back = at(healthy, detoured, 20.0)
+    a = back["198.18.0.1"]
+    assert (a.via, a.role, a.metric, a.until) == ("rail1", Role.SETTLING, 1000 + 3 + 1, 21.0)
+    assert announce.settle_metric_of(cfg, settings, "rail1") == 1004
+    (t,) = announce.transitions(detoured, back)
+    assert t.change is Change.SETTLING and t.severity is Severity.INFO
+    assert at(healthy, back, 20.9) == back  # still settling, same deadline
+    home = at(healthy, back, 21.0)
+    assert where(home)["198.18.0.1"] == ("rail0", "owner", 1000)
+    (t,) = announce.transitions(back, home)
+    assert t.change is Change.RESTORED
+    again = at(failed, back, 20.5)
+    assert where(again)["198.18.0.1"] == ("rail1", "detour", 1001)
+    assert announce.transitions(back, again)[0].change is Change.DETOURED
+    # no previous plan (a restart) or settle_s = 0: straight home
+    assert where(at(healthy, {}, 20.0))["198.18.0.1"] == ("rail0", "owner", 1000)
+    assert announce.plan(cfg, replace(settings, settle_s=0.0), policy.decide(cfg, healthy).rails,
+                         detoured, 20.0)["198.18.0.1"].role is Role.OWNER
 
 
 def _sample(port_name, carrier, downs):

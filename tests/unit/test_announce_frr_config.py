@@ -55,12 +55,16 @@ def test_snippet_has_a_session_and_route_map_per_rail():
     assert " neighbor 198.18.1.1 route-map lp-out-rail1 out" in text
     rail1 = text[text.index("route-map lp-out-rail1 permit 10"):]
     rail1 = rail1[:rail1.index("!")]
-    # own address over its own rail with owner_med; any rail address (a detour) with MED 0
+    # own address over its own rail with owner_med; any rail address (a detour) with MED 0;
+    # a settling one (metric base + 2 rails + position 1) with MED 0 and NO_EXPORT
     assert rail1.splitlines() == [
         "route-map lp-out-rail1 permit 10", " match ip address prefix-list lp-own-rail1",
         " match metric 1001", " set metric 50",
         "route-map lp-out-rail1 permit 20", " match ip address prefix-list lp-announce",
-        " match metric 1001", " set metric 0", "route-map lp-out-rail1 deny 100"]
+        " match metric 1001", " set metric 0",
+        "route-map lp-out-rail1 permit 30", " match ip address prefix-list lp-announce",
+        " match metric 1003", " set metric 0", " set community no-export",
+        "route-map lp-out-rail1 deny 100"]
     assert "permit 198.18.9" not in text
 
 

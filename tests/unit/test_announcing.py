@@ -90,7 +90,13 @@ def test_changes_are_events_and_frr_state_is_a_problem_then_clears(daemon):
     fake.frr = FrrState()
     step(daemon, 20.0)
     assert {e.field("frr") for e in daemon.events if e.field("frr")} == {"ok"}
-    assert [e.field("change") for e in daemon.events if e.field("change")] == ["restored"]
+    # trusted again: first settling over the detour's session, then home after settle_s
+    assert [e.field("change") for e in daemon.events if e.field("change")] == ["settling"]
+    assert fake.applied[-1]["198.18.0.1"].via == "rail1"
+    step(daemon, 20.0 + daemon.config.announce.settle_s)
+    assert [e.field("change") for e in daemon.events if e.field("change")] == \
+        ["settling", "restored"]
+    assert fake.applied[-1]["198.18.0.1"].via == "rail0"
     assert daemon.step.problems() == []
 
     m = Metrics(lambda: None)

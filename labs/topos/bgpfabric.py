@@ -1,0 +1,153 @@
+"""The ``bgp`` fabric as data: a leaf and spine switch that learns host routes
+over eBGP from the hosts, the way AI fabrics run BGP to the host.
+
+Every switch runs FRR bgpd (labs/frr.py), each in its own AS (leaf k
+``65200 + k``, spine s ``4200000000 + s``, hosts ``65000 + i``), with one
+single-hop eBGP session per cable:
+
+- **leaf <-> host port**: the host announces its rail addresses (/32s) over
+  it (FRR on the host, driven by linkpassd's ``[announce]``, docs/bgp.md).
+  The leaf accepts only /32s inside HOST_SPACE from a host and announces
+  nothing to it, so a host never learns fabric routes and never becomes a
+  transit. With the lab's ``bfd`` option the session is tracked by BFD
+  through a profile with those timers (the leaf's bfdd; the host's BFD
+  speaker is linkpassd's agent, so a blackholed port drops the session and
+  what was learnt over it).
+- **leaf <-> spine**: everything inside HOST_SPACE, both ways: the leaves'
+  connected host subnets (``redistribute connected``, the fabric's own
+  198.19.0.0/16 links stay out) and the host /32s they learnt.
+
+Every session has ``advertisement-interval 0`` (FRR 8.4's eBGP default is
+0 with ``frr defaults traditional`` too; set explicitly so the intent is
+written down) and ``timers connect 1`` (FRR's default retry is 120 s). ECMP:
+``maximum-paths`` with ``bgp bestpath as-path multipath-relax``, because the
+spines are in different ASes, so a leaf with several spines installs every
+equal path.
+
+So the fabric forwards a healthy rail address by its leaf's connected subnet
+(the owner's own /32 has its next hop inside it and bgpd holds it invalid),
+and a detoured address (announced by the host over another rail's session,
+next hop the other rail's address) by that /32: the owner's leaf sends it up
+to the spine, the spine to the other rail's leaf, which delivers it over the
+host's other port. Nothing in the switches is static beyond their addresses.
+
+Pure: nothing here runs a process. tests/netns/test_announce_fabric.py
+builds its own small fabric from the same ``Switch`` definition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from labs.frr import BfdProfile
+from labs.topos.plan import HOST_SPACE, FabricPlan, LabError, bfd_options
+
+HOST_ASN_BASE = 65000
+LEAF_ASN_BASE = 65200
+SPINE_ASN_BASE = 4_200_000_000  # RFC 6996 private 4-byte range: up to 256 spines
+CONNECT_RETRY_S = 1
+MAX_PATHS = 16
+
+
+def host_asn(index: int) -> int:
+    return HOST_ASN_BASE + index
+
+
+def leaf_asn(k: int) -> int:
+    return LEAF_ASN_BASE + k
+
+
+def spine_asn(s: int) -> int:
+    return SPINE_ASN_BASE + s
+
+
+@dataclass(frozen=True)
+class SwitchPeer:
+    """One eBGP session of a switch: toward `address`, sourced from `local`.
+    ``host``: the far end is a host port (accept its /32s, send it nothing);
+    otherwise another switch (pass on everything in the space). ``bfd``:
+    track the session with BFD through this profile."""
+
+    address: str
+    local: str
+    host: bool
+    bfd: BfdProfile | None = None
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str
+    asn: int
+    router_id: str
+    peers: tuple[SwitchPeer, ...]
+    space: str = HOST_SPACE  # what the switch learns and passes on
+
+    @property
+    def profiles(self) -> list[BfdProfile]:
+        return list(dict.fromkeys(p.bfd for p in self.peers if p.bfd is not None))
+
+
+def bgpd_config(switch: Switch) -> str:
+    """The switch's bgpd.conf. Policy is explicit on every session."""
+    out = ["frr defaults traditional", f"hostname {switch.name}", "!",
+           f"ip prefix-list lp-space seq 5 permit {switch.space} le 32",
+           f"ip prefix-list lp-host-routes seq 5 permit {switch.space} ge 32", "!",
+           "route-map lp-space permit 10", " match ip address prefix-list lp-space", "!",
+           "route-map lp-host-routes permit 10",
+           " match ip address prefix-list lp-host-routes", "!",
+           "route-map lp-deny deny 10", "!",
+           f"router bgp {switch.asn}", f" bgp router-id {switch.router_id}",
+           " bgp bestpath as-path multipath-relax"]
+    for p in switch.peers:
+        out += [f" neighbor {p.address} remote-as external",
+                f" neighbor {p.address} update-source {p.local}",
+                f" neighbor {p.address} timers connect {CONNECT_RETRY_S}",
+                f" neighbor {p.address} advertisement-interval 0"]
+        if p.bfd is not None:
+            out.append(f" neighbor {p.address} bfd profile {p.bfd.name}")
+    out += [" !", " address-family ipv4 unicast",
+            "  redistribute connected route-map lp-space",
+            f"  maximum-paths {MAX_PATHS}"]
+    for p in switch.peers:
+        out += [f"  neighbor {p.address} route-map "
+                f"{'lp-host-routes' if p.host else 'lp-space'} in",
+                f"  neighbor {p.address} route-map {'lp-deny' if p.host else 'lp-space'} out"]
+    out += [" exit-address-family", "!"]
+    return "\n".join(out) + "\n"
+
+
+def leaf_profile(bfd: dict | None) -> BfdProfile | None:
+    """The leaves' BFD profile from the lab's bfd option (None: no BFD)."""
+    bfd = bfd_options(bfd)
+    if bfd is None:
+        return None
+    ms = bfd["interval_ms"]
+    return BfdProfile(ms, ms, bfd["detect_mult"], passive=bfd["passive"])
+
+
+def leaf_switch(plan: FabricPlan, name: str, bfd: dict | None) -> Switch:
+    """Leaf `name`: a session per host port (BFD-tracked with the lab's
+    timers when ``bfd``) and one per spine."""
+    leaf = plan.leaf(name)
+    profile = leaf_profile(bfd)
+    ports = [plan.host_rail(i, leaf.rail) for i in leaf.hosts]
+    peers = [SwitchPeer(p.address, p.gateway, host=True, bfd=profile) for p in ports]
+    peers += [SwitchPeer(u.spine_address, u.leaf_address, host=False)
+              for u in plan.uplinks if u.leaf == leaf.name]
+    return Switch(leaf.name, leaf_asn(leaf.index), ports[0].gateway, tuple(peers))
+
+
+def spine_switch(plan: FabricPlan, name: str) -> Switch:
+    """Spine `name`: a session per leaf."""
+    if name not in plan.spine_names:
+        raise LabError(f"no spine {name!r} in this lab (spines: {', '.join(plan.spine_names)})")
+    ups = [u for u in plan.uplinks if u.spine == name]
+    peers = tuple(SwitchPeer(u.leaf_address, u.spine_address, host=False) for u in ups)
+    return Switch(name, spine_asn(ups[0].spine_index), ups[0].spine_address, peers)
+
+
+def switches(plan: FabricPlan, bfd: dict | None) -> dict[str, Switch]:
+    """Every leaf and spine of the plan, by node name."""
+    out = {leaf: leaf_switch(plan, leaf, bfd) for leaf in plan.leaf_names}
+    out.update({spine: spine_switch(plan, spine) for spine in plan.spine_names})
+    return out
