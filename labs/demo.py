@@ -2,11 +2,16 @@
 
 Builds the dualrail lab three times, once per host-routing mechanism: static
 per-rail routes (no failover), the kernel alone (linkdown-aware routes, no
-daemon) and linkpassd. In each it sends two RoCEv2 flows from lph1 to lph2
-(kernel-path and qp-pinned) and one back from lph2 to lph1's address on the
-faulted rail (kernel-path-reverse, see labs/scenario.py), pulls a cable and
-then blackholes the same link silently, and prints the blackout each flow saw.
-With linkpassd the leaves run FRR bfdd and each host rail a BFD session.
+daemon) and linkpassd. The fabric is the bgp one (labs/topos/bgpfabric.py):
+both leaves and the spine run FRR bgpd and learn host routes from the hosts.
+In each it sends two RoCEv2 flows from lph1 to lph2 (out: kernel-path and
+qp-pinned) and one back from lph2 to lph1's address on the faulted rail (in:
+kernel-path-reverse, see labs/scenario.py), pulls a cable and then
+blackholes the same link silently, and prints the blackout each flow saw.
+With linkpassd each host also runs FRR (zebra + bgpd) announcing its rail
+addresses as linkpassd decides ([announce], docs/bgp.md), and each host rail
+a BFD session with its leaf (the leaf's BFD tracks its BGP session with
+that host port).
 With linkpassd it also prints `linkpassctl status` on lph1 before, during and
 after the cable pull, what `linkpassctl nccl-env` would give a launcher before
 and during it, and at the end `linkpassctl events`: every decision linkpassd
@@ -33,6 +38,8 @@ from labs.scenario import FLOWS, MECHANISMS, REVERSE, ScenarioLab, TrialResult
 
 DEMO_FAULTS = ("cable-pull", "silent-blackhole")
 COLUMN = {"none": "no failover", "kernel": "kernel alone", "linkpassd": "linkpassd"}
+DIRECTION = {"kernel-path": "out lph1 -> lph2", "qp-pinned": "out lph1 -> lph2",
+             REVERSE: "in  lph2 -> lph1"}
 RESULTS = Path(__file__).parent / "bench" / "results"
 
 
@@ -47,10 +54,11 @@ def cell(trial: TrialResult, mode: str) -> str:
 
 def table(results: dict[tuple[str, str], TrialResult], fault_s: float) -> str:
     mechs = [m for m in MECHANISMS if any(k[0] == m for k in results)]
-    lines = [f"{'fault':<18}{'flow':<21}" + "".join(f"{COLUMN[m]:>24}" for m in mechs)]
+    lines = [f"{'fault':<18}{'flow':<21}{'direction':<17}"
+             + "".join(f"{COLUMN[m]:>24}" for m in mechs)]
     for fault in DEMO_FAULTS:
         for mode in FLOWS:
-            row = f"{fault:<18}{mode:<21}"
+            row = f"{fault:<18}{mode:<21}{DIRECTION[mode]:<17}"
             for mech in mechs:
                 trial = results.get((mech, fault))
                 row += f"{cell(trial, mode) if trial else '-':>24}"
@@ -95,14 +103,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--fault-seconds must be between 0.5 and 10")
 
     started = time.monotonic()
-    print("linkpass demo: dualrail lab, 2 GPU hosts x 2 rails, a leaf per rail, one spine")
+    print("linkpass demo: dualrail lab, 2 GPU hosts x 2 rails, a leaf per rail, one spine;")
+    print("the leaves and the spine run FRR bgpd (eBGP, each its own AS) and learn host routes")
     print("three RoCEv2 flows at 1000 packets/s each, two lph1 -> lph2:")
     print("  kernel-path  routed per packet (Soft-RoCE, TCP): moves when a route moves")
     print("  qp-pinned    port and next hop fixed at connect (hardware QP): moves only when it")
     print("               reconnects after 3 ACK timeouts of 50 ms and re-resolves its route")
     print("and one back, lph2 -> lph1's address on the faulted rail:")
-    print("  kernel-path-reverse  linkpassd on lph1 moves only lph1's outgoing traffic: this")
-    print("               one arrives over the broken link until the fabric routes around it")
+    print("  kernel-path-reverse  arrives over the broken link until the fabric routes lph1's")
+    print("               address through another rail: with linkpassd, lph1's FRR announces")
+    print("               it over rail 1's BGP session as soon as linkpassd distrusts rail 0")
     print(f"faults on the rail lph1's QP uses, {args.fault_seconds:g} s each: "
           + ", then ".join(DEMO_FAULTS) + "\n", flush=True)
 
@@ -154,10 +164,13 @@ def main(argv: list[str] | None = None) -> int:
     print("DOWN once a silence outlasts the 30 ms tolerance) and runs BFD with each leaf")
     print("(FRR bfdd, 100 ms x 3),")
     print("and moves the rail's traffic as soon as either says the path is dead.")
-    print(f"It moves lph1's outgoing traffic only: {REVERSE}, addressed to lph1's")
-    print("faulted rail, keeps arriving over the broken link until the fault clears,")
-    print("because nothing tells the fabric to route that address through another rail")
-    print("(on a cable pull the lab's leaf sees the carrier loss and detours it).")
+    print(f"Both directions: {REVERSE} (in) recovers because linkpassd also moves")
+    print("lph1's announcement of its faulted rail's address to rail 1's BGP session; the")
+    print("fabric learns it (leaf 1, then the spine, then leaf 0: FRR 8.4's bgpd holds each")
+    print("update ~50 ms before it processes it) and routes the address over lph1's rail-1")
+    print("port. Without linkpassd nothing announces it, so that flow stays dark for the")
+    print("whole fault, on a cable pull too: the leaf loses its connected route and the")
+    print("fabric has no other way to the address.")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / "demo.json"
     out.write_text(json.dumps([t.as_dict() for t in results.values()], indent=2))

@@ -17,7 +17,8 @@ single-hop eBGP session per cable:
   connected host subnets (``redistribute connected``, the fabric's own
   198.19.0.0/16 links stay out) and the host /32s they learnt.
 
-Every session has ``advertisement-interval 0`` (FRR 8.4's eBGP default is
+Every switch's zebra runs with ``zebra work-queue 0`` (ZEBRA_CONF). Every
+session has ``advertisement-interval 0`` (FRR 8.4's eBGP default is
 0 with ``frr defaults traditional`` too; set explicitly so the intent is
 written down) and ``timers connect 1`` (FRR's default retry is 120 s). ECMP:
 ``maximum-paths`` with ``bgp bestpath as-path multipath-relax``, because the
@@ -47,6 +48,10 @@ LEAF_ASN_BASE = 65200
 SPINE_ASN_BASE = 4_200_000_000  # RFC 6996 private 4-byte range: up to 256 spines
 CONNECT_RETRY_S = 1
 MAX_PATHS = 16
+# zebra's route-processing hold (FRR 8.4 default 10 ms): 0, so a switch
+# installs what bgpd hands it at once. bgpd's own hold (50 ms per bgpd on the
+# way, bgp_process_queue_init) has no knob in 8.4.
+ZEBRA_CONF = "zebra work-queue 0\n"
 
 
 def host_asn(index: int) -> int:

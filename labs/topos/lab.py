@@ -352,7 +352,7 @@ class Lab:
 
         for name, switch in bgpfabric.switches(self.plan, self.bfd).items():
             self._frr[name] = FrrBfd(None, [], runner=mnexec_attach(self.pid(name)),
-                                     profiles=switch.profiles,
+                                     profiles=switch.profiles, zebra_conf=bgpfabric.ZEBRA_CONF,
                                      bgpd_conf=bgpfabric.bgpd_config(switch),
                                      bfdd=bool(switch.profiles))
         if self.mechanism == "linkpassd":

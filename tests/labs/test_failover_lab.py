@@ -10,9 +10,12 @@ pins down what happens today: traffic is lost for the fault's length, linkpassd
 does not fail over on it, and traffic returns when the fault clears.
 
 Each trial also measures the other direction: a kernel-path flow from lph2
-into lph1's address on the faulted rail. linkpassd moves lph1's outgoing
-traffic only, so on a silent blackhole that flow stays dark for the whole
-fault and returns only when it clears; pinned here so the number stays honest.
+into lph1's address on the faulted rail. The lab is the bgp fabric (leaves
+and spine learn host routes, labs/topos/bgpfabric.py): with linkpassd, lph1
+announces that address through rail 1 once it distrusts rail 0, so on a
+silent blackhole that flow comes back during the fault
+(tests/labs/test_bgp_fabric_lab.py looks at the fabric's side); the kernel
+alone announces nothing, so it stays dark until the fault clears.
 """
 
 from __future__ import annotations
@@ -111,12 +114,12 @@ def test_fault_class(scenario, fault):
         if linkpassd and fault not in CARRIER_FAULTS:
             assert "(backup)" in rail_line(trial.status_during, trial.rail), why(scenario, trial)
         if linkpassd and fault == "silent-blackhole":
-            # The other direction is not moved: lph2's packets to lph1's
-            # faulted-rail address cross the broken link until it is mended.
+            # The other direction too: lph1 announces the faulted rail's
+            # address through rail 1, and the fabric routes lph2's packets
+            # there, long before the fault clears (generous: ~0.2 s here).
             dark = trial.flows[REVERSE].receiver["blackout"]
-            assert dark["start_t"] < trial.injected_at + 0.05, (dark, trial.injected_at)
-            assert dark["end_t"] > trial.cleared_at, (dark, trial.cleared_at)
-            assert trial.flows[REVERSE].blackout_s > 0.95 * FAULT_S
+            assert dark["end_t"] < trial.cleared_at, (dark, trial.cleared_at, why(scenario, trial))
+            assert trial.flows[REVERSE].blackout_s < KERNEL_PATH_BOUND_S, why(scenario, trial)
     elif fault in DATA_PLANE_LOSS:
         # Link up, traffic dead, and nothing the host can do about it: without
         # linkpassd nothing sees it; a miswire breaks both of the host's rails.
