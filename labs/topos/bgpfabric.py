@@ -17,7 +17,10 @@ single-hop eBGP session per cable:
   connected host subnets (``redistribute connected``, the fabric's own
   198.19.0.0/16 links stay out) and the host /32s they learnt.
 
-Every switch's zebra runs with ``zebra work-queue 0`` (ZEBRA_CONF). Every
+Every switch's zebra (and with linkpassd every host's) runs with
+``zebra work-queue 0`` (ZEBRA_CONF): measured in the demo, it took the
+reverse flow's blackout on a silent blackhole from ~172 to ~160 ms with the
+switches alone. Every
 session has ``advertisement-interval 0`` (FRR 8.4's eBGP default is
 0 with ``frr defaults traditional`` too; set explicitly so the intent is
 written down) and ``timers connect 1`` (FRR's default retry is 120 s). ECMP:

@@ -346,7 +346,8 @@ class Lab:
         sessions with host ports are BFD-tracked), and with the ``linkpassd``
         mechanism zebra + bgpd on every host, configured from its linkpassd
         config as linkpassd.announce_frr prints it (no bfdd on a host: its
-        BFD speaker is linkpassd)."""
+        BFD speaker is linkpassd). Every zebra, the hosts' too, runs with
+        bgpfabric.ZEBRA_CONF (no route-processing hold)."""
         from linkpassd.announce_frr import bgpd_config, zebra_config
         from linkpassd.config import parse_config
 
@@ -361,7 +362,7 @@ class Lab:
                 bgpd = bgpd_config(cfg, connect_retry_s=bgpfabric.CONNECT_RETRY_S)
                 self._frr[host.name] = FrrBfd(
                     None, [], runner=mnexec_attach(self.pid(host.name)),
-                    zebra_conf=zebra_config(cfg), bfdd=False,
+                    zebra_conf=zebra_config(cfg) + bgpfabric.ZEBRA_CONF, bfdd=False,
                     bgpd_conf=f"frr defaults traditional\nhostname {host.name}\n!\n" + bgpd)
         self._start_all_frr()
 

@@ -260,7 +260,7 @@ class Metrics:
         self.announce_changes = counter(
             "linkpass_announce_changes_total", "Changes of where a rail address is announced "
             "([announce]), by the rail owning it and the change (announced, detoured, "
-            "detour_moved, restored, withdrawn).", ("rail", "change"))
+            "detour_moved, settling, restored, withdrawn).", ("rail", "change"))
         self.announce_frr_ok = Gauge(
             "linkpass_announce_frr_ok", "1 while FRR runs and imports the announcement table, "
             "0 while something is missing (the status's problems say what), by announcement "

@@ -1,14 +1,17 @@
 """[announce] in a rail-optimised fabric that learns host routes: one host
 (lprail0 to leaf0, lprail1 to leaf1), two leaves in their own ASes and one
-spine, every switch an FRR bgpd passing host /32s on. No static detour.
+spine, every switch an FRR bgpd passing host /32s on, configured as the
+lab's bgp fabric configures its switches (labs/topos/bgpfabric.py). No
+static detour.
 
 Shows: healthy, the fabric reaches 198.18.0.2 by leaf0's connected subnet
 (the own-rail /32 is invalid on leaf0: its next hop is inside it); when
 linkpassd distrusts rail0 (gray: the sessions stay up),
 leaf0 itself, the owner rail's leaf, forwards 198.18.0.2 up to the spine and
 the spine down to leaf1, which delivers it over the host's rail1 port; back
-when rail0 is trusted again. This is what the lab's static detour stands in
-for (labs/topos/plan.py, FabricPlan.detour), driven here by the host.
+when rail0 is trusted again. The lab's bgp fabric (labs/demo.py) is this at
+the dualrail's size; the static lab's detour (FabricPlan.detour) only stood
+in for it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import pytest
 
 from labs.frr import FrrBfd
 from labs.netnslib import run, wait_for_sync
+from labs.topos import bgpfabric
 from linkpassd.adapters.announce import Announcer
 from linkpassd.announce_frr import bgpd_config, zebra_config
 from linkpassd.config import parse_config
@@ -34,23 +38,14 @@ HOST_ASN, LEAF_ASN, SPINE_ASN = 65101, 65200, 65300
 TIMEOUT_S = 20.0
 
 
-def switch_bgpd(name: str, asn: int, router_id: str, neighbors: list[tuple[str, str]]) -> str:
-    """A switch that announces its connected subnets and accepts and passes
-    on host routes (anything in 198.18.0.0/16) with every neighbour
-    (address, source address)."""
-    out = ["frr defaults traditional", f"hostname {name}", "!",
-           "ip prefix-list lp-hosts seq 5 permit 198.18.0.0/16 le 32", "!",
-           "route-map lp-hosts permit 10", " match ip address prefix-list lp-hosts", "!",
-           f"router bgp {asn}", f" bgp router-id {router_id}"]
-    for addr, local in neighbors:
-        out += [f" neighbor {addr} remote-as external", f" neighbor {addr} update-source {local}",
-                f" neighbor {addr} timers connect 1", f" neighbor {addr} advertisement-interval 0"]
-    out += [" !", " address-family ipv4 unicast", "  redistribute connected route-map lp-hosts"]
-    for addr, _ in neighbors:
-        out += [f"  neighbor {addr} route-map lp-hosts in",
-                f"  neighbor {addr} route-map lp-hosts out"]
-    out += [" exit-address-family", "!"]
-    return "\n".join(out) + "\n"
+def switch_bgpd(name: str, asn: int, router_id: str, neighbors: list[tuple[str, str, bool]]) -> str:
+    """A switch of the lab's bgp fabric (labs/topos/bgpfabric.py): announces
+    its connected subnets and passes on host routes (anything in
+    198.18.0.0/16) with every neighbour (address, source address, whether it
+    is a host port: a host's /32s are accepted, nothing is sent to it)."""
+    return bgpfabric.bgpd_config(bgpfabric.Switch(
+        name, asn, router_id,
+        tuple(bgpfabric.SwitchPeer(addr, local, host=host) for addr, local, host in neighbors)))
 
 
 def bgp_gateways(ns, address: str) -> list[str]:
@@ -102,13 +97,13 @@ def test_owner_leaf_reaches_a_detoured_address_through_the_spine(netns_factory):
                        + bgpd_config(cfg)),
         "leaf0": FrrBfd(leaf0.name, [], bgpd_conf=switch_bgpd(
             "lp-leaf0", LEAF_ASN, "198.18.0.1",
-            [(a0, "198.18.0.1"), ("198.18.100.1", "198.18.100.0")])),
+            [(a0, "198.18.0.1", True), ("198.18.100.1", "198.18.100.0", False)])),
         "leaf1": FrrBfd(leaf1.name, [], bgpd_conf=switch_bgpd(
             "lp-leaf1", LEAF_ASN + 1, "198.18.1.1",
-            [(a1, "198.18.1.1"), ("198.18.100.3", "198.18.100.2")])),
+            [(a1, "198.18.1.1", True), ("198.18.100.3", "198.18.100.2", False)])),
         "spine": FrrBfd(spine.name, [], bgpd_conf=switch_bgpd(
             "lp-spine", SPINE_ASN, "198.18.100.1",
-            [("198.18.100.0", "198.18.100.1"), ("198.18.100.2", "198.18.100.3")])),
+            [("198.18.100.0", "198.18.100.1", False), ("198.18.100.2", "198.18.100.3", False)])),
     }
     report: dict = {}
     try:
@@ -120,10 +115,11 @@ def test_owner_leaf_reaches_a_detoured_address_through_the_spine(netns_factory):
             wait(lambda frr=frr: set(frr.bgp_states().values()) == {"Established"},
                  f"{name}'s sessions up", 40.0)
 
-        def decide(**verdicts):
+        def decide(previous=None, now=0.0, **verdicts):
             states = {r.port: PortState(r.port, verdicts.get(r.port, Verdict.UP), True, "x", 0.0)
                       for r in cfg.rails}
-            return announce.plan(cfg, cfg.announce, policy.decide(cfg, states).rails)
+            return announce.plan(cfg, cfg.announce, policy.decide(cfg, states).rails,
+                                 previous, now)
 
         async def write(plan):
             ipr = host.iproute()
@@ -142,7 +138,8 @@ def test_owner_leaf_reaches_a_detoured_address_through_the_spine(netns_factory):
         assert _path(frrs["leaf0"], a0)["valid"] is False  # held, not used
 
         t = time.monotonic()
-        run(write(decide(lprail0=Verdict.DEGRADED)), timeout=30)
+        detoured = decide(lprail0=Verdict.DEGRADED)
+        run(write(detoured), timeout=30)
         wait(lambda: bgp_gateways(leaf0, a0) == ["198.18.100.1"]
              and bgp_gateways(spine, a0) == ["198.18.100.2"]
              and bgp_gateways(leaf1, a0) == [a1], "rail0's address through the spine to leaf1")
@@ -151,10 +148,25 @@ def test_owner_leaf_reaches_a_detoured_address_through_the_spine(netns_factory):
         assert (route.get("gateway"), route.get("dev")) == ("198.18.100.1", "lpup0")
         assert all(set(f.bgp_states().values()) == {"Established"} for f in frrs.values())
 
+        # Trusted again: settling first. The address stays on rail1's session
+        # with NO_EXPORT: leaf1 keeps delivering it over rail1 while the spine
+        # and leaf0 forget the detour, so no hop ever loops it back.
         t = time.monotonic()
-        run(write(decide()), timeout=30)
-        wait(lambda: bgp_gateways(leaf0, a0) == [] and bgp_gateways(spine, a0) == [],
-             "back on rail0")
+        settling = decide(detoured, now=100.0)
+        assert settling[a0].role is announce.Role.SETTLING and settling[a0].via == "rail1"
+        run(write(settling), timeout=30)
+        wait(lambda: bgp_gateways(leaf0, a0) == [] and bgp_gateways(spine, a0) == []
+             and bgp_gateways(leaf1, a0) == [a1], "settling: only leaf1 keeps the detour")
+        report["settled_s"] = round(time.monotonic() - t, 3)
+        route = leaf0.ipj("route", "get", a0)[0]
+        assert route.get("dev") == "lpleaf0" and "gateway" not in route
+
+        t = time.monotonic()
+        home = decide(settling, now=100.0 + cfg.announce.settle_s)
+        assert home[a0].role is announce.Role.OWNER
+        run(write(home), timeout=30)
+        wait(lambda: bgp_gateways(leaf0, a0) == [] and bgp_gateways(spine, a0) == []
+             and bgp_gateways(leaf1, a0) == [], "back on rail0")
         report["back_s"] = round(time.monotonic() - t, 3)
         route = leaf0.ipj("route", "get", a0)[0]
         assert route.get("dev") == "lpleaf0" and "gateway" not in route
