@@ -12,12 +12,13 @@ from lph1 (the host whose link is faulted) to lph2:
 and one the other way, into the faulted host:
 
   kernel-path-reverse  kernel-path from lph2's address on the same rail to
-               lph1's address on the faulty rail. linkpassd moves a rail's
-               *outgoing* traffic only: this flow keeps arriving over the
+               lph1's address on the faulty rail. It keeps arriving over the
                broken link until the fabric learns another way to lph1's
-               address (the lab's leaves react to carrier only; nothing
-               announces a host route on a gray failure), so it measures what
-               is not fixed (DESIGN.md, "Both directions of a gray failure").
+               address: the lab is the bgp fabric (labs/topos/bgpfabric.py),
+               and with linkpassd lph1's FRR announces the address through a
+               healthy rail once linkpassd distrusts the faulted one
+               (docs/bgp.md); without linkpassd nothing announces it
+               (DESIGN.md, "Both directions of a gray failure").
 
 The fault is put on the rail that the QP-pinned flow's connect-time route
 lookup chose, so every flow crosses it whatever the multipath hash picked. The

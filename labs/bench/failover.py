@@ -4,7 +4,8 @@ Mechanisms: no failover (static per-rail routes), the kernel alone
 (linkdown-aware routes, no daemon) and linkpassd. Each trial (labs/scenario.py)
 sends a kernel-path and a qp-pinned RoCEv2 flow out of the faulted host and a
 kernel-path flow back into it (kernel-path-reverse, addressed to its faulted
-rail: what host routing cannot move) through the dualrail lab and injects one
+rail: what only the fabric can move, with linkpassd's announcements) through
+the dualrail lab on the bgp fabric (labs/topos/bgpfabric.py) and injects one
 fault on the rail they use. Every cell is repeated --trials times
 (at least 5); the summary is the median with min and max, and the ratio of each
 mechanism's median to no-failover's. Writes JSON and a PNG bar chart.
