@@ -12,8 +12,8 @@ table, derived from linkpassd's config.
   with MED ``owner_med``, another rail's address (a detour) with MED 0, so a
   detour wins over a usable own-rail announcement that a broken session could
   not withdraw, and a settling one (an address on its way back from a detour
-  over that rail) with MED 0 and NO_EXPORT, so the leaf keeps it and passes
-  it on to nobody.
+  over that rail) with MED 0 and ``settle_community`` (NO_EXPORT by default:
+  the leaf keeps it and passes it on to nobody).
   Everything else is denied.
 
 ``python -m linkpassd.announce_frr /etc/linkpass/linkpassd.toml`` prints it.
@@ -74,7 +74,7 @@ def bgpd_config(config: Config, *, router_id: str | None = None,
                 " match ip address prefix-list lp-announce",
                 f" match metric {settle_metric_of(config, a, r.name)}",
                 " set metric 0",
-                " set community no-export",
+                f" set community {a.settle_community}",
                 f"route-map {name} deny 100", "!"]
     out += [f"router bgp {a.local_asn}"]
     out += [f" bgp router-id {router_id or config.rails[0].address}"]

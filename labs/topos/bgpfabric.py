@@ -17,6 +17,12 @@ single-hop eBGP session per cable:
   connected host subnets (``redistribute connected``, the fabric's own
   198.19.0.0/16 links stay out) and the host /32s they learnt.
 
+A spine holds back from the leaves any route with the community
+SETTLE_COMMUNITY: what a host's linkpassd sets on a *settling* announcement
+(an address on its way home from a detour, docs/bgp.md). So while it settles,
+the spine keeps delivering the address through the detour's leaf and the
+owner's leaf drops its detour route first: nothing loops between them.
+
 Every switch's zebra (and with linkpassd every host's) runs with
 ``zebra work-queue 0`` (ZEBRA_CONF): measured in the demo, it took the
 reverse flow's blackout on a silent blackhole from ~172 to ~160 ms with the
@@ -55,6 +61,9 @@ MAX_PATHS = 16
 # installs what bgpd hands it at once. bgpd's own hold (50 ms per bgpd on the
 # way, bgp_process_queue_init) has no knob in 8.4.
 ZEBRA_CONF = "zebra work-queue 0\n"
+# What a host's linkpassd sets on a settling announcement ([announce]
+# settle_community), and what the spines hold back from the leaves.
+SETTLE_COMMUNITY = "64512:1"
 
 
 def host_asn(index: int) -> int:
@@ -89,6 +98,7 @@ class Switch:
     router_id: str
     peers: tuple[SwitchPeer, ...]
     space: str = HOST_SPACE  # what the switch learns and passes on
+    spine: bool = False  # holds settling routes back from its peers
 
     @property
     def profiles(self) -> list[BfdProfile]:
@@ -104,6 +114,9 @@ def bgpd_config(switch: Switch) -> str:
            "route-map lp-host-routes permit 10",
            " match ip address prefix-list lp-host-routes", "!",
            "route-map lp-deny deny 10", "!",
+           f"bgp community-list standard lp-settling seq 5 permit {SETTLE_COMMUNITY}", "!",
+           "route-map lp-to-leaf deny 5", " match community lp-settling",
+           "route-map lp-to-leaf permit 10", " match ip address prefix-list lp-space", "!",
            f"router bgp {switch.asn}", f" bgp router-id {switch.router_id}",
            " bgp bestpath as-path multipath-relax"]
     for p in switch.peers:
@@ -117,9 +130,10 @@ def bgpd_config(switch: Switch) -> str:
             "  redistribute connected route-map lp-space",
             f"  maximum-paths {MAX_PATHS}"]
     for p in switch.peers:
+        export = "lp-deny" if p.host else ("lp-to-leaf" if switch.spine else "lp-space")
         out += [f"  neighbor {p.address} route-map "
                 f"{'lp-host-routes' if p.host else 'lp-space'} in",
-                f"  neighbor {p.address} route-map {'lp-deny' if p.host else 'lp-space'} out"]
+                f"  neighbor {p.address} route-map {export} out"]
     out += [" exit-address-family", "!"]
     return "\n".join(out) + "\n"
 
@@ -151,7 +165,7 @@ def spine_switch(plan: FabricPlan, name: str) -> Switch:
         raise LabError(f"no spine {name!r} in this lab (spines: {', '.join(plan.spine_names)})")
     ups = [u for u in plan.uplinks if u.spine == name]
     peers = tuple(SwitchPeer(u.leaf_address, u.spine_address, host=False) for u in ups)
-    return Switch(name, spine_asn(ups[0].spine_index), ups[0].spine_address, peers)
+    return Switch(name, spine_asn(ups[0].spine_index), ups[0].spine_address, peers, spine=True)
 
 
 def switches(plan: FabricPlan, bfd: dict | None) -> dict[str, Switch]:

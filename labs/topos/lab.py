@@ -827,7 +827,8 @@ class Lab:
         where its FRR keeps its pid files (once that FRR exists)."""
         if self.plan.fabric != "bgp" or self.mechanism != "linkpassd":
             return None
-        out: dict = {"local_asn": bgpfabric.host_asn(host.index)}
+        out: dict = {"local_asn": bgpfabric.host_asn(host.index),
+                     "settle_community": bgpfabric.SETTLE_COMMUNITY}
         frr = self._frr.get(host.name)
         if frr is not None and frr.dir is not None:
             out["frr_run_dir"] = str(frr.run_dir)

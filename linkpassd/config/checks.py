@@ -434,6 +434,23 @@ def _abs_path(max_bytes: int | None = None) -> _Check:
     return _Check("absolute path" + (f", ≤ {max_bytes} bytes" if max_bytes else ""), run)
 
 
+_WELL_KNOWN_COMMUNITIES = ("no-export", "no-advertise", "local-AS")
+
+
+def _bgp_community() -> _Check:
+    """A standard BGP community as FRR writes it: ``AA:NN`` (each 0..65535)
+    or one of the well-known names."""
+    def run(value: str) -> None:
+        if value in _WELL_KNOWN_COMMUNITIES:
+            return
+        parts = value.split(":")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) <= 65535 for p in parts):
+            raise _Invalid(f"{_show(value)} is not a BGP community (AA:NN, each 0..65535, or "
+                           + ", ".join(_WELL_KNOWN_COMMUNITIES) + ")")
+
+    return _Check("AA:NN or " + ", ".join(_WELL_KNOWN_COMMUNITIES), run)
+
+
 def _empty_or(check: _Check) -> _Check:
     """`check`, or the empty string (not set)."""
     def run(value: str) -> None:

@@ -30,6 +30,7 @@ from linkpassd.config.checks import (
     _abs_path,
     _at_least,
     _between,
+    _bgp_community,
     _Check,
     _each,
     _empty_or,
@@ -470,6 +471,13 @@ ANNOUNCE = Section(
                "forgets the detour, so the way back has no routing loop (docs/bgp.md). 0: "
                "straight back.",
                (_at_least(0),)),
+        Option("settle_community", STR, "no-export",
+               "The BGP community FRR sets on a settling announcement. `no-export`: the "
+               "detour's leaf keeps it and passes it on to nobody. A community the fabric's "
+               "spines hold back from the leaves (they keep the detour, the owner's leaf drops "
+               "it first) also avoids the loop between a spine and the owner's leaf "
+               "(docs/bgp.md; the lab's fabric does that with 64512:1).",
+               (_bgp_community(),)),
         Option("local_asn", INT, 0,
                "The host's AS number, for the printed FRR config only (0: not set).",
                (_int_range(0, U32_MAX),)),

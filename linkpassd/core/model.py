@@ -109,6 +109,7 @@ class AnnounceSettings:
     metric_base: int = 1000
     owner_med: int = 100
     settle_s: float = 1.0
+    settle_community: str = "no-export"
     local_asn: int = 0  # for the FRR snippet only; 0: not set
     peer_asn: int = 0
     frr_run_dir: str = "/var/run/frr"

@@ -38,14 +38,16 @@ HOST_ASN, LEAF_ASN, SPINE_ASN = 65101, 65200, 65300
 TIMEOUT_S = 20.0
 
 
-def switch_bgpd(name: str, asn: int, router_id: str, neighbors: list[tuple[str, str, bool]]) -> str:
+def switch_bgpd(name: str, asn: int, router_id: str, neighbors: list[tuple[str, str, bool]],
+                spine: bool = False) -> str:
     """A switch of the lab's bgp fabric (labs/topos/bgpfabric.py): announces
     its connected subnets and passes on host routes (anything in
     198.18.0.0/16) with every neighbour (address, source address, whether it
     is a host port: a host's /32s are accepted, nothing is sent to it)."""
     return bgpfabric.bgpd_config(bgpfabric.Switch(
         name, asn, router_id,
-        tuple(bgpfabric.SwitchPeer(addr, local, host=host) for addr, local, host in neighbors)))
+        tuple(bgpfabric.SwitchPeer(addr, local, host=host) for addr, local, host in neighbors),
+        spine=spine))
 
 
 def bgp_gateways(ns, address: str) -> list[str]:
@@ -87,6 +89,7 @@ def test_owner_leaf_reaches_a_detoured_address_through_the_spine(netns_factory):
     cfg = parse_config(
         '[daemon]\ncontrol_socket = "/tmp/lp-unused.sock"\n'
         f'[announce]\nenabled = true\nlocal_asn = {HOST_ASN}\n'
+        f'settle_community = "{bgpfabric.SETTLE_COMMUNITY}"\n'
         '[[rail]]\nname = "rail0"\nport = "lprail0"\naddress = "198.18.0.2/24"\n'
         'gateway = "198.18.0.1"\nbackups = ["rail1"]\n'
         '[[rail]]\nname = "rail1"\nport = "lprail1"\naddress = "198.18.1.2/24"\n'
@@ -103,7 +106,8 @@ def test_owner_leaf_reaches_a_detoured_address_through_the_spine(netns_factory):
             [(a1, "198.18.1.1", True), ("198.18.100.3", "198.18.100.2", False)])),
         "spine": FrrBfd(spine.name, [], bgpd_conf=switch_bgpd(
             "lp-spine", SPINE_ASN, "198.18.100.1",
-            [("198.18.100.0", "198.18.100.1", False), ("198.18.100.2", "198.18.100.3", False)])),
+            [("198.18.100.0", "198.18.100.1", False), ("198.18.100.2", "198.18.100.3", False)],
+            spine=True)),
     }
     report: dict = {}
     try:
@@ -149,14 +153,15 @@ def test_owner_leaf_reaches_a_detoured_address_through_the_spine(netns_factory):
         assert all(set(f.bgp_states().values()) == {"Established"} for f in frrs.values())
 
         # Trusted again: settling first. The address stays on rail1's session
-        # with NO_EXPORT: leaf1 keeps delivering it over rail1 while the spine
-        # and leaf0 forget the detour, so no hop ever loops it back.
+        # with the settling community, which the spine holds back from the
+        # leaves: leaf0 forgets the detour first, the spine and leaf1 keep
+        # delivering it over rail1 meanwhile, so no hop ever loops it back.
         t = time.monotonic()
         settling = decide(detoured, now=100.0)
         assert settling[a0].role is announce.Role.SETTLING and settling[a0].via == "rail1"
         run(write(settling), timeout=30)
-        wait(lambda: bgp_gateways(leaf0, a0) == [] and bgp_gateways(spine, a0) == []
-             and bgp_gateways(leaf1, a0) == [a1], "settling: only leaf1 keeps the detour")
+        wait(lambda: bgp_gateways(leaf0, a0) == [] and bgp_gateways(spine, a0) == ["198.18.100.2"]
+             and bgp_gateways(leaf1, a0) == [a1], "settling: leaf0 drops the detour first")
         report["settled_s"] = round(time.monotonic() - t, 3)
         route = leaf0.ipj("route", "get", a0)[0]
         assert route.get("dev") == "lpleaf0" and "gateway" not in route
