@@ -25,11 +25,11 @@ owner's leaf drops its detour route first: nothing loops between them.
 
 Every switch's zebra (and with linkpassd every host's) runs with
 ``zebra work-queue 0`` (ZEBRA_CONF): measured in the demo, it took the
-reverse flow's blackout on a silent blackhole from ~172 to ~160 ms with the
+reverse flow's blackout on a silent blackhole from 172 to 160 ms (one run each) with the
 switches alone. Every
-session has ``advertisement-interval 0`` (FRR 8.4's eBGP default is
-0 with ``frr defaults traditional`` too; set explicitly so the intent is
-written down) and ``timers connect 1`` (FRR's default retry is 120 s). ECMP:
+session has ``advertisement-interval 0`` (FRR 8.x's source defaults eBGP
+to 0 too, older FRR to 30 s; set explicitly so the intent is written down)
+and ``timers connect 1`` (FRR's default retry is 120 s). ECMP:
 ``maximum-paths`` with ``bgp bestpath as-path multipath-relax``, because the
 spines are in different ASes, so a leaf with several spines installs every
 equal path.
