@@ -42,6 +42,7 @@ from test_agg_store import (  # noqa: F401 - collected here, against PgStore
     held,
     rows,
     run,
+    test_a_failover_counts_as_absorbed_only_with_its_address_moved,
     test_a_restart_keeps_hosts_events_and_what_was_acked,
     test_any_interleaving_of_resent_batches_stores_each_event_once,
     test_concurrent_batches_from_eight_hosts_are_all_stored,
