@@ -104,7 +104,11 @@ class ResponderProcess:
         """Our clock's newest error bound reading, for the replies' one-way
         fields (core.oneway). Never blocks, as set_policy."""
         self.clock = reading
-        if self._proc is not None:
+        if self._proc is None:
+            return
+        if self._unsent:  # a child not reading: what waits stays bounded (the newest of each)
+            self._send(self._policy_lines(), replace=True)
+        else:
             self._send(self._clock_line(), replace=False)
 
     def _clock_line(self) -> bytes:
