@@ -6,12 +6,14 @@ rail, 2 spines; linkpassd in every host probing its mesh peers, lldpd in
 every switch, a lab aggregator). One fault at a time, injected with
 nftables (labs/faults):
 
-- one-way random loss at a leaf port (rules in the leaf), each way, and at
-  a host port, leaf to host (rules in the host; labs/faults/nft.py
-  HostPortLoss says why not host to leaf): the host's linkpassd names the
+- one-way random loss at a leaf port (rules in the leaf) and at a host
+  port (rules in the host), each way: the host's linkpassd names the
   direction in `linkpassctl explain` and in its echo_paths events (the
   responders' receipts), and `linkpassctl validate` gives one lossy_link
-  finding naming the direction and the transmitter to check first;
+  finding naming the direction and the transmitter to check first. At the
+  host port, host to leaf, the frames are diverted, not dropped: a drop in
+  the host's own egress hook is refused to the sending socket (ENOBUFS),
+  which a failing transmitter never does (labs/faults/nft.py HostPortLoss);
 - a silent blackhole (both ways, LLDP too) and a leaf-to-host-only fault:
   exactly one finding each, with consistent evidence (no "LLDP as
   planned", no separate LLDP finding, no "checks that did not run").
@@ -81,7 +83,7 @@ def echo_events(lab, host: str, port: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("where, direction", [("leaf", "host_to_leaf"), ("leaf", "leaf_to_host"),
-                                              ("host", "leaf_to_host")])
+                                              ("host", "host_to_leaf"), ("host", "leaf_to_host")])
 def test_one_way_loss_at_a_port_is_named_by_linkpassd_and_by_validate(dlab, where, direction):
     host = dlab.hosts[1]
     port = host.rail(0).port
