@@ -228,7 +228,10 @@ def wait_paths_clean(lab, hosts) -> None:
     """Until no path of `hosts` is in trouble (an earlier test's fault leaves
     degraded paths for a window's length while the rail is already UP)."""
     deadline = time.monotonic() + NAMED_S
-    while any(re.search(LAB_ADDRESS, line) for line in (lines := echo_lines(lab, hosts)).values()):
+    while True:
+        lines = echo_lines(lab, hosts)
+        if not any(re.search(LAB_ADDRESS, line) for line in lines.values()):
+            return
         if time.monotonic() > deadline:
             pytest.fail(f"paths still in trouble after {NAMED_S:g} s: {lines}")
         time.sleep(1.0)
