@@ -39,8 +39,7 @@ import pytest
 from validationlab import needs_lab, wait_healthy
 
 from labs import validation
-from labs.faults import HostPortLoss, OneWayLoss, RandomLoss, SilentBlackhole
-from labs.faults.blackhole import SpineLinkLoss
+from labs.faults import HostPortLoss, OneWayLoss, RandomLoss, SilentBlackhole, SpineLinkLoss
 from labs.validation import findings, summary
 from linkpassd.core.wire import ECHO_PORT
 
