@@ -205,11 +205,12 @@ def last_event(lab, host) -> int:
 
 def named_paths(lab, host, words: str, after: int) -> dict[str, str]:
     """{peer address: the path's words} for `host`'s rail-0 paths its echo_paths
-    events after `after` have named with `words` (a template on {peer})."""
+    events after `after` have named degraded with `words` (a template on
+    {peer}; a path that is not degraded names the way of any stray loss)."""
     named = {}
     for e in echo_events(lab, host.name, host.rail(0).port, after):
         for signal, detail in re.findall(r"probe:(\S+?)=('[^']*'|\"[^\"]*\")", e.get("fields", {}).get("paths", "")):
-            if words.format(peer=signal) in detail:
+            if re.match(r"['\"]loss \d+% over the last", detail) and words.format(peer=signal) in detail:
                 named[signal] = detail
     return named
 
