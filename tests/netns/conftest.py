@@ -42,9 +42,10 @@ def echo_daemon(lab, tmp_path):
     cfg = tmp_path / "linkpassd.toml"
     sock = str(tmp_path / "ctl.sock")
     with contextlib.ExitStack() as stack:
-        def start(interval_ms: int = 50) -> DaemonProcess:
+        def start(interval_ms: int = 50, clock: str | None = None) -> DaemonProcess:
             probes = (f"[probes]\nenabled = true\ninterval_ms = {interval_ms}\n"
-                      f'fabric_prefixes = ["{FABRIC}"]\n')
+                      f'fabric_prefixes = ["{FABRIC}"]\n'
+                      + (f'clock = "{clock}"\n' if clock is not None else ""))
             cfg.write_text(rail_config_toml(sock, str(tmp_path), lab.rails, rise=2,
                                             hold_down_s=1.0, extra=probes,
                                             probe_peers=[[ECHO_PEER], [ECHO_PEER]]))
