@@ -106,6 +106,12 @@ class Receipts:
         self.recent.extend([False] * min(replies, RECENT))
         return classed
 
+    def forget_direction(self) -> None:
+        """The losses classed so far no longer say which way the path loses
+        (it has been clean since): the next ones are judged on their own.
+        The totals stay."""
+        self.recent.clear()
+
     @property
     def round_trip_only(self) -> bool:
         """The responder answers without receipts (one from before them)."""

@@ -733,6 +733,10 @@ class Prober:
         self.counters.lost += lost
         if len(window) < cfg.loss_window:
             return
+        if self._window_lost == 0 and self.receipts.recent:
+            # A whole window without loss: what was lost before it says nothing
+            # about which way the next loss runs (an earlier fault, since repaired).
+            self.receipts.forget_direction()
         ratio = self._window_lost / len(window)
         if not self.degraded and ratio > cfg.max_loss_ratio:
             self.degraded, self.since = True, now
@@ -742,3 +746,4 @@ class Prober:
         elif self.degraded and ratio <= cfg.clear_loss_ratio:
             self.degraded, self.since = False, now
             self.reason = f"loss back to {ratio:.0%} (<= {cfg.clear_loss_ratio:.0%})"
+            self.receipts.forget_direction()  # that degradation's direction is history

@@ -15,7 +15,8 @@ only what earlier steps left unexplained, so one fault gives one finding):
    the pairs through it (a swapped cable also breaks its probes). No LLDP
    neighbour at all (*lldp*) is reported but explains nothing; when a
    blackhole or leaf finding covers its port it is part of that finding.
-2. Failing pairs (low-rate loss >= `fail_loss`: a blackhole, not loss):
+2. Failing pairs (loss >= `fail_loss` in every phase the pair ran, low
+   rate and burst: a blackhole, not loss; `_fails` says why both):
    - *leaf*: every pair that touches any host under a leaf fails (intra-
      and cross-leaf) while the rest of the rail works: the leaf drops all.
    - *blackhole*: every pair of one host port fails while its peers' other
@@ -42,7 +43,20 @@ only what earlier steps left unexplained, so one fault gives one finding):
      is a *spine_path*; with two leaves on a rail the two leaves' spine
      links cannot be told apart, and the confidence says so. Which spine
      is not known from the hosts: the switches' own counters tell.
-3. Random loss among working pairs (*lossy_link*): per host port, the lost
+3. Random loss among working pairs (*lossy_link*). First above the leaves:
+   a leaf whose cross-leaf pairs lose (at least `min_lost` probes, spread
+   over >= 2 hosts under it, >= 2 hosts beyond it and, with three or more
+   leaves, >= 2 other leaves) at `concentration` times the rate of the pairs
+   under it and of the rest of the rail: one of its spine links loses (only
+   the flows ECMP hashes onto it). Lossy host ports look different: the
+   loss sits on one host at each end, and the pairs under the leaf lose
+   too. With two leaves on a rail either leaf's spine links fit, and the
+   finding names the leaf pair. Which way from the receipts: a request
+   lost from a pair a host under the leaf sent went up (leaf to spine: the
+   leaf's transmitter first), one from a pair it answered came down (spine
+   to leaf: the spine's transmitter first), a reply the other way round.
+   Loss on the spine links of a leaf that a spine_path finding already
+   names is evidence in that finding. Then per host port, the lost
    probes of its pairs in the high-rate burst phase (the low-rate phase
    when there was no burst). Greedy: the port with the highest loss rate,
    if it lost at least `min_lost` probes, on at least two of its pairs, at
@@ -100,7 +114,7 @@ MAX_CONFIDENCE = 0.99
 
 @dataclass(frozen=True)
 class Thresholds:
-    fail_loss: float = 0.5  # low-rate loss at or above this: the pair fails (blackhole class)
+    fail_loss: float = 0.5  # loss at or above this in every phase: the pair fails (blackhole class)
     flow_probes: int = 8  # probes per flow before a silent flow counts (20 % random loss
     # silences a flow of 8 with odds 0.2^8 = 3e-6)
     min_lost: int = 3  # lost probes before a port can be lossy: one or two strays are noise
@@ -424,12 +438,21 @@ def _pair_table(plan: CablingPlan, ok: Mapping[str, HostValidation], explained: 
             if r.sent == 0 and r.burst_sent == 0:
                 incomplete[host].append(f"no probe sent to {r.peer_host} on {r.rail}")
                 continue
-            sent, received = (r.sent, r.received) if r.sent > 0 else (r.burst_sent, r.burst_received)
-            failed = (sent - min(received, sent)) >= thresholds.fail_loss * sent
+            failed = _fails(r, thresholds.fail_loss)
             pairs.append(_Pair(r.rail, host, r.peer_host, own.switch, peer.switch, r, failed,
                                (host, r.rail) in explained or (r.peer_host, r.rail) in explained,
                                thresholds.flow_probes))
     return pairs, incomplete
+
+
+def _fails(r: PairResult, fail_loss: float) -> bool:
+    """A pair fails (blackhole class) when every phase it ran lost at
+    least `fail_loss`. Not the low-rate phase alone: its few dozen probes
+    lose half by chance on a path that drops 30 % (2 % of pairs at 27
+    probes), and the burst's hundreds then show what the path does; not
+    the burst alone: a host that cannot keep up loses burst probes."""
+    phases = [(n, got) for n, got in ((r.sent, r.received), (r.burst_sent, r.burst_received)) if n > 0]
+    return bool(phases) and all(n - min(got, n) >= fail_loss * n for n, got in phases)
 
 
 def _loss_by_port(pairs: Sequence[_Pair]) -> dict[tuple[str, str], list[str]]:
@@ -473,7 +496,9 @@ class _RailStage:
             leaves[port.switch].append(host)
         out = self._leaves(leaves)
         out += self._ports(hosts, leaves)
-        out += self._above_leaves(leaves)
+        above = self._above_leaves(leaves)
+        lossy_uplinks = self._lossy_uplinks(leaves, above)
+        out += above + lossy_uplinks
         out += self._lossy(hosts)
         out += self._unexplained()
         return out
@@ -614,6 +639,114 @@ class _RailStage:
                                rail=self.rail, evidence=tuple(evidence), confidence=round(confidence, 3)))
         return out
 
+    def _lossy_uplinks(self, leaves: Mapping[str, list[str]], above: list[Finding]) -> list[Finding]:
+        """Random loss on the spine links of one leaf (greedy, module doc):
+        its cross-leaf pairs lose, spread over several hosts at each end,
+        while the pairs under it and the rest of the rail do not. Loss on
+        the spine links of a leaf that a spine_path finding in `above`
+        already names is part of that finding (its evidence; one fault, one
+        finding): flows too thin to count fail some pairs and thin others."""
+        out: list[Finding] = []
+        while True:
+            working = [p for p in self._open() if not p.failed]
+            suspects = []
+            for leaf in sorted(leaves):
+                suspect = self._lossy_uplink_suspect(leaf, leaves, working)
+                if suspect is not None:
+                    suspects.append(suspect)
+            if not suspects:
+                return out
+            rate, leaf, cross, rest = max(suspects, key=lambda s: (s[0], s[1]))
+            self.done.update(id(p) for p in cross)
+            named = next((i for i, f in enumerate(above) if leaf in f.ports), None)
+            if named is not None:
+                lost, n = sum(p.loss_lost for p in cross), sum(p.loss_n for p in cross)
+                line = (f"{len(cross)} more pairs from {leaf} to other leaves lost probes ({_pct(lost, n)}): "
+                        "their flows that crossed the fault")
+                above[named] = replace(above[named], evidence=above[named].evidence + (line,))
+                continue
+            out.append(self._lossy_uplink_finding(leaf, leaves, cross, rest))
+
+    def _lossy_uplink_suspect(self, leaf: str, leaves: Mapping[str, list[str]],
+                              working: Sequence[_Pair]) -> tuple[float, str, list[_Pair], list[_Pair]] | None:
+        under = set(leaves.get(leaf, ()))
+        cross = [p for p in working if p.cross_leaf and leaf in (p.leaf_a, p.leaf_b)]
+        lost, n = sum(p.loss_lost for p in cross), sum(p.loss_n for p in cross)
+        if not n or lost < self.th.min_lost:
+            return None
+        lossy = [p for p in cross if p.loss_lost > 0]
+        near = {h for p in lossy for h in (p.a, p.b) if h in under}
+        far = {h for p in lossy for h in (p.a, p.b) if h not in under}
+        far_leaves = {_far_leaf(p, leaf) for p in cross}
+        lossy_leaves = {_far_leaf(p, leaf) for p in lossy}
+        # One host port losing (here or beyond) puts all the loss on that one host.
+        if len(near) < 2 or len(far) < 2 or len(lossy_leaves) < min(2, len(far_leaves)):
+            return None
+        rest = [p for p in working if not (p.cross_leaf and leaf in (p.leaf_a, p.leaf_b))]
+        rest_lost, rest_n = sum(p.loss_lost for p in rest), sum(p.loss_n for p in rest)
+        intra = [p for p in rest if not p.cross_leaf and p.leaf_a == leaf]
+        intra_lost, intra_n = sum(p.loss_lost for p in intra), sum(p.loss_n for p in intra)
+        rate = lost / n
+        # Lossy host ports under the leaf would lose on the pairs under it too.
+        if rest_n and rate < self.th.concentration * rest_lost / rest_n:
+            return None
+        if intra_n and rate < self.th.concentration * intra_lost / intra_n:
+            return None
+        return rate, leaf, cross, rest
+
+    def _lossy_uplink_finding(self, leaf: str, leaves: Mapping[str, list[str]], cross: list[_Pair],
+                              rest: list[_Pair]) -> Finding:
+        lost, n = sum(p.loss_lost for p in cross), sum(p.loss_n for p in cross)
+        rest_lost, rest_n = sum(p.loss_lost for p in rest), sum(p.loss_n for p in rest)
+        intra = [p for p in rest if not p.cross_leaf and p.leaf_a == leaf]
+        far_leaves = sorted({_far_leaf(p, leaf) for p in cross})
+        if len(far_leaves) == 1 and far_leaves[0] < leaf:
+            # Two leaves only (either one's spine links): named in order, the direction from the first.
+            leaf, far_leaves = far_leaves[0], [leaf]
+            intra = [p for p in rest if not p.cross_leaf and p.leaf_a in (leaf, far_leaves[0])]
+        lossy_pairs = sum(p.loss_lost > 0 for p in cross)
+        phase = "burst phase" if all(p.result.burst_sent > 0 for p in cross) else "low-rate phase"
+        between = (f"between {leaf} and {far_leaves[0]}" if len(far_leaves) == 1 else
+                   f"from {leaf} to {len(far_leaves)} other leaves")
+        evidence = [f"{phase}: {_pct(lost, n)} over {len(cross)} pairs {between}, {lossy_pairs} of them "
+                    "with loss, hosts at both ends",
+                    f"pairs under {' and '.join([leaf, *far_leaves][:1 + (len(far_leaves) == 1)])}: "
+                    + (_pct(sum(p.loss_lost for p in intra), sum(p.loss_n for p in intra)) if intra else "none probed")
+                    + f"; the rest of {self.rail}: {_pct(rest_lost, rest_n)}: not a host port"]
+        background = rest_lost / rest_n if rest_n else 0.0
+        significance = _poisson_cdf(lost - 1, n * max(background, 1e-6))
+        confidence = (lost / (lost + rest_lost)) * significance * _strength(lossy_pairs)
+        ports: tuple[str, ...]
+        if len(far_leaves) == 1:
+            # Two leaves only: the loss is on a spine link of either.
+            (other,) = far_leaves
+            where = f"{leaf} <-> {other} ({self.rail}) through the spines"
+            ports, hosts = (leaf, other), tuple(sorted({*leaves.get(leaf, ()), *leaves.get(other, ())}))
+            confidence *= LEAF_PAIR_SPINE_FACTOR
+        else:
+            other = ""
+            where = f"{leaf} ({self.rail}): one of its spine links"
+            ports, hosts = (leaf,), tuple(leaves.get(leaf, ()))
+            confidence *= ONE_LEAF_SPINE_FACTOR
+        what = f"random loss ~{_percent(lost / n)} per round trip"
+        up, down, receipts = _leaf_ways(leaf, cross)
+        fix = ""
+        if receipts:
+            probes = sum(p.result.sent + p.result.burst_sent for p in cross)
+            ahead = f"{other}" if other else "the spines"
+            evidence.append(f"per direction (the responders' receipts): {leaf} to {ahead}: {_pct(up, probes)}; "
+                            f"{ahead} to {leaf}: {_pct(down, probes)}")
+            direction = judge(up, down)
+            if direction in _UPLINK_WAY:
+                what += f", {_UPLINK_WAY[direction] if not other else _pair_way(direction, leaf, other)}"
+                fix = _uplink_fix(direction, leaf, other)
+        else:
+            evidence.append("which way is not known: the peers' responders keep no receipts (round trip only)")
+        evidence.append("only the flows ECMP hashes onto the lossy link lose; which spine (and, with two "
+                        "leaves, which leaf's link) the hosts cannot see: the switch ports' error counters tell")
+        return Finding("lossy_link", f"{where}: {what}", hosts=hosts, ports=ports, rail=self.rail,
+                       evidence=tuple(evidence), confidence=round(min(MAX_CONFIDENCE, confidence), 3), fix=fix)
+
     def _lossy(self, hosts: Sequence[str]) -> list[Finding]:
         """Random loss concentrated on one host port (greedy, module doc)."""
         out = []
@@ -725,6 +858,60 @@ def _fix(direction: Direction, host: str, port: PlannedPort) -> str:
                 f"(its optic), then the cable and {host} {port.port}'s receiver")
     return (f"check the cable first (both directions lose), then the optics at both ends "
             f"({host} {port.port}, {port.switch} {port.switch_port})")
+
+
+# A leaf's spine links' directions: a request lost from a pair a host under
+# the leaf sent went up (leaf to spine), one it answered came down.
+_UPLINK_WAY = {Direction.REQUESTS: "leaf to spine", Direction.REPLIES: "spine to leaf",
+               Direction.BOTH: "both ways"}
+
+
+def _far_leaf(p: _Pair, leaf: str) -> str:
+    return p.leaf_b if p.leaf_a == leaf else p.leaf_a
+
+
+def _pair_way(direction: Direction, leaf: str, other: str) -> str:
+    return {Direction.REQUESTS: f"{leaf} to {other}", Direction.REPLIES: f"{other} to {leaf}"}.get(
+        direction, "both ways")
+
+
+def _leaf_ways(leaf: str, pairs: Sequence[_Pair]) -> tuple[int, int, bool]:
+    """(lost going up from `leaf` to the spines, lost coming down to it,
+    any receipts) over its cross-leaf pairs: a request lost from a pair sent
+    under the leaf went up, a reply lost came down; the other way round for
+    a pair it answered."""
+    up = down = 0
+    receipts = False
+    for p in pairs:
+        r = p.result
+        if not r.receipts:
+            continue
+        receipts = True
+        if p.leaf_a == leaf:
+            up, down = up + r.requests_lost, down + r.replies_lost
+        else:
+            up, down = up + r.replies_lost, down + r.requests_lost
+    return up, down, receipts
+
+
+def _uplink_fix(direction: Direction, leaf: str, other: str) -> str:
+    """Where to look first for loss in `direction` on `leaf`'s spine links
+    (`other`: the one other leaf, when the rail has two: either leaf's)."""
+    if other:
+        sender, receiver = (leaf, other) if direction is Direction.REQUESTS else (other, leaf)
+        if direction is Direction.BOTH:
+            return (f"check the cables between {leaf}, {other} and the spines first (both directions lose), "
+                    "then the optics at both ends")
+        return (f"check the transmitters on {sender}'s spine-facing ports and the spines' ports facing "
+                f"{receiver} first (their optics; the ports' error counters tell which), then the cables")
+    if direction is Direction.REQUESTS:
+        return (f"check the transmitters on {leaf}'s spine-facing ports first (their optics; the ports' "
+                f"error counters tell which spine), then the cables and the spines' receivers")
+    if direction is Direction.REPLIES:
+        return (f"check the spines' transmitters towards {leaf} first (the spine ports facing {leaf}: "
+                f"their optics), then the cables and {leaf}'s uplink receivers")
+    return (f"check the cables between {leaf} and the spines first (both directions lose), then the "
+            "optics at both ends")
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import pytest
 from labs.faults import (
     CablePull,
     Flap,
+    HostPortLoss,
     Miswire,
     OneWayLoss,
     OpticDegradation,
@@ -257,6 +258,29 @@ def test_random_loss_drops_about_the_asked_share(lab):
         assert 0.15 <= c["dropped"] / c["seen"] <= 0.45, (direction, counts)
     # a round trip crosses the link twice: 1 - 0.7^2 = 51 % expected
     assert 0.30 <= res.loss <= 0.72, res
+
+
+@pytest.mark.timeout(30)
+def test_host_port_loss_host_to_leaf_loses_what_the_host_sends_without_telling_it(lab):
+    """At the host's own port, host to leaf: the requests die on the way
+    out (the peer's kernel counts fewer), yet ping was refused none of them
+    (a drop in the host's egress hook is refused to the sender, which ping
+    retries: it would see no loss at all, labs/faults/nft.py)."""
+    assert ping_rail(lab, H1, H2, 0).ok and ping_rail(lab, H2, H1, 0).ok  # fresh ARP
+    fault = HostPortLoss(lab, H1, 0, percent=30, directions=("host_to_leaf",))
+    n = 200
+    before = icmp_counter(lab, H2, "InEchos")
+    fault.inject()
+    try:
+        res = ping_rail(lab, H1, H2, 0, count=n, interval_s=0.005, wait_s=0.5)
+        arrived = icmp_counter(lab, H2, "InEchos") - before
+        counts = fault.counts()["host_to_leaf"]
+    finally:
+        fault.clear()
+    assert res.sent == n, res
+    assert res.received == arrived, (res, arrived)  # the replies' direction is untouched
+    assert 0.15 <= 1 - arrived / n <= 0.45, (arrived, counts)
+    assert counts["dropped"] >= n - arrived and counts["seen"] >= n, counts
 
 
 @pytest.mark.timeout(30)

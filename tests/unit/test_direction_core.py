@@ -280,3 +280,32 @@ def test_a_few_troubled_peers_are_named_as_theirs_not_our_rail_s():
     assert "trouble only towards 198.18.1.7 (their side); replies lost from 198.18.1.7, " \
         "requests reach them" in rail.detail
     assert "our receive direction" not in rail.detail
+
+
+def test_a_later_fault_is_named_by_its_own_direction_not_mixed_with_an_earlier_one():
+    """Requests lost for a while (degraded, "requests"), then repaired long
+    enough for the degradation to clear, then replies lost: when the path
+    degrades again it says "replies", not "both ways" (the railopt lab's
+    second spine-link fault on the same paths read "loss both ways" while
+    only replies were lost: the first fault's losses were still counted)."""
+    from linkpassd.core.probe import ProbeConfig, Prober
+    rng = random.Random(3)
+    p = Prober("198.18.1.7", ProbeConfig())  # the lab's loss window and ratios
+    answered, now = 0, 0.0
+    degraded = []  # (status, direction) when the path turns degraded, and at each phase's end
+    for request_loss, reply_loss, n in ((0.3, 0.0, 3000), (0.0, 0.0, 3000), (0.0, 0.3, 3000)):
+        was = p.degraded
+        for _ in range(n):
+            _, sends = p.poll(now)
+            for send in sends:
+                if rng.random() < request_loss:
+                    continue
+                answered += 1
+                if rng.random() < reply_loss:
+                    continue
+                p.on_reply(send.seq, now + 0.0001, now, 0.0, answered % 2**15)
+            if p.degraded and not was:
+                degraded.append(p.assessment().direction)
+            was = p.degraded
+            now += 0.010
+    assert degraded == ["requests", "replies"], degraded

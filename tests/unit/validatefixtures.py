@@ -20,6 +20,9 @@ port check and every probed pair from it, the way the hosts would see it:
   on its own, and the pair reports how many got no reply;
 - a lossy link: each probe through the port is lost with probability p
   (seeded RNG, so runs are reproducible);
+- a lossy spine link (leaf X <-> spine s, one way or both): each probe
+  whose flow ECMP hashes onto that link, in a lossy direction, is lost with
+  probability p; the pair reports which way through its receipts;
 - noise: a few stray lost probes on single pairs, as a busy lab gives.
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from linkpassd.validate.plan import CablingPlan, PlannedPort
@@ -62,6 +66,10 @@ class Fabric:
     # the pairs report which way they lost (the responders' receipts).
     one_way: dict[tuple[str, str], tuple[str, float]] = field(default_factory=dict)
     no_lldp: set[tuple[str, str]] = field(default_factory=set)  # carrier up, no LLDP neighbour seen
+    # (leaf, spine) -> (direction, loss): "up" leaf to spine, "down" spine to
+    # leaf, "both"; only the flows ECMP hashes onto that link lose, probe by
+    # probe, and the pairs report which way (the responders' receipts).
+    lossy_spine_links: dict[tuple[str, int], tuple[str, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.host_names = [f"gpu-{i + 1:02d}" for i in range(self.hosts)]
@@ -181,11 +189,31 @@ class Fabric:
             out[host] = HostValidation(run_id="run-1", ports=tuple(checks), pairs=tuple(pairs))
         return out
 
+    def _spine_ways(self, rail: str, a: str, b: str, flow: int) -> tuple[float, float]:
+        """(request loss, reply loss) of flow `flow` of pair a -> b from lossy spine links."""
+        la, lb = self.port(a, rail).switch, self.port(b, rail).switch
+        if la == lb:
+            return 0.0, 0.0
+
+        def crossing(src_leaf: str, dst_leaf: str, spine: int) -> float:
+            kept = 1.0
+            for (leaf, s), (way, p) in self.lossy_spine_links.items():
+                if s == spine and ((leaf == src_leaf and way in ("up", "both"))
+                                   or (leaf == dst_leaf and way in ("down", "both"))):
+                    kept *= 1 - p
+            return 1 - kept
+        return (crossing(la, lb, self._spine(rail, a, b, flow)),
+                crossing(lb, la, self._spine(rail, b, a, flow)))
+
     def _pair(self, rng: random.Random, rail: str, a: str, b: str, address: str) -> PairResult:
         flows = {"flows": self.flows} if self.flows else {}
         ways = self._ways(rail, a, b)
         if ways is not None:
             return self._one_way_pair(rng, rail, a, b, address, *ways)
+        if self.lossy_spine_links and not self.pair_fails(rail, a, b) and \
+                any(self._spine_ways(rail, a, b, f) != (0.0, 0.0) for f in range(self.flows + 1)):
+            return self._probe_pair(rng, rail, a, b, address,
+                                    lambda i: self._spine_ways(rail, a, b, i % self.flows + 1 if self.flows else 0))
         if self.pair_fails(rail, a, b):
             return PairResult(rail, address, b, sent=self.rate_sent, received=0, burst_sent=self.burst_sent,
                               burst_received=0, **flows, **({"flows_silent": self.flows} if self.flows else {}))
@@ -205,21 +233,33 @@ class Fabric:
 
     def _one_way_pair(self, rng: random.Random, rail: str, a: str, b: str, address: str,
                       request_loss: float, reply_loss: float) -> PairResult:
-        """A pair through a one-way fault, probe by probe (one flow): what
-        came back, and which way the rest was lost as the receipts class it
-        (probes after the last reply are not classed)."""
+        """A pair through a one-way fault, probe by probe (one flow)."""
+        return self._probe_pair(rng, rail, a, b, address, lambda _i: (request_loss, reply_loss))
+
+    def _probe_pair(self, rng: random.Random, rail: str, a: str, b: str, address: str,
+                    ways: Callable[[int], tuple[float, float]]) -> PairResult:
+        """A pair probe by probe, `ways(i)` giving probe i's (request loss,
+        reply loss): what came back, and which way the rest was lost as the
+        receipts class it (probes after the last reply are not classed).
+        With flows, probe i takes flow i % flows + 1 (they go round in turn)."""
         got = {0: 0, 1: 0}
+        answered: set[int] = set()
         requests = replies = pending_req = pending_rep = 0
+        i = 0
         for phase, n in ((0, self.rate_sent), (1, self.burst_sent)):
             for _ in range(n):
+                request_loss, reply_loss = ways(i)
+                i += 1
                 if rng.random() < request_loss:
                     pending_req += 1
                 elif rng.random() < reply_loss:
                     pending_rep += 1
                 else:
                     got[phase] += 1
+                    answered.add((i - 1) % self.flows if self.flows else 0)
                     requests, replies = requests + pending_req, replies + pending_rep
                     pending_req = pending_rep = 0
+        flows = {"flows": self.flows, "flows_silent": self.flows - len(answered)} if self.flows else {}
         return PairResult(rail, address, b, sent=self.rate_sent, received=got[0], rtt_p50_us=25,
                           rtt_p99_us=60, burst_sent=self.burst_sent, burst_received=got[1],
-                          requests_lost=requests, replies_lost=replies, receipts=True)
+                          requests_lost=requests, replies_lost=replies, receipts=True, **flows)
