@@ -33,6 +33,7 @@ from linkpassd.config.schema import (
     ANNOUNCE,
     BFD,
     DAEMON,
+    FENCE,
     HEALTH,
     METRICS,
     MULTIPATH,
@@ -51,6 +52,7 @@ from linkpassd.core.model import (
     AnnounceSettings,
     BfdSettings,
     Config,
+    FenceSettings,
     HealthPolicy,
     MultipathConfig,
     Ownership,
@@ -233,9 +235,11 @@ class _Builder:
         probes = self.section(doc, PROBES)
         routing = self.section(doc, ROUTING)
         announce = self.section(doc, ANNOUNCE)
+        fence = self.section(doc, FENCE)
         self.check_ownership(own)
         self.check_announce(announce, own)
         self.check_timers(timers)
+        self.check_fence(fence)
         self.check_health(health)
         self.check_probes(probes)
         rails = self.rails(self.entries(doc, RAIL))
@@ -288,6 +292,7 @@ class _Builder:
             probes=ProbeSettings(**probes),
             roce_rules=routing["roce_rules"],
             announce=AnnounceSettings(**announce),
+            fence=FenceSettings(**fence),
             auto_tables=self.auto_tables(rails, groups, probes["enabled"]),
             control_socket=daemon["control_socket"],
             run_dir=daemon["run_dir"],
@@ -401,6 +406,18 @@ class _Builder:
         if announce["route_protocol"] == own["route_protocol"]:
             self.fail("announce.route_protocol", f"{announce['route_protocol']} is "
                       "ownership.route_protocol; announcements need their own protocol number")
+
+    def check_fence(self, fence: dict[str, Any]) -> None:
+        if fence["backoff_initial_s"] > fence["backoff_max_s"]:
+            self.fail("fence.backoff_initial_s", f"{fence['backoff_initial_s']:g} is more than "
+                      f"backoff_max_s ({fence['backoff_max_s']:g})")
+        if not fence["test_window_s"] < fence["test_timeout_s"]:
+            self.fail("fence.test_window_s", f"{fence['test_window_s']:g} must be less than "
+                      f"test_timeout_s ({fence['test_timeout_s']:g}): a test could never pass")
+        if not fence["test_timeout_s"] < fence["backoff_initial_s"]:
+            self.fail("fence.test_timeout_s", f"{fence['test_timeout_s']:g} must be less than "
+                      f"backoff_initial_s ({fence['backoff_initial_s']:g}): a port would spend "
+                      "longer up in tests than fenced")
 
     def check_timers(self, timers: dict[str, Any]) -> None:
         if timers["resync_interval_s"] < timers["tick_interval_s"]:
