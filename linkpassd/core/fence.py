@@ -189,8 +189,12 @@ def lift(fence: Fence, hold_s: float, now: float, who: str = "operator") -> Fenc
 
 
 def _failing(s: Sight) -> bool:
-    """A failure the leaf cannot see: DOWN while the link has carrier."""
-    return s.verdict is Verdict.DOWN and s.carrier and not s.drained
+    """A failure the leaf cannot see: DOWN while the link has carrier, and
+    the port's probes do not say UP now. A DOWN verdict in its hold-down
+    (the probes UP again, the routes not back yet) is a recovery, not a
+    failure: counting it would fence a port for a hiccup plus its hold-down."""
+    return (s.verdict is Verdict.DOWN and s.carrier and not s.drained
+            and s.evidence is not Verdict.UP)
 
 
 def _triggered(trigger: Trigger, f: Fence, s: Sight, cfg: FenceSettings, now: float,
@@ -396,3 +400,35 @@ def describe(f: Fence, now: float) -> str:
     if f.state is State.LIFTED:
         return f"lifted: {f.reason}; hold ends in {max(0.0, f.until - now):.1f}s"
     return "armed"
+
+
+FILE_VERSION = 1
+
+
+class FenceFileError(ValueError):
+    """The fence file is not usable; the message says why."""
+
+
+def encode(down: Mapping[str, float], wall_now: float) -> dict[str, object]:
+    """fences.json: the ports linkpassd holds administratively down, with
+    their backoff, so that the next start brings them up and tests them."""
+    return {"version": FILE_VERSION, "written_at": wall_now,
+            "down": {p: {"backoff_s": b} for p, b in sorted(down.items())}}
+
+
+def decode(doc: Mapping[str, object]) -> dict[str, float]:
+    """Port -> backoff_s from a fence file; FenceFileError naming what is wrong."""
+    if doc.get("version") != FILE_VERSION:
+        raise FenceFileError(f"version {doc.get('version')!r}, expected {FILE_VERSION}")
+    down = doc.get("down")
+    if not isinstance(down, dict):
+        raise FenceFileError(f"'down' must be an object, got {type(down).__name__}")
+    out: dict[str, float] = {}
+    for port, entry in down.items():
+        if not isinstance(port, str) or not port or len(port) > 15:
+            raise FenceFileError(f"port {port!r} is not an interface name")
+        backoff = entry.get("backoff_s") if isinstance(entry, dict) else None
+        if isinstance(backoff, bool) or not isinstance(backoff, (int, float)) or not backoff >= 0:
+            raise FenceFileError(f"port {port}: backoff_s {backoff!r} is not a number >= 0")
+        out[port] = float(backoff)
+    return out

@@ -74,6 +74,18 @@ def test_failures_shorter_than_fence_after_never_fence_however_often():
     assert r.state("p0") is State.ARMED
 
 
+def test_a_down_verdict_in_its_hold_down_is_not_a_failure():
+    """The probes are UP again, the verdict waits out its hold-down: a hiccup
+    of 1 s plus a hold-down of 10 s never reaches fence_after_s 5."""
+    recovering = Sight(Verdict.DOWN, carrier=True, evidence=Verdict.UP)
+    r = Run()
+    for _ in range(10):
+        r.run(1.0, {"p0": DEAD, "p1": UP})
+        r.run(10.0, {"p0": recovering, "p1": UP})
+        r.run(1.0, {"p0": UP, "p1": UP})
+    assert r.actions("p0") == []
+
+
 def test_carrier_loss_or_drain_or_degraded_is_not_fenced():
     r = Run()
     r.run(60, {"p0": Sight(Verdict.DOWN, carrier=False), "p1": UP})

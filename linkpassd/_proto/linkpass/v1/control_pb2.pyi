@@ -35,6 +35,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_RECONCILE_FAILED: _ClassVar[EventKind]
     EVENT_KIND_SIGNAL: _ClassVar[EventKind]
     EVENT_KIND_ANNOUNCE: _ClassVar[EventKind]
+    EVENT_KIND_FENCE: _ClassVar[EventKind]
 
 class Severity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -61,6 +62,7 @@ EVENT_KIND_RESYNC: EventKind
 EVENT_KIND_RECONCILE_FAILED: EventKind
 EVENT_KIND_SIGNAL: EventKind
 EVENT_KIND_ANNOUNCE: EventKind
+EVENT_KIND_FENCE: EventKind
 SEVERITY_UNSPECIFIED: Severity
 SEVERITY_INFO: Severity
 SEVERITY_WARNING: Severity

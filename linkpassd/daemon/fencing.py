@@ -1,0 +1,268 @@
+"""The daemon's fence step (``[fence]``, docs/fencing.md): each pass, feed
+core.fence what the loop saw of every port, record every step as a ``fence``
+event, and make the ports' administrative state follow: a FENCED port down,
+every other port linkpassd once set down up again. Level-triggered, like the
+route reconcile: a write that failed is tried again on the next pass.
+
+Who owns a port that is down: `fences.json` in the state directory lists the
+ports linkpassd set down (written before the write that takes one down), so a
+restart neither mistakes its own fence for somebody else's nor leaves a port
+down without an owner: at start every port in the file is brought up and
+tested (core.fence.resumed), or just brought up if fencing is off now. On a
+clean stop the fenced ports are brought up too: a fence lives only while
+linkpassd does (a fenced port with nobody to test it would stay down).
+
+A collaborator of the loop: the daemon builds one `Fencing` with the event
+recorder's `emit` and its wall clock; `decide(...)` once per pass before the
+policy (its `overlay` keeps routes off held ports), `await act()` after the
+route writes, `lift(port, ...)` for the operator, and the status reads
+`problems()`, `lines(now)` and `fences`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+
+import structlog
+
+from linkpassd.adapters.fence import FenceWriteError, set_admin
+from linkpassd.adapters.statefile import StateFileError, read_json, write_json_atomic
+from linkpassd.core import fence
+from linkpassd.core.events import EventKind, Severity
+from linkpassd.core.fence import Action, Fence, Gate, Sight, State
+from linkpassd.core.health import PortHealth
+from linkpassd.core.model import Config, LinkSample, PortState, Problem, Verdict
+from linkpassd.core.signals import worst
+
+log = structlog.get_logger("linkpassd")
+
+FENCE_FILE = "fences.json"  # in the state directory
+
+NO_LEAF_GRANT = ("no leaf grant: this linkpass-aggregator grants no per-leaf fence budget, and "
+                 "[fence] require_leaf_grant is true")
+
+_SEVERITY = {Action.FENCE: Severity.WARNING, Action.REFENCE: Severity.WARNING,
+             Action.TEST: Severity.INFO, Action.UNFENCE: Severity.INFO,
+             Action.RELEASE: Severity.WARNING, Action.NONE: Severity.INFO}
+
+
+class UnknownPort(ValueError):
+    pass
+
+
+def _default_ipr():
+    from pyroute2 import AsyncIPRoute
+
+    return AsyncIPRoute()
+
+
+def evidence(h: PortHealth, link: LinkSample | None) -> Verdict | None:
+    """The port's own word while it is tested: what its probes (echo, BFD)
+    judge now; None while none of them has an opinion. Carrier alone is no
+    evidence (a blackhole keeps carrier)."""
+    judged = [a.effective for _, a in h.signals.probes if a.effective is not None]
+    if not judged:
+        return None
+    if link is None or not link.healthy:
+        return Verdict.DOWN
+    return worst(*judged)
+
+
+def sights(config: Config, health: Mapping[str, PortHealth], links: Mapping[str, LinkSample],
+           drained: Iterable[str]) -> dict[str, Sight]:
+    drained = set(drained)
+    out = {}
+    for rail in config.rails:
+        h, link = health.get(rail.port), links.get(rail.port)
+        if h is None:
+            continue
+        out[rail.port] = Sight(h.verdict, carrier=bool(link and link.healthy),
+                               drained=rail.port in drained, evidence=evidence(h, link))
+    return out
+
+
+class Fencing:
+    """The fence states between passes, the ports set down, and their problems."""
+
+    def __init__(self, emit: Callable[..., object], wallclock: Callable[[], float],
+                 make_ipr: Callable[[], object] = _default_ipr) -> None:
+        self.emit = emit
+        self.wallclock = wallclock
+        self.make_ipr = make_ipr
+        self.ipr: object | None = None
+        self.fences: dict[str, Fence] = {}
+        self.down: dict[str, float] = {}  # ports linkpassd set down (or must) -> backoff_s
+        self.saved: dict[str, float] | None = None
+        self.state_dir = ""
+        self._problems: dict[str, Problem] = {}
+
+    # --------------------------------------------------------------- problems
+
+    def problems(self) -> list[Problem]:
+        return list(self._problems.values())
+
+    def _problem(self, key: str, what: str, detail: str) -> None:
+        old = self._problems.get(key)
+        if old is None or old.detail != detail:
+            if old is None or old.detail != detail:
+                log.warning("fence_problem", what=what, detail=detail)
+            self._problems[key] = Problem("fence", what, detail,
+                                          old.since if old is not None else self.wallclock())
+
+    def _clear(self, key: str) -> None:
+        self._problems.pop(key, None)
+
+    # --------------------------------------------------------------- the file
+
+    def _path(self) -> str:
+        return os.path.join(self.state_dir, FENCE_FILE)
+
+    def load(self, config: Config, now: float) -> None:
+        """At start: the ports the last daemon left down become tests (or are
+        just brought up by the first `act` when fencing is off)."""
+        self.state_dir = config.state_dir
+        path = self._path()
+        try:
+            doc = read_json(path)
+            left = fence.decode(doc) if doc is not None else {}
+        except (StateFileError, fence.FenceFileError) as exc:
+            self._problem("file", path, f"fence file unusable: {exc}; ports it may list stay "
+                          "as they are (bring them up by hand: ip link set PORT up)")
+            return
+        self.saved = dict(left)
+        ports = {r.port for r in config.rails}
+        for port, backoff in left.items():
+            if port not in ports:
+                log.warning("fence_left_unknown_port", port=port,
+                            note="in fences.json but no rail's port; brought up")
+            self.down[port] = backoff  # `act` brings it up: no fence state holds it down
+            if config.fence.enabled and port in ports:
+                self.fences[port] = fence.resumed(port, backoff, config.fence, now)
+                self._event(port, config, fence.Step(port, State.FENCED, State.TESTING,
+                                                     fence.Trigger.BACKOFF_DONE, Action.TEST,
+                                                     self.fences[port].reason))
+
+    def _save(self) -> None:
+        if self.down == self.saved or not self.state_dir:
+            return
+        path = self._path()
+        try:
+            write_json_atomic(path, fence.encode(self.down, self.wallclock()))
+        except OSError as exc:
+            self._problem("file", path, f"cannot write the fence file: {exc}")
+            raise
+        self._clear("file")
+        self.saved = dict(self.down)
+
+    # --------------------------------------------------------------- the pass
+
+    def decide(self, config: Config, health: Mapping[str, PortHealth],
+               links: Mapping[str, LinkSample], drained: Iterable[str], now: float) -> None:
+        """Step every port's fence (pure, core.fence) and record the steps."""
+        self.state_dir = config.state_dir
+        seen = sights(config, health, links, drained)
+        grant = Gate(True) if not config.fence.require_leaf_grant else Gate(False, NO_LEAF_GRANT)
+        gates = {p: grant for p in seen}
+        order = [r.port for r in config.rails]
+        self.fences = {p: f for p, f in self.fences.items() if p in seen or p in order}
+        self.fences, steps = fence.step(self.fences, seen, config.fence, gates, now, order)
+        for st in steps:
+            self._event(st.port, config, st)
+
+    def _event(self, port: str, config: Config, st: fence.Step) -> None:
+        rail = next((r.name for r in config.rails if r.port == port), "")
+        f = self.fences.get(port)
+        if st.action is Action.NONE:
+            if st.before == st.after and not (f and f.held):
+                return
+            if st.before == st.after:  # held back: say why, once per reason
+                self.emit(EventKind.FENCE, "fence_held", port=port, rail=rail,
+                          severity=Severity.WARNING,
+                          message=f"{port} would be fenced, held back: {f.held if f else ''}",
+                          state=str(st.after), previous=str(st.before), action="held",
+                          reason=f.held if f else "")
+                return
+            if {st.before, st.after} <= {State.ARMED, State.CONFIRMING}:
+                return  # the clock starting or stopping is no event: the verdict event says it
+        self.emit(EventKind.FENCE, f"fence_{st.action}" if st.action is not Action.NONE
+                  else "fence_state", port=port, rail=rail, severity=_SEVERITY[st.action],
+                  message=f"{port} {st.action if st.action is not Action.NONE else st.after}: "
+                          f"{st.reason}",
+                  state=str(st.after), previous=str(st.before), action=str(st.action),
+                  reason=st.reason, backoff_s=f.backoff_s if f else 0.0)
+
+    def overlay(self, states: Mapping[str, PortState], now: float) -> dict[str, PortState]:
+        """Port states as the routing sees them (core.fence.overlay), with a
+        line of evidence for a port the fence is watching."""
+        out = fence.overlay(states, self.fences)
+        for port, f in self.fences.items():
+            st = out.get(port)
+            if st is not None and f.state in (State.CONFIRMING, State.LIFTED):
+                out[port] = replace(st, evidence=(*st.evidence, "fence " + fence.describe(f, now)))
+        return out
+
+    def lift(self, port: str, hold_s: float, now: float, who: str) -> Fence:
+        f = self.fences.get(port)
+        if f is None:
+            raise UnknownPort(port)
+        self.fences[port] = fence.lift(f, hold_s, now, who)
+        return self.fences[port]
+
+    async def act(self) -> None:
+        """Make the ports' administrative state follow the fences. Never
+        raises into the loop."""
+        want_down = {p: f.backoff_s for p, f in self.fences.items() if f.state is State.FENCED}
+        up = [p for p in self.down if p not in want_down]
+        down = [p for p in want_down if p not in self.down]
+        if not up and not down:
+            return
+        if self.ipr is None:
+            self.ipr = self.make_ipr()
+        for port in down:
+            self.down[port] = want_down[port]
+        try:
+            self._save()  # the owner is on disk before the port goes down
+        except OSError:
+            for port in down:
+                del self.down[port]
+            down = []
+        for port in down:
+            await self._write(port, up=False)
+        for port in up:
+            if await self._write(port, up=True):
+                del self.down[port]
+        try:
+            self._save()
+        except OSError:
+            pass
+
+    async def _write(self, port: str, up: bool) -> bool:
+        try:
+            await set_admin(self.ipr, port, up)
+        except FenceWriteError as exc:
+            self._problem(f"write:{port}", f"fence of {port}", str(exc))
+            return False
+        except Exception as exc:  # noqa: BLE001 - never the loop's end
+            self._problem(f"write:{port}", f"fence of {port}", repr(exc))
+            return False
+        self._clear(f"write:{port}")
+        log.info("fence_write", port=port, state="up" if up else "down")
+        return True
+
+    async def stop(self) -> None:
+        """A clean stop brings fenced ports up: nobody would test them."""
+        self.fences = {p: replace(f, state=State.ARMED) for p, f in self.fences.items()}
+        await self.act()
+
+    def close(self) -> None:
+        if self.ipr is not None:
+            close = getattr(self.ipr, "close", None)
+            if close is not None:
+                close()
+            self.ipr = None
+
+    def lines(self, now: float) -> dict[str, str]:
+        """Port -> one line for the ports the fence is not idle on."""
+        return {p: fence.describe(f, now) for p, f in self.fences.items() if f.state is not State.ARMED}
