@@ -93,7 +93,8 @@ class Fencing:
         self.make_ipr = make_ipr
         self.ipr: object | None = None
         self.fences: dict[str, Fence] = {}
-        self.down: dict[str, float] = {}  # ports linkpassd set down (or must) -> backoff_s
+        self.down: dict[str, float] = {}  # ports linkpassd owns down (the file) -> backoff_s
+        self.written_down: set[str] = set()  # ... of which a down write succeeded
         self.saved: dict[str, float] | None = None
         self.state_dir = ""
         self._problems: dict[str, Problem] = {}
@@ -106,8 +107,7 @@ class Fencing:
     def _problem(self, key: str, what: str, detail: str) -> None:
         old = self._problems.get(key)
         if old is None or old.detail != detail:
-            if old is None or old.detail != detail:
-                log.warning("fence_problem", what=what, detail=detail)
+            log.warning("fence_problem", what=what, detail=detail)
             self._problems[key] = Problem("fence", what, detail,
                                           old.since if old is not None else self.wallclock())
 
@@ -138,6 +138,7 @@ class Fencing:
                 log.warning("fence_left_unknown_port", port=port,
                             note="in fences.json but no rail's port; brought up")
             self.down[port] = backoff  # `act` brings it up: no fence state holds it down
+            self.written_down.add(port)
             if config.fence.enabled and port in ports:
                 self.fences[port] = fence.resumed(port, backoff, config.fence, now)
                 self._event(port, config, fence.Step(port, State.FENCED, State.TESTING,
@@ -215,24 +216,26 @@ class Fencing:
         raises into the loop."""
         want_down = {p: f.backoff_s for p, f in self.fences.items() if f.state is State.FENCED}
         up = [p for p in self.down if p not in want_down]
-        down = [p for p in want_down if p not in self.down]
+        down = [p for p in want_down if p not in self.written_down]
         if not up and not down:
             return
         if self.ipr is None:
             self.ipr = self.make_ipr()
-        for port in down:
-            self.down[port] = want_down[port]
+        added = [p for p in down if p not in self.down]
+        self.down.update({p: want_down[p] for p in down})
         try:
             self._save()  # the owner is on disk before the port goes down
         except OSError:
-            for port in down:
+            for port in added:
                 del self.down[port]
             down = []
         for port in down:
-            await self._write(port, up=False)
+            if await self._write(port, up=False):
+                self.written_down.add(port)
         for port in up:
             if await self._write(port, up=True):
                 del self.down[port]
+                self.written_down.discard(port)
         try:
             self._save()
         except OSError:
