@@ -388,6 +388,8 @@ def holding(fences: Mapping[str, Fence]) -> list[str]:
 
 def describe(f: Fence, now: float) -> str:
     """One line for status and explain."""
+    if f.lift_by:
+        return f"{f.state.lower()}; lift asked by the {f.lift_by}, taken at the next pass"
     if f.state is State.FENCED:
         return f"fenced: {f.reason}; test in {max(0.0, f.until - now):.1f}s"
     if f.state is State.TESTING:
@@ -400,6 +402,42 @@ def describe(f: Fence, now: float) -> str:
     if f.state is State.LIFTED:
         return f"lifted: {f.reason}; hold ends in {max(0.0, f.until - now):.1f}s"
     return "armed"
+
+
+class FenceRequestError(ValueError):
+    """An operator's fence request that cannot be done; the message says why
+    (a bad hold, for instance)."""
+
+
+class NotAFencePort(FenceRequestError):
+    """The port is not a configured rail's port."""
+
+
+class FencingOff(FenceRequestError):
+    """[fence] is off: there is nothing to lift."""
+
+
+@dataclass(frozen=True)
+class View:
+    """One port's fence as operators see it (times are unix time)."""
+
+    port: str
+    rail: str
+    state: State
+    reason: str
+    since: float
+    until: float  # 0: none
+    backoff_s: float
+    held: str
+    fences: int
+    summary: str
+
+
+def view(f: Fence, rail: str, now: float, to_wall: float) -> View:
+    """`to_wall`: add to a time of `now`'s clock to get unix time."""
+    return View(f.port, rail, f.state, f.reason, f.since + to_wall if f.since else 0.0,
+                f.until + to_wall if f.until else 0.0, f.backoff_s, f.held, f.fences,
+                describe(f, now))
 
 
 FILE_VERSION = 1

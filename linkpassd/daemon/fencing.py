@@ -33,7 +33,7 @@ from linkpassd.core import fence
 from linkpassd.core.events import EventKind, Severity
 from linkpassd.core.fence import Action, Fence, Gate, Sight, State
 from linkpassd.core.health import PortHealth
-from linkpassd.core.model import Config, LinkSample, PortState, Problem, Verdict
+from linkpassd.core.model import Config, FenceSettings, LinkSample, PortState, Problem, Verdict
 from linkpassd.core.signals import worst
 
 log = structlog.get_logger("linkpassd")
@@ -48,8 +48,8 @@ _SEVERITY = {Action.FENCE: Severity.WARNING, Action.REFENCE: Severity.WARNING,
              Action.RELEASE: Severity.WARNING, Action.NONE: Severity.INFO}
 
 
-class UnknownPort(ValueError):
-    pass
+UnknownPort = fence.NotAFencePort
+MAX_LIFT_HOLD_S = 366 * 86400.0
 
 
 def _default_ipr():
@@ -87,9 +87,15 @@ class Fencing:
     """The fence states between passes, the ports set down, and their problems."""
 
     def __init__(self, emit: Callable[..., object], wallclock: Callable[[], float],
-                 make_ipr: Callable[[], object] = _default_ipr) -> None:
+                 make_ipr: Callable[[], object] = _default_ipr, *,
+                 config: Callable[[], Config] | None = None,
+                 clock: Callable[[], float] | None = None,
+                 nudge: Callable[[], object] = lambda: None) -> None:
         self.emit = emit
         self.wallclock = wallclock
+        self.config = config  # the running config, for the control API
+        self.clock = clock  # the loop's monotonic clock, for the control API
+        self.nudge = nudge  # asks the loop for a pass (an operator's lift takes effect at once)
         self.make_ipr = make_ipr
         self.ipr: object | None = None
         self.fences: dict[str, Fence] = {}
@@ -204,10 +210,41 @@ class Fencing:
                 out[port] = replace(st, evidence=(*st.evidence, "fence " + fence.describe(f, now)))
         return out
 
+    # ------------------------------------------------------- the control API
+
+    def _running(self) -> tuple[Config, float, float]:
+        assert self.config is not None and self.clock is not None, "made without the loop"
+        now = self.clock()
+        return self.config(), now, self.wallclock() - now
+
+    def list_fences(self) -> tuple[FenceSettings, list[fence.View]]:
+        config, now, to_wall = self._running()
+        return config.fence, [fence.view(self.fences.get(r.port) or fence.initial(r.port),
+                                         r.name, now, to_wall) for r in config.rails]
+
+    async def unfence(self, port: str, hold_s: float | None, by: str) -> fence.View:
+        """The operator's lift (`linkpassctl unfence`); core.fence's
+        NotAFencePort, FencingOff or FenceRequestError (a bad hold)."""
+        config, now, to_wall = self._running()
+        rail = next((r.name for r in config.rails if r.port == port), None)
+        if rail is None:
+            raise UnknownPort(f"{port!r} is no rail's port; rail ports: "
+                              + ", ".join(r.port for r in config.rails))
+        if not config.fence.enabled:
+            raise fence.FencingOff("fencing is off ([fence] enabled = false): nothing to lift")
+        hold = config.fence.lift_hold_s if not hold_s else hold_s
+        if not (0 < hold <= MAX_LIFT_HOLD_S):
+            raise fence.FenceRequestError(f"hold {hold_s!r} must be more than 0 and at most "
+                             f"{MAX_LIFT_HOLD_S:g} seconds")
+        self.fences.setdefault(port, fence.initial(port))
+        f = self.lift(port, hold, now, by)
+        self.nudge()
+        return fence.view(f, rail, now, to_wall)
+
     def lift(self, port: str, hold_s: float, now: float, who: str) -> Fence:
         f = self.fences.get(port)
         if f is None:
-            raise UnknownPort(port)
+            raise UnknownPort(f"{port!r} is no rail's port")
         self.fences[port] = fence.lift(f, hold_s, now, who)
         return self.fences[port]
 

@@ -170,7 +170,8 @@ class Daemon:
                                          self.queue.put_nowait, self.recorder.boot_id)
         self.recorder.sinks.append(self.aggregator.offer)  # a bounded hand-off, never a wait
         self.announcements = Announcements(self.recorder.emit, wallclock)
-        self.fencing = Fencing(self.recorder.emit, wallclock)
+        self.fencing = Fencing(self.recorder.emit, wallclock, config=lambda: self.config,
+                               clock=clock, nudge=lambda: self.queue.put_nowait(Tick()))
         self.report = StatusReport(self, self.probes, self.files, self.recorder, self.aggregator,
                                    self.announcements, self.fencing)
 
@@ -202,6 +203,7 @@ class Daemon:
         control = ControlServer(self.config.control_socket, self.report.status,
                                 explain_provider=self.report.explain, events=self.recorder.feed,
                                 health=self.healthdoc.doc, drains=self.drains,
+                                fences=self.fencing,
                                 group=self.config.control_group,
                                 admin_group=self.config.admin_group)
         await control.start()
