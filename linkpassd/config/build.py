@@ -243,6 +243,7 @@ class _Builder:
         self.check_health(health)
         self.check_probes(probes)
         rails = self.rails(self.entries(doc, RAIL))
+        self.check_fence_probes(fence, probes["enabled"], rails)
         self.check_probe_peers(rails, probes["enabled"])
         groups = self.groups(self.entries(doc, MULTIPATH), rails)
         self.check_capacity(own, len(rails), len(groups), routing["roce_rules"],
@@ -418,6 +419,16 @@ class _Builder:
             self.fail("fence.test_timeout_s", f"{fence['test_timeout_s']:g} must be less than "
                       f"backoff_initial_s ({fence['backoff_initial_s']:g}): a port would spend "
                       "longer up in tests than fenced")
+
+    def check_fence_probes(self, fence: dict[str, Any], probing: bool,
+                           rails: list[dict[str, Any]]) -> None:
+        if not fence["enabled"] or probing:
+            return
+        unprobed = [r["name"] for r in rails if not r["bfd"]]
+        if unprobed:
+            self.fail("fence.enabled", "fencing acts on probe verdicts only (it fences on them and "
+                      "unfences on them), but rail(s) " + ", ".join(unprobed) + " have no probe: "
+                      "enable [probes] or set bfd = true on every rail")
 
     def check_timers(self, timers: dict[str, Any]) -> None:
         if timers["resync_interval_s"] < timers["tick_interval_s"]:

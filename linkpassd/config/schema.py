@@ -530,6 +530,7 @@ FENCE = Section(
     rules=(
         "`backoff_initial_s` ≤ `backoff_max_s`; `test_window_s` < `test_timeout_s`",
         "`test_timeout_s` < `backoff_initial_s` (a test is shorter than the wait before it)",
+        "`enabled = true` needs a probe on every rail: `[probes] enabled` or `bfd` on each rail",
     ),
 )
 

@@ -190,11 +190,12 @@ def lift(fence: Fence, hold_s: float, now: float, who: str = "operator") -> Fenc
 
 def _failing(s: Sight) -> bool:
     """A failure the leaf cannot see: DOWN while the link has carrier, and
-    the port's probes do not say UP now. A DOWN verdict in its hold-down
+    the port's own probes say DOWN now (fenced on probe evidence only, as it
+    is unfenced only on probe evidence). A DOWN verdict in its hold-down
     (the probes UP again, the routes not back yet) is a recovery, not a
     failure: counting it would fence a port for a hiccup plus its hold-down."""
     return (s.verdict is Verdict.DOWN and s.carrier and not s.drained
-            and s.evidence is not Verdict.UP)
+            and s.evidence is Verdict.DOWN)
 
 
 def _triggered(trigger: Trigger, f: Fence, s: Sight, cfg: FenceSettings, now: float,

@@ -86,8 +86,10 @@ def test_a_down_verdict_in_its_hold_down_is_not_a_failure():
     assert r.actions("p0") == []
 
 
-def test_carrier_loss_or_drain_or_degraded_is_not_fenced():
+def test_carrier_loss_or_drain_or_degraded_or_no_probe_word_is_not_fenced():
     r = Run()
+    r.run(60, {"p0": Sight(Verdict.DOWN, carrier=True, evidence=None), "p1": UP})
+    r.run(60, {"p0": Sight(Verdict.DOWN, carrier=True, evidence=Verdict.DEGRADED), "p1": UP})
     r.run(60, {"p0": Sight(Verdict.DOWN, carrier=False), "p1": UP})
     r.run(60, {"p0": Sight(Verdict.DOWN, carrier=True, drained=True), "p1": UP})
     r.run(60, {"p0": Sight(Verdict.DEGRADED, carrier=True), "p1": UP})
