@@ -257,7 +257,12 @@ class Fencing:
         if not up and not down:
             return
         if self.ipr is None:
-            self.ipr = self.make_ipr()
+            try:
+                self.ipr = self.make_ipr()
+            except Exception as exc:  # noqa: BLE001 - never the loop's end; tried again next pass
+                self._problem("socket", "fence writes", f"no netlink socket: {exc!r}")
+                return
+            self._clear("socket")
         added = [p for p in down if p not in self.down]
         self.down.update({p: want_down[p] for p in down})
         try:

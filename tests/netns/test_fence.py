@@ -16,6 +16,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -152,3 +155,105 @@ def test_hiccups_shorter_than_fence_after_never_fence(lab, fence_daemon):
         assert admin_up(lab, rail0.port)
         assert not [e for e in fence_events(daemon)
                     if "fence_fence" in json.dumps(e)], fence_events(daemon)
+
+
+def ctl(daemon: DaemonProcess, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "linkpassd.ctl.main", "--socket", daemon.socket_path,
+                           "--timeout", "10", *args], capture_output=True, text=True, timeout=30)
+
+
+def fence_state(daemon: DaemonProcess, port: str) -> str:
+    out = ctl(daemon, "fences", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    return next(f["state"] for f in json.loads(out.stdout)["fences"] if f["port"] == port)
+
+
+def test_a_fence_outlives_no_daemon_and_an_operator_lifts_it(lab, fence_daemon, tmp_path):
+    """SIGKILL while fenced: the port stays down (nobody may touch it), and the
+    next start brings it up and tests it; with the fault gone it is back. A
+    clean stop brings a fenced port up. `linkpassctl fences` shows the state,
+    `linkpassctl unfence` lifts it while the fault is still there."""
+    rail0 = lab.rails[0]
+    table = f"lp_fencerst{os.getpid()}"
+    with EchoPeerProcess(lab.leaf.name, duration=120):
+        daemon = fence_daemon()
+        wait_for_sync(lambda: assessment(daemon.status(), rail0.port, "echo").get("status") == "ok",
+                      5.0, "echo up on rail0")
+        blackhole(lab, table)
+        try:
+            wait_for_sync(lambda: not admin_up(lab, rail0.port), FENCE_AFTER_S + 3.0, "rail0 fenced")
+            assert fence_state(daemon, rail0.port) == "FENCED"
+            owned = json.loads((tmp_path / "state" / "fences.json").read_text())
+            assert rail0.port in owned["down"]
+            daemon.stop(signal.SIGKILL)
+            time.sleep(0.5)
+            assert not admin_up(lab, rail0.port)  # no daemon, no change
+        finally:
+            lab.leaf.nft(f"delete table inet {table}\n")
+        restarted = fence_daemon()
+        started = time.monotonic()
+        wait_for_sync(lambda: admin_up(lab, rail0.port), 3.0, "rail0 up for a test at start")
+        wait_for_sync(lambda: lab.host.route_nhid(RAIL0_TABLE) == NH0, TEST_WINDOW_S + 6.0,
+                      "rail0 trusted again on its own probes")
+        assert time.monotonic() - started < BACKOFF_S + TEST_WINDOW_S + 6.0
+        assert fence_state(restarted, rail0.port) == "ARMED"
+        assert "fence_unfence" in restarted.log()
+
+        # fenced again, then lifted by the operator while the fault stays
+        blackhole(lab, table)
+        try:
+            wait_for_sync(lambda: not admin_up(lab, rail0.port), FENCE_AFTER_S + 3.0, "rail0 fenced")
+            lifted = ctl(restarted, "unfence", rail0.port, "--for", "1h")
+            assert lifted.returncode == 0, lifted.stderr
+            wait_for_sync(lambda: admin_up(lab, rail0.port), 2.0, "rail0 up after the lift")
+            assert fence_state(restarted, rail0.port) == "LIFTED"
+            time.sleep(BACKOFF_S + FENCE_AFTER_S)  # still dead, lifted: not fenced again
+            assert admin_up(lab, rail0.port)
+            assert lab.host.route_nhid(RAIL0_TABLE) == NH1  # the routes still follow its health
+            assert "fence_release" in restarted.log()
+        finally:
+            lab.leaf.nft(f"delete table inet {table}\n")
+        bad = ctl(restarted, "unfence", "nosuchport")
+        assert bad.returncode == 5 and "nosuchport" in bad.stderr
+
+
+def test_a_clean_stop_brings_a_fenced_port_up(lab, fence_daemon):
+    rail0 = lab.rails[0]
+    table = f"lp_fencestop{os.getpid()}"
+    with EchoPeerProcess(lab.leaf.name, duration=60):
+        daemon = fence_daemon()
+        wait_for_sync(lambda: assessment(daemon.status(), rail0.port, "echo").get("status") == "ok",
+                      5.0, "echo up on rail0")
+        blackhole(lab, table)
+        try:
+            wait_for_sync(lambda: not admin_up(lab, rail0.port), FENCE_AFTER_S + 3.0, "rail0 fenced")
+            assert daemon.stop() == 0
+            assert admin_up(lab, rail0.port)
+        finally:
+            lab.leaf.nft(f"delete table inet {table}\n")
+
+
+def test_never_the_last_healthy_rail(lab, fence_daemon):
+    """Both rails blackholed: both DOWN, neither fenced; the hold is said."""
+    table0 = f"lp_fencel{os.getpid()}"
+    with EchoPeerProcess(lab.leaf.name, duration=60):
+        daemon = fence_daemon()
+        for rail in lab.rails:
+            wait_for_sync(lambda r=rail: assessment(daemon.status(), r.port, "echo").get("status") == "ok",
+                          5.0, "echo up")
+        peers = " ".join(f'"{r.peer}",' for r in lab.rails).rstrip(",")
+        lab.leaf.nft(f"table inet {table0} {{\n"
+                     f"  chain in {{ type filter hook input priority 0; iifname {{ {peers} }} drop; }}\n"
+                     f"  chain out {{ type filter hook output priority 0; oifname {{ {peers} }} drop; }}\n"
+                     "}\n")
+        try:
+            wait_for_sync(lambda: all(assessment(daemon.status(), r.port, "echo").get("status") == "down"
+                                      for r in lab.rails), 3.0, "both rails down")
+            end = time.monotonic() + FENCE_AFTER_S + 2.0
+            while time.monotonic() < end:
+                assert all(admin_up(lab, r.port) for r in lab.rails)
+                time.sleep(0.05)
+            assert "no other rail is healthy" in daemon.log()
+            assert all(fence_state(daemon, r.port) == "CONFIRMING" for r in lab.rails)
+        finally:
+            lab.leaf.nft(f"delete table inet {table0}\n")
