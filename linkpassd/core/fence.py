@@ -156,6 +156,7 @@ class Fence:
     lift_by: str = ""  # a lift asked for and not yet taken by `step` (who asked)
     lift_until: float = 0.0  # ... and when its hold ends
     fences: int = 0  # fences of this port since the daemon started
+    asking: bool = False  # CONFIRMING, held back by the leaf's gate alone: the host asks for a grant
 
 
 @dataclass(frozen=True)
@@ -243,8 +244,12 @@ def _gate(port: str, sights: Mapping[str, Sight], fences: Mapping[str, Fence],
         return (f"host cap: {len(holding)} port(s) fenced already ({', '.join(holding)}), "
                 f"max_fenced {cfg.max_fenced}")
     if not gate.allowed:
-        return gate.reason or "the leaf's fence budget does not allow it"
+        return _leaf_reason(gate)
     return ""
+
+
+def _leaf_reason(gate: Gate) -> str:
+    return gate.reason or "the leaf's fence budget does not allow it"
 
 
 def _advance(f: Fence, s: Sight, cfg: FenceSettings, now: float, why_not: str) -> tuple[Fence, Step]:
@@ -361,19 +366,31 @@ def step(fences: Mapping[str, Fence], sights: Mapping[str, Sight], cfg: FenceSet
             steps.append(Step(port, f.state, State.ARMED, Trigger.LIFT, Action.RELEASE, why_not))
             continue
         new, st = _advance(f, s, cfg, now, why_not)
+        gate = gates.get(port, Gate(True))
+        asking = (new.state is State.CONFIRMING and not gate.allowed
+                  and new.held == _leaf_reason(gate))
+        if asking != new.asking:
+            new = replace(new, asking=asking)
         out[port] = new
         if st.before != st.after or st.action is not Action.NONE or new.held != f.held:
             steps.append(st)
     return out, steps
 
 
+ASKING_PHASE = "FENCE_ASKING"
+
+
 def overlay(states: Mapping[str, PortState], fences: Mapping[str, Fence]) -> dict[str, PortState]:
     """Port states as the routing sees them: a fenced port, and one up for a
     test, is DOWN whatever its health says, so no traffic goes back to it
-    before the fence is over."""
+    before the fence is over. A port that would be fenced but for its leaf's
+    grant keeps its verdict and says so in its phase (`ASKING_PHASE`): that
+    is how the aggregator hears the ask (the port report carries phases)."""
     out = dict(states)
     for port, f in fences.items():
         st = out.get(port)
+        if st is not None and f.asking:
+            out[port] = replace(st, phase=ASKING_PHASE)
         if st is None or f.state not in HOLDING:
             continue
         out[port] = replace(st, verdict=Verdict.DOWN, phase=f"FENCE_{f.state}",

@@ -40,8 +40,9 @@ log = structlog.get_logger("linkpassd")
 
 FENCE_FILE = "fences.json"  # in the state directory
 
-NO_LEAF_GRANT = ("no leaf grant: this linkpass-aggregator grants no per-leaf fence budget, and "
-                 "[fence] require_leaf_grant is true")
+NO_STREAM = ("no leaf grant: no stream to the aggregator, and a fence needs its grant for the "
+             "port's leaf ([fence] require_leaf_grant)")
+NOT_GRANTED = "no leaf grant yet: asked the aggregator (its leaf's cap may be in use)"
 
 _SEVERITY = {Action.FENCE: Severity.WARNING, Action.REFENCE: Severity.WARNING,
              Action.TEST: Severity.INFO, Action.UNFENCE: Severity.INFO,
@@ -104,6 +105,9 @@ class Fencing:
         self.saved: dict[str, float] | None = None
         self.state_dir = ""
         self._problems: dict[str, Problem] = {}
+        # The aggregator's leaf grants: the ports it lets this host fence;
+        # None while there is no stream (AggregatorLink sets it).
+        self.grants: frozenset[str] | None = None
 
     # --------------------------------------------------------------- problems
 
@@ -170,13 +174,28 @@ class Fencing:
         """Step every port's fence (pure, core.fence) and record the steps."""
         self.state_dir = config.state_dir
         seen = sights(config, health, links, drained)
-        grant = Gate(True) if not config.fence.require_leaf_grant else Gate(False, NO_LEAF_GRANT)
-        gates = {p: grant for p in seen}
+        gates = {p: self._gate(config, p) for p in seen}
         order = [r.port for r in config.rails]
         self.fences = {p: f for p, f in self.fences.items() if p in seen or p in order}
         self.fences, steps = fence.step(self.fences, seen, config.fence, gates, now, order)
         for st in steps:
             self._event(st.port, config, st)
+
+    def _gate(self, config: Config, port: str) -> Gate:
+        if not config.fence.require_leaf_grant:
+            return Gate(True)
+        if self.grants is None:
+            return Gate(False, NO_STREAM)
+        return Gate(True) if port in self.grants else Gate(False, NOT_GRANTED)
+
+    def granted(self, ports: Iterable[str] | None) -> None:
+        """The aggregator's grants (None: the stream ended, no grant holds).
+        A grant gates new fences only: a fence made stays under the host's
+        own rules until it ends."""
+        new = None if ports is None else frozenset(ports)
+        if new != self.grants:
+            log.info("fence_grants", ports=sorted(new) if new is not None else "no stream")
+        self.grants = new
 
     def _event(self, port: str, config: Config, st: fence.Step) -> None:
         rail = next((r.name for r in config.rails if r.port == port), "")

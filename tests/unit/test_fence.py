@@ -130,6 +130,24 @@ def test_leaf_gate_holds_the_fence_and_says_why():
     assert r.fences["p0"].held == "leaf L1: 3 of 3 fences in use"
 
 
+def test_held_back_by_the_leaf_alone_is_an_ask_and_says_so_in_the_phase():
+    r = Run(gates={"p0": Gate(False, "no grant")})
+    r.run(6, {"p0": DEAD, "p1": UP})
+    assert r.fences["p0"].asking
+    states = {p: PortState(p, Verdict.DOWN if p == "p0" else Verdict.UP, True, "X", 0.0)
+              for p in ("p0", "p1")}
+    assert fence.overlay(states, r.fences)["p0"].phase == fence.ASKING_PHASE
+    assert fence.overlay(states, r.fences)["p1"].phase == "X"
+    # granted: fenced, and no longer asking
+    r.gates = {"p0": Gate(True)}
+    r.run(0.1, {"p0": DEAD, "p1": UP})
+    assert r.state("p0") is State.FENCED and not r.fences["p0"].asking
+    # held back by the host's own checks: not an ask (the aggregator cannot help)
+    r2 = Run(gates={"p0": Gate(False, "no grant")})
+    r2.run(6, {"p0": DEAD, "p1": Sight(Verdict.DEGRADED, carrier=True)})
+    assert not r2.fences["p0"].asking
+
+
 def test_backoff_then_test_then_unfence_on_own_evidence():
     r = Run()
     r.run(5.1, {"p0": DEAD, "p1": UP})

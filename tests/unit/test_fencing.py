@@ -125,11 +125,23 @@ def test_no_leaf_grant_holds_the_fence_and_says_so(d):
     step(d, 6.0)
     assert d.writes == []
     held = [e for e in d.events if e.name == "fence_held"]
-    assert len(held) == 1 and "no leaf grant" in held[0].field("reason")
+    assert len(held) == 1 and "no stream to the aggregator" in held[0].field("reason")
     m = Metrics(lambda: None)
     for e in d.events:
         m.on_event(e)
     assert m.fence_held_back.labels("eth0")._value.get() == 1
+    # a stream, no grant: asked; then granted: fenced
+    d.f.granted(["eth1"])
+    step(d, 7.0)
+    assert d.writes == [] and d.f.fences["eth0"].asking
+    assert "asked the aggregator" in d.events[-1].field("reason")
+    d.f.granted(["eth0"])
+    step(d, 7.1)
+    assert d.writes[-1][:2] == ("eth0", "down") and not d.f.fences["eth0"].asking
+    # the stream ends: the fence made stays
+    d.f.granted(None)
+    step(d, 8.0, eth0_up=False)
+    assert d.f.fences["eth0"].state is State.FENCED
 
 
 def test_a_restart_tests_what_it_left_down(d):
