@@ -378,6 +378,7 @@ def step(fences: Mapping[str, Fence], sights: Mapping[str, Sight], cfg: FenceSet
 
 
 ASKING_PHASE = "FENCE_ASKING"
+HOLDING_PHASES = tuple(f"FENCE_{s}" for s in HOLDING)  # what overlay sets on a held port
 
 
 def overlay(states: Mapping[str, PortState], fences: Mapping[str, Fence]) -> dict[str, PortState]:

@@ -172,6 +172,7 @@ class Daemon:
         self.announcements = Announcements(self.recorder.emit, wallclock)
         self.fencing = Fencing(self.recorder.emit, wallclock, config=lambda: self.config,
                                clock=clock, nudge=lambda: self.queue.put_nowait(Tick()))
+        self.aggregator.on_fence_grants = self.fencing.granted
         self.report = StatusReport(self, self.probes, self.files, self.recorder, self.aggregator,
                                    self.announcements, self.fencing)
 
