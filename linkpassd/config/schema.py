@@ -522,10 +522,11 @@ FENCE = Section(
                (_between(1, 366 * 86400),)),
         Option("require_leaf_grant", BOOL, True,
                "Fence only with the aggregator's grant for the port's leaf (a cap per leaf across "
-               "hosts, so that a leaf failure does not fence every host's port). "
-               "linkpass-aggregator does not grant leaf budgets yet, so with true nothing is "
-               "fenced (docs/fencing.md); false: the host's own checks (`max_fenced`, never the "
-               "last healthy rail) decide alone."),
+               "hosts, linkpass-aggregator's `[fence] leaf_cap`, so that a leaf failure does not "
+               "fence every host's port). Without a stream to the aggregator (or without "
+               "`[aggregator]`) nothing is fenced then; the rail's `leaf` must be set "
+               "(docs/fencing.md). false: the host's own checks (`max_fenced`, never the last "
+               "healthy rail) decide alone."),
     ),
     rules=(
         "`backoff_initial_s` ≤ `backoff_max_s`; `test_window_s` < `test_timeout_s`",
