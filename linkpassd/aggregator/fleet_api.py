@@ -142,8 +142,8 @@ class FleetServicer(pb_grpc.FleetServiceServicer):
                 name = _verdict_name(port.verdict)
                 verdicts[name] = verdicts.get(name, 0) + 1
         return pb.GetSummaryResponse(
-            days=[pb.DaySummary(day=d, failures_absorbed=n, gpu_hours_saved=h)
-                  for d, n, h in savings.summarize(totals, cost, days, today)],
+            days=[pb.DaySummary(day=d, failures_absorbed=n, gpu_hours_saved=h, failures_outgoing_only=o)
+                  for d, n, h, o in savings.summarize(totals, cost, days, today)],
             restart_cost_s=cost * 60.0, hosts=len(hosts.hosts),
             hosts_connected=sum(1 for h in hosts.hosts if h.connected), ports_by_verdict=verdicts)
 

@@ -136,5 +136,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
            END $$""",
         "ALTER TABLE events ALTER COLUMN id DROP IDENTITY IF EXISTS",
     ),
+    (  # 3: absorbed keeps the savings facts (savings.Fact): failovers, address moves, FRR reports.
+        # Rows from before are failovers whose rail was not kept: no address
+        # move can be paired with them, so they count as outgoing only.
+        "ALTER TABLE absorbed ADD COLUMN rail TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE absorbed ADD COLUMN fact TEXT NOT NULL DEFAULT 'failover'",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

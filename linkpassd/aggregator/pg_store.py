@@ -2,7 +2,7 @@
 
 Same results as the SQLite store for the same calls (sqlite_store.py explains
 the accounting: exactly once by UNIQUE(host_id, boot_id, seq), lost seqs and
-late fills, the retention floor, absorbed totals that outlive events), plus
+late fills, the retention floor, the savings facts that outlive events), plus
 the `SharedStore` methods (store.py) replicas coordinate through. Why it is
 built this way:
 
@@ -76,7 +76,7 @@ from linkpassd.aggregator.pg_schema import (
     MIGRATION_LOCK,
     role_key,
 )
-from linkpassd.aggregator.savings import day_of
+from linkpassd.aggregator.savings import FactRow, count_days, day_of
 from linkpassd.aggregator.sqlite_store import MAX_SEQ
 from linkpassd.aggregator.sqlite_store import _checked as checked_batch
 from linkpassd.aggregator.store import (
@@ -550,11 +550,12 @@ class PgStore:
         return page
 
     async def day_totals(self, since: float, until: float) -> list[DayTotal]:
-        rows = await self._fetch("reading day totals",
-                                 "SELECT day, COUNT(*), LEAST(SUM(gpus), 9223372036854775807)::BIGINT "
-                                 "FROM absorbed WHERE wall >= $1 AND wall < $2 "
-                                 'GROUP BY day ORDER BY day COLLATE "C"', float(since), float(until))
-        return [DayTotal(day=day, failures_absorbed=n, gpus=gpus) for day, n, gpus in rows]
+        """The failovers in range and every other fact of their boots, judged
+        by savings.count_days (as SqliteStore.day_totals)."""
+        rows = await self._fetch("reading day totals", FACTS_SQL, float(since), float(until))
+        return count_days((FactRow(host_id=h, boot_id=b, seq=seq, wall=wall, rail=rail, fact=fact,
+                                   gpus=gpus, day=day)
+                           for h, b, seq, wall, day, gpus, rail, fact in rows), since, until)
 
     async def prune(self, before: float) -> int:
         """Chunk by chunk, each its own transaction, so event inserts wait
@@ -795,6 +796,12 @@ class PgStore:
             return
 
 
+# day_totals: every fact of the boots with a failover in [$1, $2)
+# (SqliteStore's FACTS_SQL says why).
+FACTS_SQL = """SELECT host_id, boot_id, seq, wall, day, gpus, rail, fact FROM absorbed
+WHERE (host_id, boot_id) IN (SELECT host_id, boot_id FROM absorbed
+                             WHERE fact = 'failover' AND wall >= $1 AND wall < $2)"""
+
 # One statement stores a whole group: the hosts and boots rows (locked, in key
 # order, so two replicas' groups lock shared rows in the same order), the
 # events above each boot's retention floor with their ids, and the savings
@@ -825,10 +832,11 @@ e AS (
   ON CONFLICT (host_id, boot_id, seq) DO NOTHING
   RETURNING host_id, boot_id, seq),
 a AS (
-  INSERT INTO absorbed (host_id, boot_id, seq, wall, day, gpus)
-  SELECT a.host_id, a.boot_id, a.seq, a.wall, a.day, a.gpus
-  FROM unnest($18::TEXT[], $19::TEXT[], $20::BIGINT[], $21::FLOAT8[], $22::TEXT[], $23::BIGINT[])
-       AS a(host_id, boot_id, seq, wall, day, gpus)
+  INSERT INTO absorbed (host_id, boot_id, seq, wall, day, gpus, rail, fact)
+  SELECT a.host_id, a.boot_id, a.seq, a.wall, a.day, a.gpus, a.rail, a.fact
+  FROM unnest($18::TEXT[], $19::TEXT[], $20::BIGINT[], $21::FLOAT8[], $22::TEXT[], $23::BIGINT[],
+              $24::TEXT[], $25::TEXT[])
+       AS a(host_id, boot_id, seq, wall, day, gpus, rail, fact)
   JOIN b ON b.host_id = a.host_id AND b.boot_id = a.boot_id
   WHERE a.seq > b.floor_seq
   ON CONFLICT DO NOTHING)
@@ -856,7 +864,7 @@ async def _store_group(conn: asyncpg.Connection, calls: list[_AddCall], rank: in
         seen[2] = max(seen[2], call.now)
     boots = sorted({(call.host_id, call.boot_id) for call in calls})
     ev: tuple[list, ...] = ([], [], [], [], [], [], [], [], [], [])
-    ab: tuple[list, ...] = ([], [], [], [], [], [])
+    ab: tuple[list, ...] = ([], [], [], [], [], [], [], [])
     for call in calls:
         n = len(call.events)
         ev[0].extend([call.host_id] * n)
@@ -865,9 +873,9 @@ async def _store_group(conn: asyncpg.Connection, calls: list[_AddCall], rank: in
             column.extend(values)
         ev[9].extend([call.now] * n)
         for e in call.events:
-            if e.absorbed_gpus > 0:
+            if e.fact:
                 for column, value in zip(ab, (call.host_id, call.boot_id, e.seq, float(e.wall), day_of(e.wall),
-                                              e.absorbed_gpus)):
+                                              e.gpus, e.rail, e.fact)):
                     column.append(value)
     rows = await conn.fetch(GROUP_SQL, list(hosts), [v[0] for v in hosts.values()], [v[1] for v in hosts.values()],
                             [v[2] for v in hosts.values()], [h for h, _ in boots], [b for _, b in boots], rank,

@@ -39,6 +39,7 @@ from linkpassd.aggregator.metrics import AggregatorMetrics
 from linkpassd.aggregator.session import HostSession, StreamEnd
 from linkpassd.aggregator.settings import Settings
 from linkpassd.aggregator.store import (
+    ANNOUNCE,
     CHANNEL_HOSTS,
     RAIL_PATH,
     EventRow,
@@ -72,6 +73,7 @@ MAX_PENDING_STREAMS = 65536
 HANDSHAKE_TIMEOUT_MS = 10_000
 MAX_STREAMS_PER_CONNECTION = 1024
 LAG_TICK_S = 0.05  # the loop-lag probe's timer
+ACCOUNTED = frozenset({RAIL_PATH, ANNOUNCE})  # the kinds whose events can be savings facts (savings.fact)
 MERGED_EVENTS_MAX = 4000  # events of waiting batches stored in one call (8 agent batches of 500)
 
 
@@ -413,10 +415,11 @@ class AgentServicer:
             kind = kind_name(event.kind)
             rail = event.rail
             stamp = event.time
-            absorbed = (kind == RAIL_PATH and savings.absorbed(kind, rail, event.fields))
+            fact = savings.fact(kind, rail, event.fields) if kind in ACCOUNTED else None
             rows.append(EventRow(
                 seq, stamp.ToNanoseconds() / 1e9, kind, severity_name(event.severity), event.port,
-                rail, event.SerializeToString(), gpus.get(rail, savings.DEFAULT_GPUS) if absorbed else 0))
+                rail, event.SerializeToString(), fact or "",
+                gpus.get(rail, savings.DEFAULT_GPUS) if fact is savings.Fact.FAILOVER else 0))
         session.last_seq[boot] = previous
         return boot, rows, gap
 

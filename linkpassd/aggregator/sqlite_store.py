@@ -42,9 +42,13 @@ Why these choices:
   the newest seq accounted for, what was counted lost, and the newest seq
   retention deleted (`floor_seq`): a resend of an event already pruned is a
   duplicate, not a new arrival.
-- **Savings outlive events.** Each absorbed failure is also written to
-  `absorbed` (same key), which retention does not touch: the page's per-day
-  totals stay right after the events themselves are gone.
+- **Savings outlive events.** Each event that is a savings fact (a
+  failover, a move of a rail's address, an FRR report: savings.Fact) is
+  also written to `absorbed` (same key), which retention does not touch:
+  the page's per-day totals stay right after the events themselves are
+  gone. Whether a failover was absorbed (both directions) is judged when
+  the totals are read (savings.count_days), so the facts of one failure
+  may arrive in any order and batch.
 - **Retention in chunks.** `prune` deletes at most PRUNE_CHUNK events per
   transaction, one worker job each, so writers queued meanwhile run between
   chunks and the write lock is never held for long.
@@ -63,7 +67,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from linkpassd.aggregator import bounds
-from linkpassd.aggregator.savings import day_of
+from linkpassd.aggregator.savings import FactRow, count_days, day_of
 from linkpassd.aggregator.store import (
     AddResult,
     DayTotal,
@@ -135,10 +139,24 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
              PRIMARY KEY (host_id, boot_id, seq)) WITHOUT ROWID""",
         "CREATE INDEX absorbed_by_wall ON absorbed (wall)",
     ),
+    (  # 2: absorbed keeps the savings facts (savings.Fact): failovers, address moves, FRR reports.
+        # Rows from schema 1 are failovers whose rail was not kept: no address
+        # move can be paired with them, so they count as outgoing only.
+        "ALTER TABLE absorbed ADD COLUMN rail TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE absorbed ADD COLUMN fact TEXT NOT NULL DEFAULT 'failover'",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
 _EVENT_COLUMNS = "id, host_id, boot_id, seq, wall, kind, port, body, stored_at"
+
+# day_totals: every fact of the boots with a failover in [?, ?): an FRR
+# report long before the range still says FRR's state, and a failover just
+# outside it may have taken an address move (savings.judge_boot).
+FACTS_SQL = (
+    "SELECT host_id, boot_id, seq, wall, day, gpus, rail, fact FROM absorbed "
+    "WHERE (host_id, boot_id) IN (SELECT host_id, boot_id FROM absorbed "
+    "                             WHERE fact = 'failover' AND wall >= ? AND wall < ?)")
 
 
 class SqliteStore:
@@ -562,11 +580,11 @@ class SqliteStore:
                 [(host_id, boot_id, e.seq, e.wall, e.kind, e.severity, e.port, e.rail, bytes(e.body), now)
                  for e in fresh])
             stored = conn.total_changes - before
-            absorbed = [(host_id, boot_id, e.seq, e.wall, day_of(e.wall), e.absorbed_gpus)
-                        for e in fresh if e.absorbed_gpus > 0]
-            if absorbed:
-                conn.executemany("INSERT OR IGNORE INTO absorbed (host_id, boot_id, seq, wall, day, gpus) "
-                                 "VALUES (?, ?, ?, ?, ?, ?)", absorbed)
+            facts = [(host_id, boot_id, e.seq, e.wall, day_of(e.wall), e.gpus, e.rail, e.fact)
+                     for e in fresh if e.fact]
+            if facts:
+                conn.executemany("INSERT OR IGNORE INTO absorbed (host_id, boot_id, seq, wall, day, gpus, rail, fact) "
+                                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", facts)
             top = max(events[-1].seq if events else 0, gap[1] if gap else 0)
             above = sum(1 for e in events if e.seq > prev)
             newly_lost = (top - prev) - above if top > prev else 0
@@ -612,10 +630,11 @@ class SqliteStore:
 
     @staticmethod
     def _day_totals(conn: sqlite3.Connection, since: float, until: float) -> list[DayTotal]:
-        rows = conn.execute("SELECT day, COUNT(*), CAST(MIN(TOTAL(gpus), 9223372036854775807.0) AS INTEGER) "
-                            "FROM absorbed WHERE wall >= ? AND wall < ? "
-                            "GROUP BY day ORDER BY day", (since, until))
-        return [DayTotal(day=day, failures_absorbed=n, gpus=gpus) for day, n, gpus in rows]
+        """The failovers in range and every other fact of their boots, judged by savings.count_days."""
+        rows = conn.execute(FACTS_SQL, (since, until))
+        return count_days((FactRow(host_id=h, boot_id=b, seq=seq, wall=wall, rail=rail, fact=fact,
+                                   gpus=gpus, day=day)
+                           for h, b, seq, wall, day, gpus, rail, fact in rows), since, until)
 
     async def prune(self, before: float) -> int:
         """Chunk by chunk, each its own worker job and transaction, so what

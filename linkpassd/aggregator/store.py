@@ -37,6 +37,7 @@ class OutOfOrder(StoreError):
 _KIND_NAMES = {number: name.removeprefix("EVENT_KIND_").lower() for name, number in cpb.EventKind.items()}
 _SEVERITY_NAMES = {number: name.removeprefix("SEVERITY_").lower() for name, number in cpb.Severity.items()}
 RAIL_PATH = _KIND_NAMES[cpb.EVENT_KIND_RAIL_PATH]
+ANNOUNCE = _KIND_NAMES[cpb.EVENT_KIND_ANNOUNCE]
 
 def kind_name(value: int) -> str:
     """EventKind number -> the core name ("rail_path"); unknown numbers (a newer agent) stay
@@ -61,7 +62,8 @@ class EventRow:
     port: str
     rail: str
     body: bytes  # the serialized linkpass.v1.Event, returned as given
-    absorbed_gpus: int = 0  # > 0: a failure absorbed, with this many GPUs behind it (aggregator.savings)
+    fact: str = ""  # what the savings accounting keeps of it (aggregator.savings.Fact; "": nothing)
+    gpus: int = 0  # a failover: the GPUs behind its rail
 
 
 @dataclass(frozen=True)
@@ -104,9 +106,10 @@ class EventQuery:
 
 @dataclass(frozen=True)
 class DayTotal:
-    day: str  # "YYYY-MM-DD", UTC, by the event's wall time
-    failures_absorbed: int
-    gpus: int  # sum of GPUs behind the failed ports (x restart cost = GPU time saved)
+    day: str  # "YYYY-MM-DD", UTC, by the failover's wall time
+    failures_absorbed: int  # both directions recovered (aggregator.savings)
+    gpus: int  # sum of GPUs behind the absorbed failures' ports (x restart cost = GPU time saved)
+    failures_outgoing_only: int = 0  # failed over, but traffic to the rail's address did not move
 
 
 @dataclass(frozen=True)
@@ -152,11 +155,13 @@ class Store(Protocol):
         """Oldest first, by id."""
 
     async def day_totals(self, since: float, until: float) -> list[DayTotal]:
-        """Absorbed failures per UTC day with wall time in [since, until)."""
+        """Failovers per UTC day with wall time in [since, until), absorbed
+        (both directions) or outgoing only: savings.count_days over the
+        stored facts."""
 
     async def prune(self, before: float) -> int:
         """Delete events with wall time before `before` (retention); the
-        number deleted. Absorbed-failure totals stay."""
+        number deleted. The savings facts (day_totals) stay."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import structlog
 from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2
 from linkpassd.aggregator.identity import Refusal
+from linkpassd.aggregator.savings import INCOMING_WITHIN_S
 from linkpassd.fleet import grid
 
 log = structlog.get_logger("linkpassd.aggregator.web")
@@ -215,16 +216,24 @@ def _events_html(events: Sequence[fleet_pb2.FleetEvent]) -> str:
 def _summary_html(summary: fleet_pb2.GetSummaryResponse) -> str:
     days = sorted(summary.days, key=lambda d: d.day, reverse=True)
     total_failures = sum(d.failures_absorbed for d in days)
+    total_outgoing = sum(d.failures_outgoing_only for d in days)
     total_hours = sum(d.gpu_hours_saved for d in days)
     rows = "".join(f'<tr data-day="{_e(d.day)}"><td>{_e(d.day)}</td><td>{d.failures_absorbed}</td>'
-                   f'<td>{d.gpu_hours_saved:.1f}</td></tr>' for d in days)
+                   f'<td>{d.failures_outgoing_only}</td><td>{d.gpu_hours_saved:.1f}</td></tr>' for d in days)
     verdicts = ", ".join(f"{_e(k)} {v}" for k, v in sorted(summary.ports_by_verdict.items())) or "none"
     return (f'<p id="totals">{total_failures} failures absorbed, <strong>{total_hours:.1f} GPU-hours saved</strong> '
             f'over {len(days)} day{"" if len(days) == 1 else "s"} '
             f'(restart cost {summary.restart_cost_s / 60:g} min per failure × GPUs '
-            f'behind the port). Ports now: {verdicts}.</p>'
+            f'behind the port); {total_outgoing} outgoing only. Ports now: {verdicts}.</p>'
+            '<p class="meta" id="absorbed-rule">Absorbed: both directions recovered. The rail failed over '
+            f'(not a drain) and, within {INCOMING_WITHIN_S:g} s, its address was withdrawn from the failed '
+            'rail and announced through a healthy rail ([announce]) while the host\'s FRR was announcing. '
+            'Outgoing only: the '
+            'host\'s traffic moved, but traffic to the failed rail kept arriving over it (no [announce], '
+            'or FRR stopped or not importing): the job may still have stalled, so no GPU-hours are '
+            'counted.</p>'
             '<table id="accounting"><thead><tr><th>day (UTC)</th><th>failures absorbed</th>'
-            f'<th>GPU-hours saved</th></tr></thead><tbody>{rows}</tbody></table>')
+            f'<th>outgoing only</th><th>GPU-hours saved</th></tr></thead><tbody>{rows}</tbody></table>')
 
 
 def _validation_html(report: fleet_pb2.ValidationReport | None, now: float) -> str:

@@ -247,13 +247,18 @@ def render_fleet_events(events: list[pb.FleetEvent]) -> str:
 
 def render_summary(resp: pb.GetSummaryResponse) -> str:
     days = sorted(resp.days, key=lambda d: d.day)
-    rows = [[d.day, str(d.failures_absorbed), f"{d.gpu_hours_saved:.1f}"] for d in days]
+    rows = [[d.day, str(d.failures_absorbed), str(d.failures_outgoing_only), f"{d.gpu_hours_saved:.1f}"]
+            for d in days]
     rows.append(["total", str(sum(d.failures_absorbed for d in days)),
+                 str(sum(d.failures_outgoing_only for d in days)),
                  f"{sum(d.gpu_hours_saved for d in days):.1f}"])
     verdicts = ", ".join(f"{v} {k}" for k, v in sorted(resp.ports_by_verdict.items())) or "none reported"
     return "\n\n".join([
-        table(["DAY (UTC)", "FAILURES ABSORBED", "GPU-HOURS SAVED"], rows),
-        f"a failure absorbed: a rail failed over to another path (not a drain) while traffic kept flowing;\n"
+        table(["DAY (UTC)", "FAILURES ABSORBED", "OUTGOING ONLY", "GPU-HOURS SAVED"], rows),
+        f"a failure absorbed: both directions recovered: a rail failed over to another path (not a drain),\n"
+        f"and within 5 s its address was announced through a healthy rail ([announce]) with FRR announcing;\n"
+        f"outgoing only: the host's traffic moved, traffic to the failed rail did not (no [announce], or FRR\n"
+        f"missing): no GPU-hours counted\n"
         f"saved = GPUs behind the port x restart cost {resp.restart_cost_s / 60:g} min\n"
         f"hosts {resp.hosts} ({resp.hosts_connected} connected); ports now: {verdicts}",
     ])

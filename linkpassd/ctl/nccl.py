@@ -97,7 +97,9 @@ def render(env: dict[str, str], doc: healthdoc.HealthDoc, fmt: str) -> str:
               callback=_failover_version,
               help="Also print what NCCL's port failover needs (NCCL_IB_RESILIENCY_PORT_FAILOVER=1 "
                    "and NCCL_NET_FORCE_MERGE over the usable ports), for the NCCL version the job "
-                   "runs (2.29.7 or later; an older one is refused).")
+                   "runs (2.29.7 or later; an older one is refused). NCCL moves a queue pair only "
+                   "on its completion error (for a port that silently stops delivering: after the IB retry timer) "
+                   "and only to another port of its merged NIC, one failed port per merged NIC.")
 @click.option("--merge-size", type=click.IntRange(2, healthdoc.MERGE_MAX),
               default=healthdoc.DEFAULT_MERGE_SIZE, show_default=True,
               help="With --port-failover: ports per merged NIC, cut in rail order. A port fails "
@@ -111,7 +113,8 @@ def nccl_env(path: str, fmt: str, no_pid_check: bool,
     Use before starting a job: eval "$(linkpassctl nccl-env --format export)".
     With --port-failover 2.29.7 (the job's NCCL version), also
     NCCL_IB_RESILIENCY_PORT_FAILOVER=1 and NCCL_NET_FORCE_MERGE merging the
-    usable RDMA ports in groups of --merge-size; notes go to stderr.
+    usable RDMA ports in groups of --merge-size; notes go to stderr. NCCL
+    then survives one failed port per merged NIC; see docs/launchers.md.
     Exits 6 when the health file is missing, unreadable or stale (linkpassd gone),
     7 when no port is usable (stdout stays empty), 2 on a bad option, including
     a malformed NCCL version or one older than 2.29.7.

@@ -37,11 +37,14 @@ from linkpassd.aggregator.store import (
     is_shared,
 )
 from test_agg_store import (  # noqa: F401 - collected here, against PgStore
+    DAY0,
     DEADLINE_S,
     REPO,
+    fact_row,
     held,
     rows,
     run,
+    test_a_failover_counts_as_absorbed_only_with_its_address_moved,
     test_a_restart_keeps_hosts_events_and_what_was_acked,
     test_any_interleaving_of_resent_batches_stores_each_event_once,
     test_concurrent_batches_from_eight_hosts_are_all_stored,
@@ -517,13 +520,38 @@ def test_a_schema_1_database_keeps_its_events_and_new_ids_come_after_them(pg_clu
 
     async def scenario():
         async with opened(dsn) as store:
-            assert await store.schema_version() == 2
+            assert await store.schema_version() == pg_schema.SCHEMA_VERSION  # through 2 and on
             old = await store.events(EventQuery(limit=1000))
             assert [e.id for e in old] == list(range(1, 51))
             await store.add_events("new", "b", rows(range(1, 11)), None, 1.0)
             after = await store.events(EventQuery(after_id=50, limit=1000))
             assert [(e.host_id, e.seq) for e in after] == [("new", s) for s in range(1, 11)]
             assert after[0].id > 50 and [e.id for e in after] == sorted(e.id for e in after)
+    run(scenario())
+
+
+def test_failovers_stored_before_the_facts_were_kept_count_as_outgoing_only(pg_cluster, pg_databases,
+                                                                           monkeypatch):
+    """Migration 3 on a database of schema 2: its `absorbed` rows kept no
+    rail, so no address move pairs with them: outgoing only, not lost."""
+    dsn = pg_databases()
+    with monkeypatch.context() as m:
+        m.setattr(pg_schema, "MIGRATIONS", pg_schema.MIGRATIONS[:2])
+        m.setattr(pg_schema, "SCHEMA_VERSION", 2)
+
+        async def schema_2():
+            async with opened(dsn):
+                pass
+        run(schema_2())
+    pg_cluster.psql(f"INSERT INTO absorbed (host_id, boot_id, seq, wall, day, gpus) "
+                    f"VALUES ('h1', 'b1', 1, {DAY0 + 10}, '2026-01-01', 8)", database=db_name(dsn))
+
+    async def scenario():
+        async with opened(dsn) as store:
+            assert await store.schema_version() == pg_schema.SCHEMA_VERSION
+            await store.add_events("h1", "b1", [fact_row(2, "detoured", DAY0 + 10.01)], None, 1.0)
+            (total,) = await store.day_totals(DAY0, DAY0 + 86400)
+            assert (total.failures_absorbed, total.gpus, total.failures_outgoing_only) == (0, 0, 1)
     run(scenario())
 
 

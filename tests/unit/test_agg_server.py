@@ -540,6 +540,9 @@ def test_probe_peers_follow_joins_and_leaves(pki: Path, tmp_path: Path) -> None:
 
 
 def test_summary_counts_absorbed_failures_with_the_gpus_behind_them(pki: Path, tmp_path: Path) -> None:
+    """Absorbed: the failover and the move of the rail's address through
+    the healthy rail. A failover alone is outgoing only (the old rule
+    counted it absorbed); a drain and the failback are neither."""
     async def scenario() -> None:
         async with serving(tls_settings(pki, tmp_path / "fleet.db", restart_cost_min=30.0)) as server:
             async with channel(server.port, pki, "h1") as ch:
@@ -547,17 +550,29 @@ def test_summary_counts_absorbed_failures_with_the_gpus_behind_them(pki: Path, t
                 await agent.connect("h1")
                 await agent.send(inventory("198.18.0.1/24", gpus=4))
                 failover = {"path": "rail1", "previous": "rail0", "cause": "verdict"}
+                failback = {"path": "rail0", "previous": "rail1", "cause": "recovered"}
                 drain = {"path": "rail1", "previous": "rail0", "cause": "drain"}
+                moved = {"address": "198.18.0.1", "change": "detoured", "via": "rail1", "role": "detour",
+                         "previous": "rail0"}
+                fleet = pb_grpc.FleetServiceStub(ch)
+
+                async def today() -> tuple[int, float, int]:
+                    summary = await fleet.GetSummary(pb.GetSummaryRequest(days=2), timeout=DEADLINE_S)
+                    assert len(summary.days) == 2
+                    assert (summary.hosts, summary.hosts_connected, summary.restart_cost_s) == (1, 1, 1800.0)
+                    day = summary.days[-1]
+                    return day.failures_absorbed, day.gpu_hours_saved, day.failures_outgoing_only
+
                 await agent.send(pb.ConnectRequest(events=pb.EventBatch(boot_id="boot-a", events=[
                     event("boot-a", 1, kind=cpb.EVENT_KIND_RAIL_PATH, fields=failover),
                     event("boot-a", 2, kind=cpb.EVENT_KIND_RAIL_PATH, fields=drain)])))
                 assert (await agent.read_kind("ack")).ack.seq == 2
-                summary = await pb_grpc.FleetServiceStub(ch).GetSummary(pb.GetSummaryRequest(days=2),
-                                                                        timeout=DEADLINE_S)
-                assert len(summary.days) == 2
-                today = summary.days[-1]
-                assert (today.failures_absorbed, today.gpu_hours_saved) == (1, 2.0)
-                assert (summary.hosts, summary.hosts_connected, summary.restart_cost_s) == (1, 1, 1800.0)
+                assert await today() == (0, 0.0, 1)  # the host's traffic moved, traffic to rail0 did not
+                await agent.send(pb.ConnectRequest(events=pb.EventBatch(boot_id="boot-a", events=[
+                    event("boot-a", 3, kind=cpb.EVENT_KIND_ANNOUNCE, fields=moved),
+                    event("boot-a", 4, kind=cpb.EVENT_KIND_RAIL_PATH, fields=failback)])))
+                assert (await agent.read_kind("ack")).ack.seq == 4
+                assert await today() == (1, 2.0, 0)
                 agent.call.cancel()
 
     run(scenario())

@@ -37,9 +37,16 @@ def run(coro):
 
 
 def rows(seqs: Iterable[int], *, kind: str = "verdict", port: str = "eth1", rail: str = "rail0",
-         wall0: float = DAY0, gpus: int = 0) -> list[EventRow]:
+         wall0: float = DAY0, gpus: int = 0, fact: str = "") -> list[EventRow]:
     return [EventRow(seq=s, wall=wall0 + s, kind=kind, severity="info", port=port, rail=rail,
-                     body=f"event {s}".encode(), absorbed_gpus=gpus) for s in seqs]
+                     body=f"event {s}".encode(), fact=fact, gpus=gpus) for s in seqs]
+
+
+def fact_row(seq: int, fact: str, wall: float, *, rail: str = "rail0", gpus: int = 0) -> EventRow:
+    """An event as the server hands it over when savings.fact gave it `fact`."""
+    kind = "rail_path" if fact == "failover" else "announce"
+    return EventRow(seq=seq, wall=wall, kind=kind, severity="warning", port="", rail=rail,
+                    body=f"event {seq}".encode(), fact=fact, gpus=gpus)
 
 
 @asynccontextmanager
@@ -250,6 +257,28 @@ def test_migrations_apply_in_order_each_all_or_nothing(tmp_path, monkeypatch):
         assert "later" in tables and "half" not in tables
 
 
+def test_failovers_stored_before_the_facts_were_kept_count_as_outgoing_only(tmp_path, monkeypatch):
+    """Schema 1 kept no rail with a failover: no address move can be paired
+    with it, so it is counted (as outgoing only), not lost and not absorbed."""
+    path = tmp_path / "f.db"
+    monkeypatch.setattr(sqlite_store, "MIGRATIONS", sqlite_store.MIGRATIONS[:1])
+    monkeypatch.setattr(sqlite_store, "SCHEMA_VERSION", 1)
+    run(_open_close(path))
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO absorbed (host_id, boot_id, seq, wall, day, gpus) "
+                     "VALUES ('h1', 'b1', 1, ?, '2026-01-01', 8)", (DAY0 + 10,))
+    monkeypatch.undo()
+
+    async def scenario():
+        async with opened(path) as store:
+            assert await store.schema_version() == SCHEMA_VERSION
+            await store.add_events("h1", "b1", [fact_row(2, "detoured", DAY0 + 10.01)], None, 1.0)
+            (total,) = await store.day_totals(DAY0, DAY0 + 86400)
+            assert (total.failures_absorbed, total.gpus, total.failures_outgoing_only) == (0, 0, 1)
+
+    run(scenario())
+
+
 def test_a_database_newer_than_the_code_is_refused_naming_both_versions(tmp_path):
     path = tmp_path / "f.db"
     with sqlite3.connect(path) as conn:
@@ -373,17 +402,19 @@ def test_retention_prunes_old_events_in_chunks_and_keeps_the_savings(open_store,
 
     async def scenario():
         async with open_store() as store:
-            await store.add_events("h1", "b1", rows(range(1, 31), kind="rail_path", gpus=8), None, 1.0)
+            # 15 failovers of rail0, each with its address moved through rail1 in the next event
+            batch = [fact_row(s, "failover" if s % 2 else "detoured", DAY0 + s, gpus=8 if s % 2 else 0)
+                     for s in range(1, 31)]
+            await store.add_events("h1", "b1", batch, None, 1.0)
             assert await store.prune(DAY0 + 21) == 20  # walls DAY0+1 .. DAY0+20: three chunks of 7
             assert await held(store) == list(range(21, 31))
             (total,) = await store.day_totals(DAY0, DAY0 + 86400)
-            assert (total.day, total.failures_absorbed, total.gpus) == ("2026-01-01", 30, 240)
-            resent = await store.add_events("h1", "b1", rows(range(1, 31), kind="rail_path", gpus=8),
-                                            None, 2.0)
+            assert (total.day, total.failures_absorbed, total.gpus) == ("2026-01-01", 15, 120)
+            resent = await store.add_events("h1", "b1", batch, None, 2.0)
             assert (resent.stored, resent.duplicates) == (0, 30)  # pruned ones do not come back
             assert await held(store) == list(range(21, 31))
             (total,) = await store.day_totals(DAY0, DAY0 + 86400)
-            assert total.failures_absorbed == 30  # not counted twice
+            assert (total.failures_absorbed, total.failures_outgoing_only) == (15, 0)  # not counted twice
             assert await store.prune(DAY0) == 0
     run(scenario())
 
@@ -392,16 +423,56 @@ def test_day_totals_are_per_utc_day_in_a_half_open_range(open_store):
     async def scenario():
         async with open_store() as store:
             walls = {1: DAY0 - 0.5, 2: DAY0, 3: DAY0 + 86399.9, 4: DAY0 + 86400, 5: DAY0 + 86401}
-            events = [EventRow(seq=s, wall=w, kind="rail_path", severity="warning", port="eth1",
-                               rail="rail0", body=b"", absorbed_gpus=s) for s, w in walls.items()]
+            # each failover on rail<seq>, its address moved 10 ms later (seq + 10)
+            events = [fact_row(s, "failover", w, rail=f"rail{s}", gpus=s) for s, w in walls.items()]
             events.append(EventRow(seq=6, wall=DAY0 + 5, kind="verdict", severity="info", port="eth1",
-                                   rail="rail0", body=b""))  # no failure absorbed
+                                   rail="rail0", body=b""))  # no fact
+            events += [fact_row(s + 10, "detoured", w + 0.01, rail=f"rail{s}") for s, w in walls.items()]
             await store.add_events("h1", "b1", events, None, 1.0)
             totals = await store.day_totals(DAY0 - 86400, DAY0 + 2 * 86400)
             assert [(t.day, t.failures_absorbed, t.gpus) for t in totals] == [
                 ("2025-12-31", 1, 1), ("2026-01-01", 2, 5), ("2026-01-02", 2, 9)]
             totals = await store.day_totals(DAY0, DAY0 + 86400)  # until excluded
             assert [(t.day, t.failures_absorbed, t.gpus) for t in totals] == [("2026-01-01", 2, 5)]
+    run(scenario())
+
+
+def test_a_failover_counts_as_absorbed_only_with_its_address_moved(open_store):
+    """The facts of one failure, in one batch either way round or in two
+    batches, from the host's own seqs: absorbed once the address moved;
+    without it (or with FRR missing) outgoing only; the failback nothing."""
+    async def totals(store) -> list[tuple[str, int, int, int]]:
+        return [(t.day, t.failures_absorbed, t.gpus, t.failures_outgoing_only)
+                for t in await store.day_totals(DAY0, DAY0 + 86400)]
+
+    async def scenario():
+        async with open_store() as store:
+            # h1: failover, then its address move, in one batch (the daemon's own order)
+            await store.add_events("h1", "b1", [fact_row(1, "failover", DAY0 + 10, gpus=8),
+                                                fact_row(2, "detoured", DAY0 + 10.002)], None, 1.0)
+            # h2: the address moved before the failover event, same batch
+            await store.add_events("h2", "b1", [fact_row(1, "detoured", DAY0 + 20),
+                                                fact_row(2, "failover", DAY0 + 20.001, gpus=4)], None, 1.0)
+            assert await totals(store) == [("2026-01-01", 2, 12, 0)]
+            # h3: a failover whose address never moved (no [announce]), and its failback (no fact)
+            await store.add_events("h3", "b1", [fact_row(1, "failover", DAY0 + 30, gpus=2),
+                                                EventRow(2, DAY0 + 40, "rail_path", "info", "", "rail0", b"")],
+                                   None, 1.0)
+            assert await totals(store) == [("2026-01-01", 2, 12, 1)]
+            # h4: FRR stopped; the failover and the move come, but FRR cannot announce it
+            await store.add_events("h4", "b1", [fact_row(1, "frr_missing", DAY0 + 1, rail="")], None, 1.0)
+            await store.add_events("h4", "b1", [fact_row(2, "failover", DAY0 + 50, gpus=8),
+                                                fact_row(3, "detoured", DAY0 + 50.01)], None, 1.0)
+            assert await totals(store) == [("2026-01-01", 2, 12, 2)]
+            # h5: the failover in one batch, its address move in the next
+            await store.add_events("h5", "b1", [fact_row(1, "failover", DAY0 + 60, gpus=1)], None, 1.0)
+            assert await totals(store) == [("2026-01-01", 2, 12, 3)]
+            await store.add_events("h5", "b1", [fact_row(2, "detoured", DAY0 + 60.01)], None, 2.0)
+            assert await totals(store) == [("2026-01-01", 3, 13, 2)]
+            # a resend changes nothing
+            await store.add_events("h5", "b1", [fact_row(1, "failover", DAY0 + 60, gpus=1),
+                                                fact_row(2, "detoured", DAY0 + 60.01)], None, 3.0)
+            assert await totals(store) == [("2026-01-01", 3, 13, 2)]
     run(scenario())
 
 

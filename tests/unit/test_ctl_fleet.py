@@ -113,13 +113,17 @@ def test_events_lead_with_their_host(monkeypatch) -> None:
 
 def test_summary_per_day_with_total_and_cost() -> None:
     resp = pb.GetSummaryResponse(
-        days=[pb.DaySummary(day="2027-01-15", failures_absorbed=3, gpu_hours_saved=12.0),
+        days=[pb.DaySummary(day="2027-01-15", failures_absorbed=3, gpu_hours_saved=12.0, failures_outgoing_only=2),
               pb.DaySummary(day="2027-01-14", failures_absorbed=1, gpu_hours_saved=4.0)],
         restart_cost_s=1800, hosts=3, hosts_connected=2, ports_by_verdict={"UP": 10, "DOWN": 1})
     lines = render_summary(resp).splitlines()
-    assert [line.split() for line in lines[1:4]] == [["2027-01-14", "1", "4.0"], ["2027-01-15", "3", "12.0"],
-                                                     ["total", "4", "16.0"]]
-    assert "restart cost 30 min" in render_summary(resp)
+    assert lines[0].split() == ["DAY", "(UTC)", "FAILURES", "ABSORBED", "OUTGOING", "ONLY", "GPU-HOURS", "SAVED"]
+    assert [line.split() for line in lines[1:4]] == [["2027-01-14", "1", "0", "4.0"],
+                                                     ["2027-01-15", "3", "2", "12.0"],
+                                                     ["total", "4", "2", "16.0"]]
+    text = render_summary(resp)
+    assert "restart cost 30 min" in text
+    assert "both directions recovered" in text and "outgoing only:" in text
     assert lines[-1] == "hosts 3 (2 connected); ports now: 1 DOWN, 10 UP"
 
 

@@ -217,6 +217,15 @@ def test_port_failover_merge_size_and_json(tmp_path):
     assert env["NCCL_IB_RESILIENCY_PORT_FAILOVER"] == "1"
 
 
+def test_the_help_says_what_nccls_port_failover_waits_for_and_what_it_cannot_do():
+    result = run("--help")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.stdout.split())  # click wraps the help to the terminal's width
+    assert "NCCL_IB_RESILIENCY_PORT_FAILOVER=1" in text and "2.29.7 or later" in text
+    assert "only on its completion error (for a port that silently stops delivering: after the IB retry timer)" in text
+    assert "one failed port per merged NIC" in text
+
+
 @pytest.mark.parametrize("version", ["2.29.6", "2.28.9-1", "2.18.3+cuda12.2"])
 def test_port_failover_for_an_nccl_before_2_29_7_is_refused_naming_the_version(tmp_path, version):
     path = tmp_path / "health.json"

@@ -147,16 +147,23 @@ def test_only_the_newest_50_events_are_shown_newest_first() -> None:
     assert ids == list(range(120, 70, -1))
 
 
-def test_accounting_shows_failures_absorbed_and_gpu_hours_per_day() -> None:
+def test_accounting_shows_failures_absorbed_outgoing_only_and_gpu_hours_per_day() -> None:
     summary = pb.GetSummaryResponse(
         days=[pb.DaySummary(day="2027-01-14", failures_absorbed=2, gpu_hours_saved=8.0),
-              pb.DaySummary(day="2027-01-15", failures_absorbed=3, gpu_hours_saved=12.5)],
+              pb.DaySummary(day="2027-01-15", failures_absorbed=3, gpu_hours_saved=12.5,
+                            failures_outgoing_only=4)],
         restart_cost_s=1800, ports_by_verdict={"UP": 10, "DOWN": 1})
     dom = Dom(page([], summary=summary))
     text = " ".join(dom.text)
     assert [a["data-day"] for a in dom.tags("tr") if "data-day" in a] == ["2027-01-15", "2027-01-14"]
     assert "5 failures absorbed" in text and "20.5 GPU-hours saved" in text and "30 min" in text
+    assert "4 outgoing only" in text
     assert "DOWN 1, UP 10" in text
+    # the page says what absorbed means: both directions, and what outgoing only leaves out
+    assert "both directions recovered" in text and "announced through a healthy rail" in text
+    assert "no GPU-hours are counted" in text
+    headers = [t for t in dom.text if t in ("failures absorbed", "outgoing only", "GPU-hours saved")]
+    assert headers == ["failures absorbed", "outgoing only", "GPU-hours saved"]
 
 
 def test_an_offline_host_is_marked_and_its_cells_say_so() -> None:

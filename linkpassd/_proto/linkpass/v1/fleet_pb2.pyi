@@ -559,14 +559,16 @@ class GetSummaryRequest(_message.Message):
     def __init__(self, days: _Optional[int] = ...) -> None: ...
 
 class DaySummary(_message.Message):
-    __slots__ = ("day", "failures_absorbed", "gpu_hours_saved")
+    __slots__ = ("day", "failures_absorbed", "gpu_hours_saved", "failures_outgoing_only")
     DAY_FIELD_NUMBER: _ClassVar[int]
     FAILURES_ABSORBED_FIELD_NUMBER: _ClassVar[int]
     GPU_HOURS_SAVED_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_OUTGOING_ONLY_FIELD_NUMBER: _ClassVar[int]
     day: str
     failures_absorbed: int
     gpu_hours_saved: float
-    def __init__(self, day: _Optional[str] = ..., failures_absorbed: _Optional[int] = ..., gpu_hours_saved: _Optional[float] = ...) -> None: ...
+    failures_outgoing_only: int
+    def __init__(self, day: _Optional[str] = ..., failures_absorbed: _Optional[int] = ..., gpu_hours_saved: _Optional[float] = ..., failures_outgoing_only: _Optional[int] = ...) -> None: ...
 
 class GetSummaryResponse(_message.Message):
     __slots__ = ("days", "restart_cost_s", "hosts", "hosts_connected", "ports_by_verdict")
