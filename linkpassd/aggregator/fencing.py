@@ -7,7 +7,9 @@ overlay): FENCE_FENCED or FENCE_TESTING while it holds a port fenced,
 FENCE_ASKING while a port would be fenced but for its leaf's grant. Per leaf
 (the inventory's `leaf` of each rail), the ports held count against the
 cap first; the askers are granted in a stable order (host, port) up to what
-is left. A host is told its granted ports (held ones included, so a fence
+is left, those granted before first: a grant is never moved from a port that
+still asks to another (the host may have fenced on it already, before its
+report says so). A host is told its granted ports (held ones included, so a fence
 stays granted while it lasts) whenever they change, and when it connects.
 
 A port whose rail names no leaf is never granted: the aggregator cannot
@@ -51,8 +53,10 @@ def ports_of(host: str, inventory: pb.Inventory | None, report: pb.PortReport | 
             if p.phase in HOLDING_PHASES or p.phase == ASKING_PHASE]
 
 
-def grants(ports: Iterable[PortSeen], cap: int) -> dict[str, frozenset[str]]:
-    """Host -> the ports it may hold fenced (pure)."""
+def grants(ports: Iterable[PortSeen], cap: int,
+           before: frozenset[tuple[str, str]] = frozenset()) -> dict[str, frozenset[str]]:
+    """Host -> the ports it may hold fenced (pure). `before`: the (host,
+    port) pairs granted last time, which keep their grant while they ask."""
     by_leaf: dict[str, list[PortSeen]] = {}
     for p in ports:
         if p.leaf:
@@ -61,7 +65,7 @@ def grants(ports: Iterable[PortSeen], cap: int) -> dict[str, frozenset[str]]:
     for leaf_ports in by_leaf.values():
         held = [p for p in leaf_ports if p.phase in HOLDING_PHASES]
         asking = sorted((p for p in leaf_ports if p.phase == ASKING_PHASE),
-                        key=lambda p: (p.host, p.port))
+                        key=lambda p: ((p.host, p.port) not in before, p.host, p.port))
         for p in held + asking[:max(0, cap - len(held))]:
             out.setdefault(p.host, set()).add(p.port)
     return {h: frozenset(ps) for h, ps in out.items()}
@@ -74,6 +78,7 @@ class FenceGrants:
         self.cap = cap
         self.seen: dict[str, list[PortSeen]] = {}  # host -> its fence-relevant ports, last report
         self.told: dict[str, frozenset[str]] = {}
+        self.granted: frozenset[tuple[str, str]] = frozenset()  # (host, port), last computed
         # host -> its newest inventory as read off the stream (the session's
         # is set only once stored, after a report read right behind it)
         self.inventories: dict[str, pb.Inventory] = {}
@@ -87,7 +92,8 @@ class FenceGrants:
 
     def update(self, sessions: Mapping[str, HostSession]) -> None:
         """Recompute and tell every open session whose grants changed."""
-        now = grants((p for ports in self.seen.values() for p in ports), self.cap)
+        now = grants((p for ports in self.seen.values() for p in ports), self.cap, self.granted)
+        self.granted = frozenset((h, p) for h, ports in now.items() for p in ports)
         for host, session in sessions.items():
             mine = now.get(host, frozenset())
             if not session.open or self.told.get(host) == mine:

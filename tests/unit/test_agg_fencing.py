@@ -41,6 +41,17 @@ def test_held_ports_count_first_and_stay_granted():
     assert grants(over, 1) == {"h1": frozenset({"eth1"}), "h2": frozenset({"eth1"})}
 
 
+def test_a_grant_stays_with_its_port_while_it_asks():
+    """hb asked first and was granted; ha's ask comes before hb's report says
+    FENCED (hb may have fenced already): hb keeps the slot, though ha sorts
+    first (the netns leaf test fenced both before this)."""
+    first = grants([seen("hb", "eth1", "L1", "FENCE_ASKING")], 1)
+    assert first == {"hb": frozenset({"eth1"})}
+    both = [seen("ha", "eth1", "L1", "FENCE_ASKING"), seen("hb", "eth1", "L1", "FENCE_ASKING")]
+    assert grants(both, 1, frozenset({("hb", "eth1")})) == {"hb": frozenset({"eth1"})}
+    assert grants(both, 1) == {"ha": frozenset({"eth1"})}  # without the memory: the old bug
+
+
 def test_a_port_without_a_leaf_is_never_granted():
     assert grants([seen("h1", "eth1", "", "FENCE_ASKING")], 5) == {}
 
