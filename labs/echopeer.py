@@ -2,11 +2,13 @@
 where no linkpassd runs (a namespace standing in for a remote host).
 
     ip netns exec <ns> python -m labs.echopeer --duration 60 [--port 4793]
-        [--allow 198.18.0.0/15 ...] [--address A ...]
+        [--allow 198.18.0.0/15 ...] [--address A ...] [--clock shared]
 
 It answers requests from sources in `--allow` (default: the whole lab range
 198.18.0.0/15), sent to any of `--address` (default: any local address, as
-the namespace stands in for a whole host).
+the namespace stands in for a whole host). `--clock`: where the clock error
+bound its replies carry for one-way delay comes from, as linkpassd's
+[probes] clock (default none: it says its clock is not synchronised).
 
 Prints one JSON line when listening and one with its counters when it stops
 (SIGTERM, or after --duration: every lab process is bounded).
@@ -22,8 +24,10 @@ import subprocess
 import sys
 from dataclasses import asdict
 
+from linkpassd.adapters.clocksync import ClockWatch
 from linkpassd.adapters.echoresponder import ECHO_PORT, EchoResponder
 from linkpassd.core.admission import ResponderPolicy
+from linkpassd.core.oneway import CLOCK_SOURCES
 
 READY_TIMEOUT_S = 10.0
 # Where netns tests put the far end of echo probes: the leaf namespace's loopback.
@@ -37,9 +41,12 @@ UNLIMITED = {"rate_pps": 1e7, "burst": 1_000_000}
 
 
 async def _serve(port: int, duration: float, allow: list[str],
-                 addresses: list[str] | None, limits: dict | None = None) -> dict:
+                 addresses: list[str] | None, limits: dict | None = None,
+                 clock: str = "none") -> dict:
     responder = EchoResponder(port=port,
                               policy=ResponderPolicy.build(addresses, allow, **(limits or {})))
+    watch = ClockWatch(clock, responder.set_clock)
+    watch.start()
     responder.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -50,6 +57,7 @@ async def _serve(port: int, duration: float, allow: list[str],
     except TimeoutError:
         pass
     finally:
+        watch.close()
         responder.close()
     return asdict(responder.counters)
 
@@ -62,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"answer sources in this prefix (repeatable; default {LAB_RANGE})")
     parser.add_argument("--address", action="append", metavar="IP",
                         help="answer only requests sent to this address (repeatable; default any)")
+    parser.add_argument("--clock", choices=CLOCK_SOURCES, default="none",
+                        help="the clock bound the replies carry, as [probes] clock")
     parser.add_argument("--no-rate-limit", action="store_true",
                         help="no per-source rate limit (one namespace standing in for many peers)")
     args = parser.parse_args(argv)
@@ -75,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(f"--allow/--address: {exc}")
     counters = asyncio.run(_serve(args.port, args.duration, *policy_args,
-                                  UNLIMITED if args.no_rate_limit else None))
+                                  UNLIMITED if args.no_rate_limit else None, args.clock))
     print(json.dumps({"event": "stopped", "counters": counters}), flush=True)
     return 0
 
@@ -83,10 +93,11 @@ def main(argv: list[str] | None = None) -> int:
 class EchoPeerProcess:
     """`python -m labs.echopeer` in a named namespace, stopped by PID."""
 
-    def __init__(self, netns: str, port: int = ECHO_PORT, duration: float = 300.0):
+    def __init__(self, netns: str, port: int = ECHO_PORT, duration: float = 300.0,
+                 clock: str = "none"):
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", netns, sys.executable, "-m", "labs.echopeer",
-             "--port", str(port), "--duration", str(duration)],
+             "--port", str(port), "--duration", str(duration), "--clock", clock],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def __enter__(self) -> "EchoPeerProcess":

@@ -52,7 +52,9 @@ def take(daemon) -> MetricsSnapshot:
                     for s in probers.bfd.status())
     probes = ()
     if probers.echo is not None:
-        probes = tuple(_probe(path, prober, rail_of) for path, prober in probers.echo.probers.items())
+        now = daemon.clock()
+        probes = tuple(_probe(path, prober, rail_of, now)
+                       for path, prober in probers.echo.probers.items())
     lag = probers.looplag
     loop_lag = LoopLagMetrics(recent_max_s=lag.worst_since(daemon.clock() - lag.history.window_s),
                               max_s=lag.max, stalls=lag.stalls, measurements=lag.count)
@@ -60,10 +62,11 @@ def take(daemon) -> MetricsSnapshot:
                        now=daemon.wallclock())
 
 
-def _probe(path, prober, rail_of: dict[str, str]) -> ProbeMetrics:
+def _probe(path, prober, rail_of: dict[str, str], now: float) -> ProbeMetrics:
     state = prober.state
     c = state.counters
     counts = tuple(getattr(prober, "rtt_counts", ()))
+    one_way = state.oneway.report(prober.own_clock(), now)
     return ProbeMetrics(path=str(path), port=path.port, rail=rail_of.get(path.port, ""),
                         peer=path.peer, state=state.phase, loss_ratio=state.loss_ratio,
                         last_rtt_s=state.rtt_s, sent=c.sent, received=c.received, lost=c.lost,
@@ -71,7 +74,9 @@ def _probe(path, prober, rail_of: dict[str, str]) -> ProbeMetrics:
                         rtt_sum_s=float(getattr(prober, "rtt_sum_s", 0.0)),
                         tolerance_s=state.config.tolerance_s,
                         longest_silence_s=state.longest_silence_s,
-                        peer_held_max_s=state.held_max_s, silences=c.silences)
+                        peer_held_max_s=state.held_max_s, silences=c.silences,
+                        one_way_towards_s=one_way.towards_s, one_way_back_s=one_way.back_s,
+                        one_way_bound_s=one_way.bound_s)
 
 
 def from_status(status: DaemonStatus, rail_of: dict[str, str],

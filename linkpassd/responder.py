@@ -13,8 +13,12 @@ and falls back to nice -10, then to nothing, saying which it got.
 
 Pipes, one JSON object a line, neither side ever waiting on the other:
 - stdin, from the daemon: {"policy": {...}} (core.admission.ResponderPolicy's
-  fields), at start (no request is read before it) and on every reload. End of file (the daemon is gone):
-  exit at once, so a restarted daemon can bind the port again.
+  fields), at start (no request is read before it) and on every reload; and
+  {"clock": {...}} (core.oneway.ClockReading's fields, `read_at` on the
+  monotonic clock, which the two processes share), the host's clock error
+  bound for one-way delay, after each policy and whenever the daemon reads
+  it again. End of file (the daemon is gone): exit at once, so a restarted
+  daemon can bind the port again.
 - stdout, to the daemon: {"counters": {...}, "sched": "...", "pid": N} at
   start and at most every `STATUS_S` while they change. Written without
   blocking; a full pipe (a daemon that is not reading) skips a line, and the
@@ -37,6 +41,7 @@ from dataclasses import asdict
 
 from linkpassd.adapters.echoresponder import EchoResponder, batch_buffers
 from linkpassd.core.admission import ResponderPolicy
+from linkpassd.core.oneway import ClockReading
 
 FIRST_POLICY_S = 10.0  # the daemon writes it as it starts us: waiting longer means it is stuck
 STATUS_S = 0.1  # counters reach the daemon at most this often (and this late)
@@ -61,6 +66,23 @@ def policy_to_wire(policy: ResponderPolicy) -> dict:
                                 else sorted(policy.local_addresses)),
             "fabric_prefixes": list(policy.fabric_prefixes), "peers": sorted(policy.peers),
             "rate_pps": policy.rate_pps, "burst": policy.burst, "max_sources": policy.max_sources}
+
+
+def clock_to_wire(reading: ClockReading) -> dict:
+    return {"source": reading.source, "bound_ns": reading.bound_ns, "reason": reading.reason,
+            "read_at": reading.read_at, "drift_ppm": reading.drift_ppm}
+
+
+def clock_from_wire(fields: dict) -> ClockReading:
+    """The clock reading the daemon sent (ValueError/TypeError naming what is wrong)."""
+    if not isinstance(fields, dict):
+        raise ValueError(f"clock must be an object, not {type(fields).__name__}")
+    bound, read_at = fields.get("bound_ns"), fields.get("read_at")
+    if bound is not None and (not isinstance(bound, int) or bound < 0):
+        raise ValueError(f"clock bound_ns must be a count of ns or null, not {bound!r}")
+    return ClockReading(str(fields["source"]), bound, str(fields.get("reason", "")),
+                        None if read_at is None else float(read_at),
+                        float(fields.get("drift_ppm", 1.0)))
 
 
 def raise_priority() -> str:
@@ -149,7 +171,11 @@ class Child:
 
     def apply(self, line: bytes) -> None:
         try:
-            policy = policy_from_wire(json.loads(line)["policy"])
+            msg = json.loads(line)
+            if isinstance(msg, dict) and "clock" in msg and "policy" not in msg:
+                self.responder.set_clock(clock_from_wire(msg["clock"]))
+                return
+            policy = policy_from_wire(msg["policy"])
         except (ValueError, TypeError, KeyError) as exc:
             self.bad_lines += 1
             print(f"linkpassd.responder: ignored a bad line from the daemon ({exc!r}): "

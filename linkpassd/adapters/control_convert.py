@@ -26,6 +26,7 @@ from linkpassd.core.model import (
     GroupStatus,
     LinkSample,
     ModuleIdentity,
+    OneWayDelay,
     OpticsReading,
     PortSensors,
     PortState,
@@ -181,10 +182,20 @@ def counters_to_proto(sample: CounterSample) -> pb.CounterSample:
     )
 
 
+def one_way_to_proto(d: OneWayDelay) -> pb.OneWayDelay:
+    return pb.OneWayDelay(
+        **_present(towards_s=d.towards_s, back_s=d.back_s, bound_s=d.bound_s),
+        clocks=d.clocks,
+        refused=d.refused,
+        samples=d.samples,
+    )
+
+
 def assessment_to_proto(a: Assessment) -> pb.Assessment:
     return pb.Assessment(
         signal=a.signal,
-        **_present(severity=None if a.severity is None else _VERDICTS[a.severity]),
+        **_present(severity=None if a.severity is None else _VERDICTS[a.severity],
+                   one_way=None if a.one_way is None else one_way_to_proto(a.one_way)),
         status=a.status,
         detail=a.detail,
         confirmed=a.confirmed,
@@ -223,6 +234,7 @@ def explanation_to_proto(e: Explanation, *, served_at: float) -> pb.ExplainPortR
         consequences=[consequence_to_proto(c) for c in e.consequences],
         summary=e.summary,
         served_at=served_at,
+        paths=[assessment_to_proto(a) for a in e.paths],
     )
 
 

@@ -79,7 +79,7 @@ import socket
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from linkpassd.adapters.echorail import Outbox, RailSocket
 from linkpassd.adapters.echoresponder import (
@@ -96,9 +96,17 @@ from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.wakeups import SharedTimer
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.model import Assessment, ResponderCounters
+from linkpassd.core.oneway import NOT_CONFIGURED, ClockReading
 from linkpassd.core.probe import RTT_BUCKETS_S, ProbeConfig, Prober, Send, rail_ask_due
 from linkpassd.core.schedule import send_slot
-from linkpassd.core.wire import RECEIPT_MODULO, RECEIPT_PRESENT
+from linkpassd.core.wire import (
+    HELD_BITS,
+    MARK_BITS,
+    ONE_WAY_MARK,
+    RECEIPT_MODULO,
+    RECEIPT_PRESENT,
+    one_way_values,
+)
 
 RECEIPT_COUNT = RECEIPT_MODULO - 1  # the receipt field's count bits (core.wire)
 
@@ -166,6 +174,8 @@ class EchoProber:
         self._reported: tuple | None = None
         # A silence of this path asks its rail's other paths to probe (core.probe: asks_rail).
         self.on_rail_silence: Callable[["EchoProber", float], None] | None = None
+        # Our clock's error bound, for one-way delay (the service's: core.oneway).
+        self.own_clock: Callable[[], ClockReading] = lambda: NOT_CONFIGURED
 
     # ---- lifecycle ----------------------------------------------------------
 
@@ -203,11 +213,13 @@ class EchoProber:
 
     def assessment(self) -> Assessment:
         a = self.state.assessment()
+        now = self._loop.time() if self._loop is not None else self.state.now
+        one_way = self.state.oneway.report(self.own_clock(), now)
         if self.socket_error:
             return Assessment(a.signal, a.severity, a.status,
                               f"{a.detail}; cannot probe: {self.socket_error}", a.confirmed,
-                              a.direction)
-        return a
+                              a.direction, one_way)
+        return replace(a, one_way=one_way)
 
     def peer_heard(self, at: float | None = None) -> None:
         """The peer's own probes reached our responder on this path (at `at`,
@@ -250,18 +262,26 @@ class EchoProber:
         """A datagram from our peer's echo port, unpacked (PACKET), with the
         kernel's receive time `rx` (unix time) if known: the hot path of
         every reply (the rail checked its size and source)."""
-        magic, version, kind, receipt, seq, sent_ns, prober_id, _responder_id, held_us = fields
+        magic, version, kind, receipt, seq, sent_ns, prober_id, one_way, held_us = fields
         if magic != MAGIC or version != VERSION or kind != KIND_REPLY:
             self.state.count_malformed()
             return
         if prober_id != self.prober_id:  # e.g. answers to a previous daemon
             self.state.count_stray()
             return
+        marked = held_us & MARK_BITS == ONE_WAY_MARK  # one-way fields (core.wire)
+        if marked:
+            held_us &= HELD_BITS
         waited = 0.0 if rx is None else min(max(0.0, wall - rx), _MAX_KERNEL_DELAY_S)
         sent_at, held = sent_ns * 1e-9, held_us * 1e-6
         received = now - waited
         # The path's round trip: kernel receive time - our send time - what the peer held it.
         rtt = received - sent_at - held
+        if marked:
+            forward_ns, peer_bound = one_way_values(one_way)
+            self.state.oneway.add(forward_ns, round(rtt * 1e9), peer_bound)
+        else:
+            self.state.oneway.plain += 1
         if rtt < 0.0:
             rtt = 0.0
         self.rtt_counts[bisect_left(RTT_BUCKETS_S, rtt)] += 1
@@ -357,6 +377,7 @@ class EchoService:
     on_change: Callable[[ProbePath, Assessment], None] | None = None
     lag: LoopLag | None = None
     responder_policy: ResponderPolicy | None = None
+    clock: ClockReading = NOT_CONFIGURED  # our clock's error bound (set_clock), core.oneway
 
     def __post_init__(self) -> None:
         self.paths = tuple(dict.fromkeys(self.paths))
@@ -378,11 +399,24 @@ class EchoService:
             {p.source for p in self.paths}, peers={p.peer for p in self.paths})
         self.responder = (EchoResponder(self.echo_port, self.listen, self.netns, policy=policy,
                                         on_heard=self._heard) if self.respond else None)
+        if self.responder is not None:
+            self.responder.set_clock(self.clock)
         self.responder_error = ""
         self._retry: asyncio.TimerHandle | None = None
         self._assessed: dict[ProbePath, Assessment] = {}  # as of each path's last change
         self._rail_asked: dict[str, float] = {}  # port -> when a silence last asked its paths
         self._started = False
+
+    def own_clock(self) -> ClockReading:
+        """Our clock's error bound, as last read (core.oneway)."""
+        return self.clock
+
+    def set_clock(self, reading: ClockReading) -> None:
+        """The clock synchronisation's newest reading: the probers' one-way
+        delays are bounded by it, and our responder (if we run one) sends it."""
+        self.clock = reading
+        if self.responder is not None:
+            self.responder.set_clock(reading)
 
     def _prober(self, path: ProbePath) -> EchoProber:
         key = (path.port, path.source)
@@ -395,6 +429,7 @@ class EchoService:
                             read_first=self._read_all, on_change=self._changed,
                             prober_id=self._prober_id)
         prober.on_rail_silence = self._rail_silence
+        prober.own_clock = self.own_clock
         return prober
 
     def _rail_silence(self, silent: EchoProber, now: float) -> None:

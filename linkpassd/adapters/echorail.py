@@ -139,6 +139,7 @@ class RailSocket:
         self._recv = RecvBatch(_RECV_BATCH, _RECV_SLOT, _CONTROL_SLOT)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd = -1
+        self._wall_offset_ns = 0  # CLOCK_REALTIME - CLOCK_MONOTONIC, read per send batch
 
     def __repr__(self) -> str:
         return f"RailSocket({self.port}:{self.source}, {len(self.by_peer)} peers)"
@@ -202,11 +203,17 @@ class RailSocket:
     # ---- sending ---------------------------------------------------------------
 
     def queue(self, prober: "RailPath", seq: int, now: float) -> None:
-        """Send probe `seq` of `prober`, stamped `now`, with the rail's next batch."""
+        """Send probe `seq` of `prober`, stamped `now`, with the rail's next
+        batch. The request also carries the wall-clock time it stands for
+        (core.wire: one-way delay), from the offset between the two clocks
+        read once per batch."""
         batch = self._sends
         i = batch.add(prober.peer4, self.echo_port)
+        if i == 0:
+            self._wall_offset_ns = time.time_ns() - time.monotonic_ns()
+        sent_ns = round(now * 1e9)
         PACKET.pack_into(batch.payload, i * PACKET.size, MAGIC, VERSION, KIND_REQUEST, 0, seq,
-                         round(now * 1e9), prober.prober_id, 0, 0)
+                         sent_ns, prober.prober_id, sent_ns + self._wall_offset_ns, 0)
         self._queued.append((prober, seq, now))
         if i == 0:
             self.outbox.pending(self)

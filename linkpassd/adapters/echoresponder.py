@@ -11,6 +11,11 @@ answers and puts the count in each reply, so the prober can tell a request
 lost on the way here from a reply lost on the way back (core.direction).
 The table is bounded (`_RECEIPT_KEYS`); when full it starts again, and the
 probers see a count that does not add up and start again too.
+
+One-way delay (core.wire, core.oneway): a request that carries its
+prober's wall-clock send time is answered with our wall-clock receive time
+(the kernel's) minus that, and our clock's error bound as of the batch
+(`clock`, a reading the daemon refreshes: `set_clock`), in the same 40 bytes.
 """
 
 from __future__ import annotations
@@ -27,15 +32,19 @@ from dataclasses import dataclass
 
 from linkpassd.adapters import mmsg
 from linkpassd.core.admission import ResponderPolicy, SourceLimiter
+from linkpassd.core.oneway import NOT_CONFIGURED, ClockReading
 from linkpassd.core.wire import (
     ECHO_PORT,
+    HELD_BITS,
     KIND_REPLY,
     KIND_REQUEST,
     MAGIC,
+    ONE_WAY_MARK,
     PACKET,
     RECEIPT_MODULO,
     RECEIPT_PRESENT,
     VERSION,
+    one_way_field,
 )
 
 # Linux values Python's socket module does not name (asm-generic; x86-64 and arm64).
@@ -178,6 +187,12 @@ class EchoResponder:
         self._heard: dict[tuple[str, str], float] = {}  # the thread's, until handed over
         self._receipts: dict[tuple, int] = {}  # the thread's: requests answered per prober socket
         self._handed_at = 0.0
+        self.clock: ClockReading = NOT_CONFIGURED  # our clock's error bound (core.oneway)
+
+    def set_clock(self, reading: ClockReading) -> None:
+        """Our clock synchronisation's latest reading (one attribute: safe
+        while the thread runs)."""
+        self.clock = reading
 
     def set_policy(self, policy: ResponderPolicy) -> None:
         """Answer by a new policy from now on (a reload). Rate buckets are kept
@@ -257,9 +272,10 @@ class EchoResponder:
             self.counters.recv_errors += 1
             return False
         now = time.monotonic()
+        bound = self.clock.bound_at(now)  # once per batch, for replies that ask for it
         for i in range(n):
             try:
-                self._answer_slot(received, i, replies, now)
+                self._answer_slot(received, i, replies, now, bound)
             except Exception:  # noqa: BLE001 - nothing from outside may end the responder
                 self.counters.malformed += 1
         if replies.count:
@@ -271,14 +287,14 @@ class EchoResponder:
         return True
 
     def _answer_slot(self, batch: mmsg.RecvBatch, i: int, replies: mmsg.SendBatch,
-                     now: float) -> None:
+                     now: float, bound: int | None = None) -> None:
         """Request `i` of a received batch: judged as `_answer` does, its reply
         queued in `replies` (out of the interface, from the address, it came to)."""
         controllen, flags, length = mmsg.RESULT.unpack_from(
             batch.headers, i * mmsg.HEADER_SIZE + mmsg.RESULT_OFFSET)
         sport, src4 = mmsg.PORT_ADDR.unpack_from(batch.names, i * mmsg.NAME_SIZE + 2)
         control, off = batch.control, i * _CONTROL
-        end, rx, info = off + min(controllen, _CONTROL), None, None
+        end, rx, info, rx_ns = off + min(controllen, _CONTROL), None, None, 0
         while off + _CMSGHDR.size <= end:
             clen, level, kind = _CMSGHDR.unpack_from(control, off)
             if clen < _CMSGHDR.size or off + clen > end:
@@ -289,18 +305,23 @@ class EchoResponder:
             elif kind == SCM_TIMESTAMPNS and level == socket.SOL_SOCKET and clen >= 32:
                 sec, nsec = _TIMESPEC.unpack_from(control, data)
                 rx = sec + nsec * 1e-9
+                rx_ns = sec * 1_000_000_000 + nsec
             off += (clen + 7) & ~7
         fields = (PACKET.unpack_from(batch.payload, i * _SLOT)
                   if not flags & _MSG_TRUNC and length == PACKET.size else None)
         held = self._judge(info, _U32.unpack(src4)[0], fields, rx, now)
         if held is None:
             return
-        _m, _v, _k, _r, seq, sent_ns, prober_id, _rid, _held = fields
+        _m, _v, _k, _r, seq, sent_ns, prober_id, asked, _held = fields
         receipt = self._receipt((src4, sport, b"" if info is None else info[2], prober_id))
+        rid = self.responder_id
+        if asked:  # the prober's wall-clock send time: it asks for one-way delay
+            rid = one_way_field((rx_ns or time.time_ns()) - asked, bound)
+            held = ONE_WAY_MARK | min(held, HELD_BITS)
         j = (replies.add(src4, sport) if info is None  # as routed
              else replies.add(src4, sport, info[0], info[1]))
         PACKET.pack_into(replies.payload, j * PACKET.size, MAGIC, VERSION, KIND_REPLY, receipt,
-                         seq, sent_ns, prober_id, self.responder_id, held)
+                         seq, sent_ns, prober_id, rid, held)
         if replies.full:
             queued = replies.count
             failed = len(replies.send(self.sock.fileno()))
@@ -387,10 +408,16 @@ class EchoResponder:
         held = self._judge(info, _U32.unpack(src4)[0], fields, _cmsgs(ancdata)[0], now)
         if held is None:
             return
-        _m, _v, _k, _r, seq, sent_ns, prober_id, _rid, _held = fields
+        _m, _v, _k, _r, seq, sent_ns, prober_id, asked, _held = fields
         receipt = self._receipt((src4, src[1], b"" if info is None else info[2], prober_id))
+        rid = self.responder_id
+        if asked:  # one-way delay (see serve_batch)
+            rx = _cmsgs(ancdata)[0]
+            rx_ns = round(rx * 1e9) if rx is not None else time.time_ns()
+            rid = one_way_field(rx_ns - asked, self.clock.bound_at(now))
+            held = ONE_WAY_MARK | min(held, HELD_BITS)
         reply = PACKET.pack(MAGIC, VERSION, KIND_REPLY, receipt, seq, sent_ns, prober_id,
-                            self.responder_id, held)  # EchoPacket(...).encode()
+                            rid, held)  # EchoPacket(...).encode()
         try:
             if info is None:
                 self.sock.sendto(reply, src)

@@ -125,6 +125,11 @@ class ProbeMetrics:
     longest_silence_s: float = 0.0
     peer_held_max_s: float = 0.0
     silences: int = 0
+    # One-way delays (core.oneway): medians towards the peer and back, and
+    # their error bound; None while not reported (no clock bound at either end).
+    one_way_towards_s: float | None = None
+    one_way_back_s: float | None = None
+    one_way_bound_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -689,6 +694,17 @@ def _probes(snap: MetricsSnapshot) -> Iterator[Metric]:
     yield _gauge("linkpass_probe_peer_held_max_seconds", "The longest time the peer's "
                  "responder said it held one of our requests.",
                  [(k, p.peer_held_max_s) for k, p in rows], PROBE)
+    yield _gauge("linkpass_probe_one_way_delay_seconds", "One-way delay of the path "
+                 "(direction: towards the peer, back from it), the median of its recent "
+                 "replies, within linkpass_probe_one_way_bound_seconds; absent when not "
+                 "reported (no clock bound at either end: round trips only).",
+                 [(k + (way,), value) for k, p in rows
+                  for way, value in (("towards", p.one_way_towards_s), ("back", p.one_way_back_s))
+                  if value is not None], PROBE + ("direction",))
+    yield _gauge("linkpass_probe_one_way_bound_seconds", "Error bound (+-) of the path's "
+                 "one-way delays: this host's clock bound plus the peer's.",
+                 [(k, p.one_way_bound_s) for k, p in rows if p.one_way_bound_s is not None],
+                 PROBE)
     yield _counter("linkpass_probe_silences_total", "Probes unanswered for the reply wait "
                    "(each starts confirmation probes; most end with a reply).",
                    [(k, p.silences) for k, p in rows], PROBE)

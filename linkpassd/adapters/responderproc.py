@@ -38,7 +38,8 @@ import structlog
 from linkpassd.adapters.echoresponder import ECHO_PORT, ResponderTally, _random_id, open_socket
 from linkpassd.core.admission import ResponderPolicy
 from linkpassd.core.model import ResponderCounters
-from linkpassd.responder import policy_to_wire
+from linkpassd.core.oneway import NOT_CONFIGURED, ClockReading
+from linkpassd.responder import clock_to_wire, policy_to_wire
 
 log = structlog.get_logger("linkpassd.responder")
 
@@ -65,6 +66,7 @@ class ResponderProcess:
 
     def __post_init__(self) -> None:
         self.responder_id = _random_id()  # the same across restarts: peers see one daemon
+        self.clock: ClockReading = NOT_CONFIGURED  # sent to every child (set_clock)
         self.error = ""
         self.error_since: float | None = None
         self.sched = ""
@@ -96,7 +98,27 @@ class ResponderProcess:
         pipe (or here, if the pipe is full) until the child reads it."""
         self.policy = policy
         if self._proc is not None:
-            self._send(json.dumps({"policy": policy_to_wire(policy)}).encode() + b"\n", replace=True)
+            self._send(self._policy_lines(), replace=True)
+
+    def set_clock(self, reading: ClockReading) -> None:
+        """Our clock's newest error bound reading, for the replies' one-way
+        fields (core.oneway). Never blocks, as set_policy."""
+        self.clock = reading
+        if self._proc is None:
+            return
+        if self._unsent:  # a child not reading: what waits stays bounded (the newest of each)
+            self._send(self._policy_lines(), replace=True)
+        else:
+            self._send(self._clock_line(), replace=False)
+
+    def _clock_line(self) -> bytes:
+        return json.dumps({"clock": clock_to_wire(self.clock)}).encode() + b"\n"
+
+    def _policy_lines(self) -> bytes:
+        """The policy and the clock: what a new child, or a pipe whose
+        pending lines are replaced, needs."""
+        return (json.dumps({"policy": policy_to_wire(self.policy)}).encode() + b"\n"
+                + self._clock_line())
 
     def counters(self) -> ResponderCounters:
         a, b = self._before, self._child
@@ -168,13 +190,12 @@ class ResponderProcess:
         self._loop.add_reader(proc.stdout.fileno(), self._readable)
         self._loop.add_reader(pidfd, self._exited)
         self._unsent = b""
-        self._send(json.dumps({"policy": policy_to_wire(self.policy)}).encode() + b"\n",
-                   replace=True)
+        self._send(self._policy_lines(), replace=True)
         self._set_error("")
 
     def _send(self, line: bytes, replace: bool) -> None:
         if replace:
-            self._unsent = line  # only the newest policy matters
+            self._unsent = line  # only the newest policy (and clock) matters
         else:
             self._unsent += line
         self._flush()

@@ -44,6 +44,7 @@ from linkpassd.config.checks import (
     _one_or_list,
     _Type,
 )
+from linkpassd.core.oneway import CLOCK_SOURCES
 
 # --------------------------------------------------------------------------
 # The schema: every option, once
@@ -416,6 +417,15 @@ PROBES = Section(
                "Bucket size of `responder_rate_pps`: requests one source may send at once "
                "(4 paths each sending a 32-probe burst at 0 ms spacing is 128).",
                (_int_range(1, 1_000_000),)),
+        Option("clock", STR, "auto",
+               "Where this host's clock error bound comes from, for one-way delays per path "
+               "(docs/probing.md): `chrony` (`chronyc -c tracking`), `ptp4l` (`pmc`, "
+               "TIME_STATUS_NP), `auto` (chrony, else ptp4l), `none` (round trips only), or "
+               "`shared`, for labs only: every peer shares this kernel's clock (network "
+               "namespaces on one machine), bound 0. A path's one-way delays are reported "
+               "only when both ends' clocks give a bound, within their sum; otherwise round "
+               "trips only, and the status says why. The responder sends this bound to the "
+               "peers that ask.", (_one_of(*CLOCK_SOURCES),)),
     ),
     rules=(
         "`suspect_ms` < `tolerance_ms`; `clear_loss_ratio` < `max_loss_ratio`",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from linkpassd.core.model import Config, PortState, Verdict
+from linkpassd.core.model import Assessment, Config, PortState, Verdict
 from linkpassd.core.policy import Decision
 
 
@@ -31,6 +31,9 @@ class Explanation:
     state: PortState
     consequences: tuple[Consequence, ...]
     summary: str
+    # Each echo path of the port as its prober judges it now (direction,
+    # one-way delays); the daemon adds them (they are not the verdict's).
+    paths: tuple[Assessment, ...] = ()
 
 
 def explain(config: Config, decision: Decision, ports: Mapping[str, PortState],

@@ -154,6 +154,9 @@ class ProbeSettings:
     fabric_prefixes: tuple[str, ...] = ()  # sources answered besides the probe peers
     responder_rate_pps: float = 5000.0  # per source
     responder_burst: int = 1000
+    # Where this host's clock error bound comes from, for one-way delay
+    # (core.oneway): "auto", "chrony", "ptp4l", "none" or "shared" (labs).
+    clock: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -391,6 +394,20 @@ class CounterSample:
 
 
 @dataclass(frozen=True)
+class OneWayDelay:
+    """A path's one-way delays (core.oneway): medians over its recent
+    replies, each within +-`bound_s`; or, with `refused` set, why they are
+    not reported (the delays are then None)."""
+
+    towards_s: float | None = None  # our request's way to the peer
+    back_s: float | None = None  # the peer's reply's way back
+    bound_s: float | None = None  # our clock's bound plus the peer's
+    clocks: str = ""  # where the bounds come from, e.g. "shared", "chrony +-12 us here, ..."
+    refused: str = ""  # why not reported ("" when reported)
+    samples: int = 0  # replies the medians are over
+
+
+@dataclass(frozen=True)
 class Assessment:
     """One signal's judgement of a port (core.signals)."""
 
@@ -402,6 +419,9 @@ class Assessment:
     # A path probe's: which way it loses packets (core.direction.Direction's
     # values: "requests", "replies", "both", "none", "unknown"); "" for other signals.
     direction: str = ""
+    # A path probe's one-way delays, or why none (core.oneway); None for
+    # other signals.
+    one_way: OneWayDelay | None = None
 
     @property
     def effective(self) -> Verdict | None:

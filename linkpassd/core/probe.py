@@ -86,6 +86,7 @@ from dataclasses import dataclass, field, replace
 
 from linkpassd.core.direction import Direction, Receipts, describe, judge
 from linkpassd.core.model import Assessment, Verdict
+from linkpassd.core.oneway import OneWay
 from linkpassd.core.schedule import slot_start
 
 SEQ_MODULO = 2**32  # sequence numbers are 32-bit on the wire
@@ -304,6 +305,8 @@ class Prober:
     counters: ProbeCounters = field(default_factory=ProbeCounters)
     # The responder's receipts (core.direction): which way lost probes were lost.
     receipts: Receipts = field(default_factory=lambda: Receipts(seq_modulo=SEQ_MODULO - 1))
+    # One-way delay samples (core.oneway), fed by the adapter from each reply.
+    oneway: OneWay = field(default_factory=OneWay)
     _flights: OrderedDict[int, Flight] = field(default_factory=OrderedDict, init=False, repr=False)
     _window: deque[bool] = field(init=False, repr=False)
     _window_lost: int = field(default=0, init=False, repr=False)
@@ -320,6 +323,7 @@ class Prober:
         new._window_lost = self._window_lost
         new.receipts = replace(self.receipts, recent=deque(self.receipts.recent,
                                                            maxlen=self.receipts.recent.maxlen))
+        new.oneway = self.oneway.copy()
         return new
 
     # ---------------------------------------------------------------- views

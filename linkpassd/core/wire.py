@@ -22,6 +22,19 @@ reply lost (on the way back): core.direction does that sum. A responder
 from before receipts sends 0 there (the field was reserved, always 0): its
 probers can tell round-trip loss only, and say so. Probers from before
 receipts ignore the field. The version stays 1: nothing else changed.
+
+One-way delay (core.oneway), in the same 40 bytes both ways (so a reply is
+still never larger than its request). A request's `responder_id` field,
+always 0 before, carries the prober's wall-clock send time (ns since the
+epoch, CLOCK_REALTIME); not 0, it asks for one-way delay. A responder that
+knows how is told so by it and answers with the top four bits of `held_us`
+set to ONE_WAY_MARK (the low 28 are the hold, up to 268 s) and, in the
+reply's `responder_id` field, `forward_ns` (i32, high half: its wall-clock
+receive time minus that send time) and its clock's error bound (u32 ns, low
+half; UNSYNCHRONISED when it has none). The prober has the rest: back =
+round trip - forward (the round trip already leaves out the hold). Older
+responders ignore the request's field and answer as before (no mark: round
+trip only); older probers never set it, so never see the mark.
 """
 
 from __future__ import annotations
@@ -40,6 +53,13 @@ SIZE = PACKET.size  # 40
 RECEIPT_PRESENT = 0x8000  # top bit of the receipt field: the responder counts
 RECEIPT_MODULO = 0x8000  # the count's range: 15 bits
 
+ONE_WAY_MARK = 0xA0000000  # top four bits of a reply's held_us: one-way fields follow
+MARK_BITS = 0xF0000000
+HELD_BITS = 0x0FFFFFFF  # the hold (us) under the mark
+UNSYNCHRONISED = 0xFFFFFFFF  # the bound of a responder whose clock has none
+BOUND_MAX = UNSYNCHRONISED - 1  # a larger bound is sent as this (4.29 s)
+FORWARD_LIMIT = 2**31 - 1  # |forward_ns| at or beyond it: saturated (clocks 2.1 s apart)
+
 
 def receipt_field(answered: int) -> int:
     """The receipt field for a responder that has answered `answered`
@@ -53,6 +73,23 @@ def receipt_count(field_value: int) -> int | None:
     if field_value & RECEIPT_PRESENT:
         return field_value & (RECEIPT_MODULO - 1)
     return None
+
+
+def one_way_field(forward_ns: int, bound_ns: int | None) -> int:
+    """A reply's `responder_id` field for forward delay `forward_ns` and the
+    responder's clock bound `bound_ns` (None: unsynchronised); saturating."""
+    forward = max(-FORWARD_LIMIT, min(FORWARD_LIMIT, forward_ns))
+    bound = UNSYNCHRONISED if bound_ns is None else max(0, min(BOUND_MAX, bound_ns))
+    return ((forward & 0xFFFFFFFF) << 32) | bound
+
+
+def one_way_values(field_value: int) -> tuple[int, int | None]:
+    """(forward_ns, bound_ns or None when unsynchronised) from a marked reply's field."""
+    forward = field_value >> 32
+    if forward >= 2**31:
+        forward -= 2**32
+    bound = field_value & 0xFFFFFFFF
+    return forward, (None if bound == UNSYNCHRONISED else bound)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from google.protobuf.descriptor import Descriptor
 from google.protobuf.message import Message
 
 from linkpassd._proto.linkpass.v1 import control_pb2 as pb
+from linkpassd.core.model import OneWayDelay
+from linkpassd.core.oneway import describe as describe_one_way
 from linkpassd.ctl.terminal import safe
 from linkpassd.timefmt import local_iso
 
@@ -390,9 +392,26 @@ def render_signals(sensors: Sequence[pb.PortSensors]) -> str:
     return "SIGNALS\n" + table(["PORT", "SIGNAL", "STATUS", "SEVERITY", "DETAIL"], rows)
 
 
+def path_lines(paths: Sequence[pb.Assessment]) -> list[str]:
+    """Per echo path: "PEER: one-way delay towards PEER 41 us, back 38 us,
+    ±0 us (clocks: shared)", or why one-way delay is not reported."""
+    out = []
+    for a in paths:
+        peer = a.signal.removeprefix("probe:")
+        if not a.HasField("one_way"):
+            out.append(f"{peer}: {describe_one_way(None, peer)}")
+            continue
+        w = a.one_way
+        delay = (OneWayDelay(refused=w.refused, samples=w.samples) if w.refused else
+                 OneWayDelay(w.towards_s, w.back_s, w.bound_s, w.clocks, "", w.samples))
+        out.append(_one_line(f"{peer}: {describe_one_way(delay, peer)}"))
+    return out
+
+
 def render_explanation(e: pb.ExplainPortResponse) -> str:
     state = e.state
     evidence = list(state.evidence) or ["-"]
+    paths = path_lines(e.paths)
     head = key_values(
         [
             ("verdict", verdict_name(state.verdict)),
@@ -407,6 +426,8 @@ def render_explanation(e: pb.ExplainPortResponse) -> str:
                               "verdict changes then if the port stays good")]
               if state.hold_until else []),
             *([("drained", drain_text(state.drain, e.served_at))] if state.HasField("drain") else []),
+            *([("paths", paths[0])] if paths else []),
+            *(("", line) for line in paths[1:]),
         ]
     )
     if e.consequences:

@@ -21,10 +21,12 @@ import structlog
 
 from linkpassd.adapters import udpholders
 from linkpassd.adapters.bfd import BfdAgent, BfdEvent, PeerSpec
+from linkpassd.adapters.clocksync import ClockWatch
 from linkpassd.adapters.echo import EchoService
 from linkpassd.adapters.looplag import LoopLag
 from linkpassd.adapters.responderproc import ResponderProcess
 from linkpassd.core.model import Assessment, Config, Problem, ResponderCounters
+from linkpassd.core.oneway import NOT_CONFIGURED, ClockReading
 from linkpassd.daemon.wiring import EchoSpec, echo_spec, sync_bfd
 
 log = structlog.get_logger("linkpassd")
@@ -59,6 +61,10 @@ class Probes:
         self.echo_spec: EchoSpec | None = None
         self.responder: ResponderProcess | None = None  # our echo responder, its own process
         self.echo_port_taken_since: float | None = None  # another process on the echo port
+        # This host's clock error bound for one-way delay ([probes] clock), read
+        # off the hot path while probing is on (adapters.clocksync).
+        self.clock_watch: ClockWatch | None = None
+        self.clock: ClockReading = NOT_CONFIGURED
 
     def start(self) -> None:
         """On the running loop: the lag meter and the BFD agent."""
@@ -109,6 +115,7 @@ class Probes:
         stay."""
         spec = echo_spec(config, mesh_peers, mesh_probers)
         self._sync_responder(spec)
+        self._sync_clock(config.probes.clock if spec is not None else None)
         if spec == self.echo_spec:
             return False
         if (self.echo is not None and spec is not None and self.echo_spec is not None
@@ -132,7 +139,7 @@ class Probes:
         self.echo = EchoService(
             spec.paths, spec.probe, echo_port=spec.port, tos=spec.tos,
             lag_period_s=spec.heartbeat_s, lag=self.looplag, respond=False,
-            on_change=lambda path, _a: self.post(EchoChange(path.port)))
+            on_change=lambda path, _a: self.post(EchoChange(path.port)), clock=self.clock)
         self.echo.start()
         taken = self.echo_port_problems()
         if taken:
@@ -165,7 +172,36 @@ class Probes:
             log.info("echo_responder_stopped", **self.responder.tally())
             self.responder.close()
         self.responder = ResponderProcess(spec.port, policy=spec.responder)
+        self.responder.clock = self.clock
         self.responder.start()
+
+    def _sync_clock(self, source: str | None) -> None:
+        """Read the clock bound by `source` while probing is on (None: off)."""
+        if self.clock_watch is not None and self.clock_watch.source == source:
+            return
+        if self.clock_watch is not None:
+            self.clock_watch.close()
+            self.clock_watch = None
+        self.clock = NOT_CONFIGURED
+        if source is None:
+            return
+        self.clock_watch = ClockWatch(source, self._clock_read)
+        self.clock_watch.start()
+
+    def _clock_read(self, reading: ClockReading) -> None:
+        """A new reading of our clock's bound: to the probers and the responder."""
+        had = self.clock
+        self.clock = reading
+        if (had.bound_ns is None) != (reading.bound_ns is None) or had.reason != reading.reason:
+            if reading.bound_ns is None:
+                log.info("clock_bound_none", source=reading.source, reason=reading.reason,
+                         consequence="one-way delays are not reported, round trips only")
+            else:
+                log.info("clock_bound", source=reading.source, bound_us=reading.bound_ns / 1e3)
+        if self.echo is not None:
+            self.echo.set_clock(reading)
+        if self.responder is not None:
+            self.responder.set_clock(reading)
 
     def echo_assessments(self, port: str) -> Sequence[Assessment]:
         """Each echo path of `port`, as its prober judges it now."""
@@ -236,3 +272,6 @@ class Probes:
             self.echo.close()
         if self.responder is not None:
             self.responder.close()
+        if self.clock_watch is not None:
+            self.clock_watch.close()
+            self.clock_watch = None

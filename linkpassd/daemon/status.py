@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Protocol
 
 import linkpassd
@@ -72,7 +73,8 @@ class StatusReport:
         v = self.loop
         if v.decision is None:
             return None
-        return explain.explain(v.config, v.decision, v.wall_port_states(v.clock()), port)
+        e = explain.explain(v.config, v.decision, v.wall_port_states(v.clock()), port)
+        return None if e is None else replace(e, paths=self.probes.path_assessments(port))
 
     def sensors(self) -> tuple[PortSensors, ...]:
         v = self.loop

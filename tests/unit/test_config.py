@@ -293,6 +293,8 @@ MALFORMED = [
      "timers.resync_interval_s", "shorter than tick_interval_s"),
     ("log-format", edit('log_format = "kv"', 'log_format = "text"'), "daemon.log_format",
      "'text' is not one of kv, json"),
+    ("probes-clock", edit("interval_ms = 50.0", 'interval_ms = 50.0\nclock = "ntpd"'),
+     "probes.clock", "'ntpd' is not one of auto, chrony, ptp4l, none, shared"),
     ("log-level", edit('log_level = "info"', 'log_level = "verbose"'), "daemon.log_level",
      "not one of debug, info, warning, error"),
     ("relative-socket", edit('[daemon]', '[daemon]\ncontrol_socket = "linkpassd.sock"'),

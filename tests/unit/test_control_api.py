@@ -41,6 +41,7 @@ from linkpassd.core.model import (
     GroupStatus,
     LinkSample,
     ModuleIdentity,
+    OneWayDelay,
     OpticsReading,
     PortSensors,
     PortState,
@@ -94,6 +95,12 @@ def realistic_sensors() -> tuple[PortSensors, ...]:
                            "2 of 3 peers degraded or down: 198.18.1.7, 198.18.1.8; loss towards "
                            "the peers, replies fine (our transmit direction)",
                            direction="requests"),
+                Assessment("probe:198.18.1.7", Verdict.UP, "ok", "rtt 0.08 ms", direction="none",
+                           one_way=OneWayDelay(41e-6, 38e-6, 3e-6, "chrony ±1 us here, ±2 us at "
+                                               "the peer", samples=64)),
+                Assessment("probe:198.18.1.8", Verdict.UP, "ok", "rtt 0.09 ms", direction="none",
+                           one_way=OneWayDelay(refused="the peer's clock is not synchronised "
+                                                       "(its responder reports no error bound)")),
             ),
         ),
         PortSensors(

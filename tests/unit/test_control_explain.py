@@ -27,6 +27,7 @@ from linkpassd.core.model import (
     DaemonStatus,
     LinkSample,
     ModuleIdentity,
+    OneWayDelay,
     OpticsReading,
     PortSensors,
     PortState,
@@ -141,6 +142,13 @@ EXPLANATIONS = {
         ),
         summary="eth0 (rail0) is DEGRADED (optics: lane 5 RX -11.20 dBm below low alarm -10.4); "
                 "it still carries gpu-fabric.",
+        paths=(
+            Assessment("probe:198.18.0.1", Verdict.UP, "ok", "rtt 0.08 ms", direction="none",
+                       one_way=OneWayDelay(41e-6, 38e-6, 0.0, "shared", samples=64)),
+            Assessment("probe:198.18.0.5", Verdict.UP, "ok", "rtt 0.09 ms", direction="none",
+                       one_way=OneWayDelay(refused="the peer's clock is not synchronised (its "
+                                                   "responder reports no error bound)")),
+        ),
     ),
 }
 
@@ -312,7 +320,7 @@ def test_links_json_carries_sensors_with_null_for_not_reported(server, sock: Pat
     assert eth0["assessments"][1] == {"signal": "optics", "severity": "VERDICT_DEGRADED", "status": "degraded",
                                       "detail": "lane 5 RX -11.20 dBm below low alarm -10.4; module flags "
                                                 "rx_power_low_alarm[5]", "confirmed": True,
-                                      "direction": ""}
+                                      "direction": "", "one_way": None}
     eth1 = rows["eth1"]["sensors"]
     assert eth1["optics"] is None and eth1["optics_unreadable"] == UNREADABLE
     assert eth1["counters"]["rx_crc_errors"] == "0"  # zero errors ...
@@ -364,6 +372,10 @@ def test_explain_readable(server, sock: Path) -> None:
         ["since", "1m35s ago (2027-01-15T08:58:25+01:00)"],
         ["evidence", "optics: lane 5 RX -11.20 dBm below low alarm -10.4"],
         ["carrier up"],
+        ["paths", "198.18.0.1: one-way delay towards 198.18.0.1 41 us, back 38 us, ±0 us "
+                  "(clocks: shared)"],
+        ["198.18.0.5: one-way delay not reported: the peer's clock is not synchronised (its "
+         "responder reports no error bound)"],
     ]
     assert table_rows(uses) == [
         ["KIND", "NAME", "TABLE", "ROLE", "CARRIES PORT", "DETAIL"],
@@ -463,4 +475,5 @@ def test_to_json_renders_every_explanation_field() -> None:
     expected["state"]["verdict"] = "VERDICT_DEGRADED"
     expected["state"]["evidence"] = list(expected["state"]["evidence"])
     expected["consequences"] = [dict(c) for c in expected["consequences"]]
+    expected["paths"] = [{**p, "severity": "VERDICT_UP"} for p in expected["paths"]]
     assert data == {**expected, "served_at": WALL_NOW}

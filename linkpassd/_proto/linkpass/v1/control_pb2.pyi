@@ -232,20 +232,38 @@ class CounterSample(_message.Message):
     def __init__(self, port: _Optional[str] = ..., rx_crc_errors: _Optional[int] = ..., symbol_errors: _Optional[int] = ..., length_errors: _Optional[int] = ..., rx_missed: _Optional[int] = ..., fec_corrected: _Optional[int] = ..., fec_uncorrectable: _Optional[int] = ..., link_down_events: _Optional[int] = ..., ext_state: _Optional[str] = ..., ext_substate: _Optional[str] = ...) -> None: ...
 
 class Assessment(_message.Message):
-    __slots__ = ("signal", "severity", "status", "detail", "confirmed", "direction")
+    __slots__ = ("signal", "severity", "status", "detail", "confirmed", "direction", "one_way")
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     CONFIRMED_FIELD_NUMBER: _ClassVar[int]
     DIRECTION_FIELD_NUMBER: _ClassVar[int]
+    ONE_WAY_FIELD_NUMBER: _ClassVar[int]
     signal: str
     severity: Verdict
     status: str
     detail: str
     confirmed: bool
     direction: str
-    def __init__(self, signal: _Optional[str] = ..., severity: _Optional[_Union[Verdict, str]] = ..., status: _Optional[str] = ..., detail: _Optional[str] = ..., confirmed: _Optional[bool] = ..., direction: _Optional[str] = ...) -> None: ...
+    one_way: OneWayDelay
+    def __init__(self, signal: _Optional[str] = ..., severity: _Optional[_Union[Verdict, str]] = ..., status: _Optional[str] = ..., detail: _Optional[str] = ..., confirmed: _Optional[bool] = ..., direction: _Optional[str] = ..., one_way: _Optional[_Union[OneWayDelay, _Mapping]] = ...) -> None: ...
+
+class OneWayDelay(_message.Message):
+    __slots__ = ("towards_s", "back_s", "bound_s", "clocks", "refused", "samples")
+    TOWARDS_S_FIELD_NUMBER: _ClassVar[int]
+    BACK_S_FIELD_NUMBER: _ClassVar[int]
+    BOUND_S_FIELD_NUMBER: _ClassVar[int]
+    CLOCKS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    towards_s: float
+    back_s: float
+    bound_s: float
+    clocks: str
+    refused: str
+    samples: int
+    def __init__(self, towards_s: _Optional[float] = ..., back_s: _Optional[float] = ..., bound_s: _Optional[float] = ..., clocks: _Optional[str] = ..., refused: _Optional[str] = ..., samples: _Optional[int] = ...) -> None: ...
 
 class PortSensors(_message.Message):
     __slots__ = ("port", "optics", "optics_unreadable", "counters", "assessments")
@@ -426,20 +444,22 @@ class Consequence(_message.Message):
     def __init__(self, kind: _Optional[str] = ..., name: _Optional[str] = ..., table: _Optional[int] = ..., role: _Optional[str] = ..., carries_port: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class ExplainPortResponse(_message.Message):
-    __slots__ = ("port", "rail", "state", "consequences", "summary", "served_at")
+    __slots__ = ("port", "rail", "state", "consequences", "summary", "paths", "served_at")
     PORT_FIELD_NUMBER: _ClassVar[int]
     RAIL_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CONSEQUENCES_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    PATHS_FIELD_NUMBER: _ClassVar[int]
     SERVED_AT_FIELD_NUMBER: _ClassVar[int]
     port: str
     rail: str
     state: PortState
     consequences: _containers.RepeatedCompositeFieldContainer[Consequence]
     summary: str
+    paths: _containers.RepeatedCompositeFieldContainer[Assessment]
     served_at: float
-    def __init__(self, port: _Optional[str] = ..., rail: _Optional[str] = ..., state: _Optional[_Union[PortState, _Mapping]] = ..., consequences: _Optional[_Iterable[_Union[Consequence, _Mapping]]] = ..., summary: _Optional[str] = ..., served_at: _Optional[float] = ...) -> None: ...
+    def __init__(self, port: _Optional[str] = ..., rail: _Optional[str] = ..., state: _Optional[_Union[PortState, _Mapping]] = ..., consequences: _Optional[_Iterable[_Union[Consequence, _Mapping]]] = ..., summary: _Optional[str] = ..., paths: _Optional[_Iterable[_Union[Assessment, _Mapping]]] = ..., served_at: _Optional[float] = ...) -> None: ...
 
 class Event(_message.Message):
     __slots__ = ("boot_id", "seq", "time", "monotonic_s", "kind", "severity", "name", "port", "rail", "message", "fields")
