@@ -34,6 +34,12 @@ the fault ended. A trial that moved waits for the move back before the next.
 
     flock -w 900 /tmp/linkpass-lab.lock .venv/bin/python -m labs.bench.hiccup \\
         --trials 3 --label before [--mechanisms ...] [--faults ...] [--echo-opt tolerance_ms=30]
+        [--fence-opt fence_after_s=0.5 ...]
+
+``--fence-opt KEY=VALUE`` turns linkpassd's ``[fence]`` on (docs/fencing.md;
+``require_leaf_grant = false``, since the lab has no aggregator) with those
+options; each row then counts the fences either host made during its trial
+(``fences``, from ``linkpassctl fences``), and the table shows them.
 
 Writes labs/bench/results/hiccup-<label>.json and .png.
 """
@@ -213,6 +219,8 @@ def summarise(rows: list[dict]) -> dict[str, dict]:
             "blackout_ms": _stats([r["blackout_ms"] for r in ok
                                    if r.get("blackout_ms") is not None]),
             "lost": [r.get("lost") for r in ok],
+            **({"fenced": sum(sum(r["fences"].values()) for r in ok)}
+               if any("fences" in r for r in ok) else {}),
         }
     return out
 
@@ -231,6 +239,8 @@ def table(summary: dict, mechanisms: list[str], faults: list[str]) -> str:
                         f"{c['blackout_ms']['median_ms']:.0f}ms")
             else:
                 cell = f"{c['moved']}/{c['trials']}" + (f" e{c['errors']}" if c["errors"] else "")
+            if c is not None and "fenced" in c:
+                cell += f" f{c['fenced']}"
             line += f"{cell:>16}"
         lines.append(line)
     return "\n".join(lines)
@@ -334,7 +344,8 @@ def _real_pid(pid: int, needle: str) -> int:
 class Cell:
     """One mechanism's lab, faults armed, route watches running."""
 
-    def __init__(self, mechanism: str, echo_opts: dict, section: str, log=print):
+    def __init__(self, mechanism: str, echo_opts: dict, section: str, log=print,
+                 fence_opts: dict | None = None):
         from labs.faults import LeafPause, SilentBlackhole
         from labs.routewatch import RouteWatch
         from labs.scenario import LAB_TIMERS
@@ -342,6 +353,7 @@ class Cell:
 
         self.mechanism = mechanism
         self.kind, self.interval_ms = MECHANISMS[mechanism]
+        self.fence_opts = fence_opts if self.kind == "linkpassd" else None
         self.log = log
         if self.kind == "linkpassd":
             probes = {"interval_ms": self.interval_ms}
@@ -361,6 +373,11 @@ class Cell:
                         path = self.lab.config_path(host)
                         path.write_text(with_section_options(path.read_text(), section,
                                                              echo_opts))
+                if self.fence_opts:
+                    for host in HOSTS:
+                        path = self.lab.config_path(host)
+                        path.write_text(with_section_options(path.read_text(), "fence",
+                                                             self.fence_opts))
                 for host in HOSTS:
                     self.daemons[host] = start_linkpassd(self.lab, host)
             h1, h2 = self.lab.host("lph1"), self.lab.host("lph2")
@@ -405,6 +422,20 @@ class Cell:
                 raise TimeoutError(str(exc)) from exc
         return time.monotonic() - started
 
+    def fences(self) -> dict[str, int]:
+        """Fences each host's linkpassd made since it started (ListFences)."""
+        import subprocess
+
+        out = {}
+        for host in HOSTS:
+            proc = subprocess.run([sys.executable, "-m", "linkpassd.ctl.main", "--socket",
+                                   self.lab.control_socket(host), "--timeout", "10", "fences",
+                                   "-o", "json"], capture_output=True, text=True, timeout=30)
+            if proc.returncode != 0:
+                raise RuntimeError(f"linkpassctl fences on {host}: {proc.stderr.strip()}")
+            out[host] = sum(int(f.get("fences", 0)) for f in json.loads(proc.stdout)["fences"])
+        return out
+
     def peer_pid(self) -> int:
         """The far end of lph1's rail-0 detection: lph2's linkpassd, or the
         leaf's bfdd (FRR)."""
@@ -426,6 +457,7 @@ class Cell:
         flow = LabFlow(self.lab, src, self.lab.rail(src, 0).address, dst,
                        self.lab.rail(dst, 0).address, duration=duration, workdir=workdir)
         marks = {h: w.mark() for h, w in self.watches.items()}
+        fences_before = self.fences() if self.fence_opts else None
         load = self._prepare_load(spec)
         try:
             t0 = flow.start()
@@ -447,6 +479,12 @@ class Cell:
                 "after_ms": (first.at - stamps["injected_at"]) * 1e3, "to": first.oif,
                 "cause": list(first.cause)}
         moved_after = [m["after_ms"] for m in moves.values() if m]
+        fenced = None
+        if fences_before is not None:
+            assert self.fence_opts is not None
+            time.sleep(max(0.0, end + float(self.fence_opts.get("fence_after_s", 5.0))
+                           - time.monotonic()))  # a fence that is coming has come
+            fenced = {h: n - fences_before[h] for h, n in self.fences().items()}
         gap = None
         if spec.kind != "load":
             gap = gap_overlapping(report, stamps["injected_at"], stamps["cleared_at"])
@@ -456,6 +494,7 @@ class Cell:
             "trial": t.index, "phase_ms": t.phase_s * 1e3, "ready_wait_s": ready_s,
             **stamps, "fault_ms": (stamps["cleared_at"] - stamps["injected_at"]) * 1e3,
             "moved": any(moves.values()), "moves": moves,
+            **({"fences": fenced} if fenced is not None else {}),
             "move_after_ms": min(moved_after) if moved_after else None,
             "flow": f"{src}->{dst}", "sent": report.get("sent"), "lost": report.get("lost"),
             "longest_gap_ms": report["blackout"]["gap_s"] * 1e3,
@@ -544,14 +583,15 @@ class Cell:
 
 
 def run_mechanism(mechanism: str, faults: list[FaultSpec], trials: int, echo_opts: dict,
-                  section: str, rng: random.Random, workroot: Path, log=print) -> list[dict]:
+                  section: str, rng: random.Random, workroot: Path, log=print,
+                  fence_opts: dict | None = None) -> list[dict]:
     """Every trial of one mechanism in its own lab. A trial that fails is a
     row with ``error``; a lab that does not come back (or cannot be built)
     ends this mechanism's run, and the next mechanism still runs."""
     rows: list[dict] = []
     plan = schedule(faults, trials, MECHANISMS[mechanism][1], rng)
     try:
-        cell = Cell(mechanism, echo_opts, section, log)
+        cell = Cell(mechanism, echo_opts, section, log, fence_opts=fence_opts)
     except (TimeoutError, RuntimeError, OSError, LabError) as exc:
         log(f"{mechanism}: lab failed: {exc}")
         return [{"mechanism": mechanism, "fault": t.fault.name, "kind": t.fault.kind,
@@ -577,8 +617,9 @@ def run_mechanism(mechanism: str, faults: list[FaultSpec], trials: int, echo_opt
             moved = ", ".join(f"{h} after {m['after_ms']:.0f} ms" for h, m in row["moves"].items()
                               if m) or "no"
             extra = f" blackout {row['blackout_ms']:.0f} ms" if row.get("blackout_ms") else ""
+            fenced = (f" fences {sum(row['fences'].values())}" if "fences" in row else "")
             log(f"{mechanism:<13} {t.fault.name:<11} #{t.index:<2} moved: {moved:<28}"
-                f" lost {row['lost']}{extra}")
+                f" lost {row['lost']}{extra}{fenced}")
     finally:
         cell.close()
     return rows
@@ -594,6 +635,9 @@ def main(argv: list[str] | None = None) -> int:
                              "blackhole")
     parser.add_argument("--echo-opt", action="append", default=[], metavar="KEY=VALUE",
                         help="an echo detection option for linkpassd (repeatable)")
+    parser.add_argument("--fence-opt", action="append", default=[], metavar="KEY=VALUE",
+                        help="turn linkpassd's [fence] on with this option (repeatable); "
+                             "rows count the fences")
     parser.add_argument("--label", default="run", help="results/hiccup-LABEL.{json,png}")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--merge", metavar="LABEL,...",
@@ -614,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         faults = [fault_spec(f) for f in args.faults.split(",") if f]
         echo_opts = parse_echo_opts(args.echo_opt)
+        fence_opts = parse_echo_opts(args.fence_opt)
     except ValueError as exc:
         parser.error(str(exc))
     if not faults or not mechanisms:
@@ -623,6 +668,9 @@ def main(argv: list[str] | None = None) -> int:
     section = echo_section()
     if echo_opts:
         check_echo_opts(echo_opts, section, parser)
+    if fence_opts:
+        fence_opts = {"enabled": True, "require_leaf_grant": False, **fence_opts}
+        check_echo_opts(fence_opts, "fence", parser, "--fence-opt")
 
     rng = random.Random(args.seed)
     started = time.monotonic()
@@ -631,7 +679,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="lp-hiccup-") as work:
         for mech in mechanisms:
-            rows += run_mechanism(mech, faults, args.trials, echo_opts, section, rng, Path(work))
+            rows += run_mechanism(mech, faults, args.trials, echo_opts, section, rng, Path(work),
+                                  fence_opts=fence_opts or None)
     summary = summarise(rows)
     names = [f.name for f in faults]
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -642,7 +691,8 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed, "mechanisms": {m: {"kind": MECHANISMS[m][0],
                                               "interval_ms": MECHANISMS[m][1]}
                                           for m in mechanisms},
-        "echo_section": section, "echo_opts": echo_opts, "linkpassd_timers": LAB_TIMERS,
+        "echo_section": section, "echo_opts": echo_opts, "fence_opts": fence_opts,
+        "linkpassd_timers": LAB_TIMERS,
         "bfd_detect_mult": DETECT_MULT, "faults": [asdict(f) for f in faults],
         "fault_port": "lph1 rail 0, at its leaf lpl0",
         "constants": {"lead_s": LEAD_S, "move_window_s": MOVE_WINDOW_S, "load_s": LOAD_S,
@@ -715,7 +765,8 @@ def merge(labels: list[str], label: str) -> int:
     return 0
 
 
-def check_echo_opts(echo_opts: dict, section: str, parser: argparse.ArgumentParser) -> None:
+def check_echo_opts(echo_opts: dict, section: str, parser: argparse.ArgumentParser,
+                    flag: str = "--echo-opt") -> None:
     """The daemon's own parser judges the options before any lab is built."""
     from labs.topos.plan import FabricPlan, linkpassd_toml
     from linkpassd.config import parse_config
@@ -727,9 +778,9 @@ def check_echo_opts(echo_opts: dict, section: str, parser: argparse.ArgumentPars
     if section != "probes":
         text = with_section_options(text, section, echo_opts)
     try:
-        parse_config(text, source="--echo-opt")
+        parse_config(text, source=flag)
     except Exception as exc:  # noqa: BLE001 - the config error names the bad option
-        parser.error(f"--echo-opt rejected by linkpassd's config ([{section}]): {exc}")
+        parser.error(f"{flag} rejected by linkpassd's config ([{section}]): {exc}")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from google.protobuf import struct_pb2, timestamp_pb2
 from linkpassd._proto.linkpass.v1 import control_pb2 as pb
 from linkpassd.core.events import Event, EventKind, Severity
 from linkpassd.core.explain import Consequence, Explanation
+from linkpassd.core.fence import View as FenceView
 from linkpassd.core.healthdoc import HealthDoc, PortHealthRow
 from linkpassd.core.model import (
     Assessment,
@@ -75,6 +76,12 @@ def drain_to_proto(drain: Drain) -> pb.DrainInfo:
         since=timestamp(drain.at),
         until=None if drain.until is None else timestamp(drain.until),
     )
+
+
+def fence_to_proto(v: FenceView) -> pb.FenceInfo:
+    return pb.FenceInfo(port=v.port, rail=v.rail, state=str(v.state), reason=v.reason,
+                        since=v.since, until=v.until, backoff_s=v.backoff_s, held=v.held,
+                        fences=v.fences, summary=v.summary)
 
 
 def link_sample_to_proto(sample: LinkSample) -> pb.LinkSample:

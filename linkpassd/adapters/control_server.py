@@ -62,6 +62,7 @@ from linkpassd.adapters.control_convert import (
     drain_to_proto,
     event_to_proto,
     explanation_to_proto,
+    fence_to_proto,
     health_to_proto,
     links_to_proto,
     port_state_to_proto,
@@ -71,8 +72,10 @@ from linkpassd.adapters.feeds import EventFeed, Latest
 from linkpassd.adapters.grpc_decode import add_servicer
 from linkpassd.core.drain import DrainError, DrainNotTaken, DrainPending, NotDrained, UnknownPort
 from linkpassd.core.explain import Explanation
+from linkpassd.core.fence import FenceRequestError, FencingOff, NotAFencePort
+from linkpassd.core.fence import View as FenceView
 from linkpassd.core.healthdoc import HealthDoc
-from linkpassd.core.model import DaemonStatus, DrainOutcome, PortState
+from linkpassd.core.model import DaemonStatus, DrainOutcome, FenceSettings, PortState
 
 log = structlog.get_logger("linkpassd.control")
 
@@ -100,6 +103,16 @@ class DrainControl(Protocol):
     async def undrain(self, port: str, by: str) -> PortState: ...
 
 
+class FenceControl(Protocol):
+    """What the daemon offers for ListFences and Unfence (daemon.fencing).
+    `unfence` raises core.fence's NotAFencePort (NOT_FOUND), FencingOff
+    (FAILED_PRECONDITION) or FenceRequestError (INVALID_ARGUMENT)."""
+
+    def list_fences(self) -> tuple[FenceSettings, list[FenceView]]: ...
+
+    async def unfence(self, port: str, hold_s: float | None, by: str) -> FenceView: ...
+
+
 # --------------------------------------------------------------------------
 # the server
 # --------------------------------------------------------------------------
@@ -118,6 +131,7 @@ class _ControlServicer(pb_grpc.ControlServiceServicer):
         events: EventFeed | None,
         health_doc: Latest[HealthDoc] | None,
         drains: DrainControl | None,
+        fences: FenceControl | None = None,
         private_dir: Path,
         admin_group: str,
     ) -> None:
@@ -127,6 +141,7 @@ class _ControlServicer(pb_grpc.ControlServiceServicer):
         self._events = events
         self._health_doc = health_doc
         self._drains = drains
+        self._fences = fences
         self._private_dir = private_dir
         self._admin_group = admin_group
         self.stopping = asyncio.Event()  # set by ControlServer.stop(): streams end cleanly
@@ -286,6 +301,41 @@ class _ControlServicer(pb_grpc.ControlServiceServicer):
         state = await self._drain_call(context, request.port, lambda: drains.undrain(request.port, by))
         return pb.UndrainResponse(state=port_state_to_proto(state))
 
+    # -- fences ------------------------------------------------------------
+
+    async def ListFences(self, request: pb.ListFencesRequest,
+                         context: grpc.aio.ServicerContext) -> pb.ListFencesResponse:
+        if self._fences is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this linkpassd has no fences")
+        assert self._fences is not None
+        settings, views = self._fences.list_fences()
+        return pb.ListFencesResponse(enabled=settings.enabled, fences=[fence_to_proto(v) for v in views],
+                                     require_leaf_grant=settings.require_leaf_grant,
+                                     max_fenced=settings.max_fenced)
+
+    async def Unfence(self, request: pb.UnfenceRequest,
+                      context: grpc.aio.ServicerContext) -> pb.UnfenceResponse:
+        fences = self._fences
+        if fences is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this linkpassd has no fences")
+        assert fences is not None
+        by = await self._admin_caller(context, "unfence")
+        if not request.port:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "no port given")
+        hold = request.hold_s
+        if not math.isfinite(hold) or hold < 0:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"hold_s must be 0 (the config's lift_hold_s) or more, not {hold!r}")
+        try:
+            view = await fences.unfence(request.port, hold or None, by)
+        except NotAFencePort as exc:
+            await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
+        except FencingOff as exc:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+        except FenceRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        return pb.UnfenceResponse(fence=fence_to_proto(view))
+
     # -- health ------------------------------------------------------------
 
     async def WatchHealth(self, request: pb.WatchHealthRequest,
@@ -345,6 +395,7 @@ class ControlServer:
         events: EventFeed | None = None,
         health: Latest[HealthDoc] | None = None,
         drains: DrainControl | None = None,
+        fences: FenceControl | None = None,
         group: str = "linkpass",
         admin_group: str = "",
         wall_clock: Callable[[], float] = time.time,
@@ -356,7 +407,8 @@ class ControlServer:
         self.admin_group = admin_group
         self._max_connections = max_connections
         self._servicer = _ControlServicer(status_provider, explain_provider, wall_clock, events=events,
-                                          health_doc=health, drains=drains, private_dir=self.private_dir,
+                                          health_doc=health, drains=drains, fences=fences,
+                                          private_dir=self.private_dir,
                                           admin_group=admin_group)
         self._server: grpc.aio.Server | None = None
         self._proxy: CredentialProxy | None = None

@@ -270,6 +270,18 @@ class Metrics:
             "linkpass_announce_frr_ok", "1 while FRR runs and imports the announcement table, "
             "0 while something is missing (the status's problems say what), by announcement "
             "table; absent until read.", ("table",), registry=registry)
+        self.fence_actions = counter(
+            "linkpass_fence_actions_total", "[fence]: what linkpassd did to a port (fence: taken "
+            "down; test: brought up for a test; refence: down again after a failed test; "
+            "unfence: proved by its own probes; release: brought up without proof, by an "
+            "operator's lift or because no other rail was healthy).", ("port", "action"))
+        self.fence_held_back = counter(
+            "linkpass_fence_held_back_total", "[fence]: fences due but held back (the last "
+            "healthy rail, the host cap, no leaf grant); the event says which.", ("port",))
+        self.fence_holding = Gauge(
+            "linkpass_fence_holding", "[fence]: 1 while linkpassd holds the port fenced (down, "
+            "or up for a test with the routes away), 0 otherwise; absent before its first fence "
+            "event.", ("port",), registry=registry)
         self.reconcile_seconds = Histogram(
             "linkpass_reconcile_duration_seconds", "Time of one reconcile pass (decide, plan, "
             "kernel writes).", buckets=RECONCILE_BUCKETS_S, registry=registry)
@@ -325,6 +337,15 @@ class Metrics:
                     1 if event.field("frr") == "ok" else 0)
             elif event.field("change"):
                 self.announce_changes.labels(event.rail, event.field("change")).inc()
+        elif kind is EventKind.FENCE:
+            action = event.field("action")
+            if action == "held":
+                self.fence_held_back.labels(event.port).inc()
+            elif action and action != "none":
+                self.fence_actions.labels(event.port, action).inc()
+            state = event.field("state")
+            if state:
+                self.fence_holding.labels(event.port).set(1 if state in ("FENCED", "TESTING") else 0)
 
     def on_reconcile(self, duration_s: float, writes: int) -> None:
         """One reconcile pass took `duration_s` and made `writes` kernel writes."""

@@ -102,6 +102,9 @@ class AgentHost(Protocol):
 
     def take_peers(self, message: fleet_pb2.ProbePeers) -> None: ...
 
+    # Optional: the aggregator's fence grants ([fence]); None when the stream ends.
+    # def take_fence_grants(self, ports: list[str] | None) -> None: ...
+
     async def command(self, command: fleet_pb2.Command
                       ) -> tuple[int, str] | tuple[int, str, fleet_pb2.HostValidation]: ...
 
@@ -375,6 +378,7 @@ class _Session:
             await self._send_report(force=True)
             await self._send_loop(reader)
         finally:
+            self._fence(None)  # grants hold only while the stream does
             reader.cancel()
             for task in self.commands:
                 task.cancel()
@@ -478,6 +482,8 @@ class _Session:
                 self._peers(response.peers)
             elif body == "command":
                 self._command(response.command)
+            elif body == "fence":
+                self._fence(list(response.fence.ports))
             elif body == "welcome":
                 log.warning("aggregator_message_ignored", message="welcome",
                             note="a second Welcome on one stream")
@@ -507,6 +513,15 @@ class _Session:
             self.client.host.take_peers(peers)
         except Exception as exc:  # noqa: BLE001 - the daemon's side must not end the stream
             log.error("aggregator_peers_failed", error=repr(exc))
+
+    def _fence(self, ports: list[str] | None) -> None:
+        take = getattr(self.client.host, "take_fence_grants", None)
+        if take is None:
+            return
+        try:
+            take(ports)
+        except Exception as exc:  # noqa: BLE001 - the daemon's side must not end the stream
+            log.error("aggregator_fence_grants_failed", error=repr(exc))
 
     def _command(self, command: fleet_pb2.Command) -> None:
         if len(self.commands) >= MAX_COMMANDS:

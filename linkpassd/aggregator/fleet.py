@@ -19,6 +19,7 @@ from collections.abc import Callable
 import grpc
 import structlog
 
+from linkpassd.aggregator.fencing import FenceGrants
 from linkpassd.aggregator.identity import Refusal
 from linkpassd.aggregator.metrics import AggregatorMetrics
 from linkpassd.aggregator.planner import MeshPlanner
@@ -55,6 +56,7 @@ class Fleet:
         # validation plans and localisation), off the event loop.
         self.worker = Worker("aggregator")
         self.planner = MeshPlanner(self, settings, metrics, worker=self.worker)
+        self.fences = FenceGrants(settings.fence_leaf_cap)
         self._command_ids = itertools.count(1)
         self._instance = uuid.uuid4().hex[:8]
         self._beats: dict[str, float] = {}  # heartbeats not written yet: host -> newest
@@ -131,6 +133,7 @@ class Fleet:
             old.finish(StreamEnd(grpc.StatusCode.ABORTED, "replaced by a newer connection"))
         self.metrics.hosts_connected.set(len(self.sessions))
         self.planner.joined(session.host_id)
+        self.fences.joined(session.host_id)
 
     def unregister(self, session: HostSession) -> None:
         if self.sessions.get(session.host_id) is session:

@@ -254,11 +254,14 @@ class AgentServicer:
         elif which == "ports":
             bounds.port_report(request.ports)
             self._pend(session, (PORTS, request.ports, fleet.clock(), time.perf_counter()))
+            fleet.fences.report(session, request.ports)  # pure and quick: grants follow at once
+            fleet.fences.update(fleet.sessions)
         elif which == "inventory":
             inventory = request.inventory
             _check_inventory(inventory)
             bounds.inventory(inventory)
             session.gpus = savings.gpus_by_rail(inventory.rails)  # for the events read after it
+            fleet.fences.inventory(session.host_id, inventory)  # for the report read after it
             self._pend(session, (INVENTORY, inventory, fleet.clock(), time.perf_counter()))
         elif which == "command_result":
             result = request.command_result

@@ -62,6 +62,7 @@ class Settings:
     metrics_listen: str = default("metrics", "listen")  # "" = no metrics endpoint
     # fleet validation: probes sent + answered per host per second (validate.schedule)
     validation_host_budget_pps: float = default("validation", "host_budget_pps")
+    fence_leaf_cap: int = default("fence", "leaf_cap")  # ports fenced at once per leaf
 
 
 def parse_settings(text: str, source: str) -> Settings:
@@ -78,7 +79,8 @@ def settings_from_document(doc: dict[str, Any], source: str) -> Settings:
         peers_per_rail=values["mesh"]["peers_per_rail"],
         max_peers_per_rail=values["mesh"]["max_peers_per_rail"],
         web_listen=values["web"]["listen"], metrics_listen=values["metrics"]["listen"],
-        validation_host_budget_pps=values["validation"]["host_budget_pps"])
+        validation_host_budget_pps=values["validation"]["host_budget_pps"],
+        fence_leaf_cap=values["fence"]["leaf_cap"])
     _check_together(settings)
     return settings
 

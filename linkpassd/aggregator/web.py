@@ -50,6 +50,7 @@ td.cell{text-align:center;min-width:3.5em;font-weight:600}
 .v-up{background:#a5d6a7}.v-degraded{background:#ffcc80}.v-down{background:#e57373;color:#fff}
 .v-none{background:#e0e0e0;color:#777}
 .drained{background-image:repeating-linear-gradient(45deg,rgba(0,0,0,.18) 0 4px,transparent 4px 8px)}
+.fenced{outline:3px dashed #222;outline-offset:-4px}
 .offline td{opacity:.5}.offline th{color:#999}
 .legend span{display:inline-block;padding:1px 8px;margin-right:6px;border:1px solid #ccc}
 .refused td{background:#ffcdd2}.offline-host td{background:#eeeeee}
@@ -101,12 +102,17 @@ def _cell_html(cell: grid.Cell) -> str:
     if cell.drained:
         classes.append("drained")
         text = f"{text} drained"
+    if cell.fenced:
+        classes.append("fenced")
+        text = f"{text} {'fenced' if cell.fence == 'FENCED' else 'testing'}"
     if cell.failed_over:
         text += " ⇢"  # the rail's traffic takes another path
     title = " · ".join(x for x in (
         cell.port or "no port in inventory",
         cell.verdict if cell.verdict != grid.NO_REPORT else "no report",
         "drained" if cell.drained else "",
+        {"FENCED": "fenced: taken down by its host", "TESTING": "fenced: up for a test, no traffic"}
+        .get(cell.fence, ""),
         f"path {cell.path}" if cell.path else "",
         cell.evidence,
         cell.direction,
@@ -114,7 +120,7 @@ def _cell_html(cell: grid.Cell) -> str:
     ) if x)
     return (f'<td class="{" ".join(classes)}" data-host="{_e(cell.host_id)}" data-rail="{_e(cell.rail)}" '
             f'data-port="{_e(cell.port)}" data-verdict="{_e(cell.verdict)}" '
-            f'data-drained="{"true" if cell.drained else "false"}" '
+            f'data-drained="{"true" if cell.drained else "false"}" data-fence="{_e(cell.fence)}" '
             f'data-connected="{"true" if cell.connected else "false"}" '
             f'data-path="{_e(cell.path)}" title="{_e(title)}">{_e(text)}</td>')
 
@@ -135,6 +141,7 @@ def _grid_html(g: grid.Grid, now: float) -> str:
             f'{"" if h.connected else " (offline)"}</th>{"".join(_cell_html(c) for c in row.cells)}</tr>')
     legend = ('<p class="legend"><span class="v-up">UP</span><span class="v-degraded">DEG degraded</span>'
               '<span class="v-down">DOWN</span><span class="v-up drained">drained</span>'
+              '<span class="v-down fenced">fenced</span>'
               '<span class="v-none">– no report</span> ⇢ the rail routes through another path</p>')
     hidden = (f'<p class="meta" id="hidden-rails">{g.hidden_rails} more rails, reported by fewer hosts, '
               'are not shown as columns</p>' if g.hidden_rails else "")
@@ -148,8 +155,10 @@ def _problems_html(g: grid.Grid) -> str:
         return '<p id="problems">Every reported port is UP on its own path.</p>'
     rows = "".join(
         f'<tr><td>{_e(c.host_id)}</td><td>{_e(c.rail)}</td><td>{_e(c.port)}</td>'
-        f'<td class="v-{c.verdict.lower()}{" drained" if c.drained else ""}">{_e(c.verdict)}'
-        f'{" drained" if c.drained else ""}</td><td>{_e(c.path or "-")}</td><td>{_e(_why(c))}</td></tr>'
+        f'<td class="v-{c.verdict.lower()}{" drained" if c.drained else ""}'
+        f'{" fenced" if c.fenced else ""}">{_e(c.verdict)}'
+        f'{" drained" if c.drained else ""}{" " + c.fence.lower() if c.fenced else ""}</td>'
+        f'<td>{_e(c.path or "-")}</td><td>{_e(_why(c))}</td></tr>'
         for c in cells[:PROBLEMS_SHOWN])
     more = (f'<p class="meta">… and {len(cells) - PROBLEMS_SHOWN} more</p>' if len(cells) > PROBLEMS_SHOWN else "")
     return ('<table id="problems"><thead><tr><th>host</th><th>rail</th><th>port</th><th>verdict</th>'

@@ -122,6 +122,20 @@ MESH = Section(
     rules=("`max_peers_per_rail` ≥ `peers_per_rail`",),
 )
 
+FENCE = Section(
+    "fence",
+    array=False,
+    help="Fence grants (docs/fencing.md): how many ports behind one leaf may be fenced at once "
+         "across the hosts this aggregator serves, so that a leaf failure does not fence every "
+         "host's port on it. Hosts with `[fence] require_leaf_grant = true` fence only what is "
+         "granted.",
+    options=(
+        Option("leaf_cap", INT, 1,
+               "Ports fenced (down or under test) at once per leaf; 0 grants none.",
+               (_int_range(0, 4096),)),
+    ),
+)
+
 VALIDATION = Section(
     "validation",
     array=False,
@@ -156,7 +170,7 @@ METRICS = Section(
     ),
 )
 
-AGGREGATOR_SCHEMA: tuple[Section, ...] = (SERVER, TLS, MESH, VALIDATION, WEB, METRICS)
+AGGREGATOR_SCHEMA: tuple[Section, ...] = (SERVER, TLS, MESH, FENCE, VALIDATION, WEB, METRICS)
 
 
 def default(section: str, key: str) -> Any:

@@ -33,6 +33,7 @@ from linkpassd.config.schema import (
     ANNOUNCE,
     BFD,
     DAEMON,
+    FENCE,
     HEALTH,
     METRICS,
     MULTIPATH,
@@ -51,6 +52,7 @@ from linkpassd.core.model import (
     AnnounceSettings,
     BfdSettings,
     Config,
+    FenceSettings,
     HealthPolicy,
     MultipathConfig,
     Ownership,
@@ -233,12 +235,15 @@ class _Builder:
         probes = self.section(doc, PROBES)
         routing = self.section(doc, ROUTING)
         announce = self.section(doc, ANNOUNCE)
+        fence = self.section(doc, FENCE)
         self.check_ownership(own)
         self.check_announce(announce, own)
         self.check_timers(timers)
+        self.check_fence(fence)
         self.check_health(health)
         self.check_probes(probes)
         rails = self.rails(self.entries(doc, RAIL))
+        self.check_fence_probes(fence, probes["enabled"], rails)
         self.check_probe_peers(rails, probes["enabled"])
         groups = self.groups(self.entries(doc, MULTIPATH), rails)
         self.check_capacity(own, len(rails), len(groups), routing["roce_rules"],
@@ -288,6 +293,7 @@ class _Builder:
             probes=ProbeSettings(**probes),
             roce_rules=routing["roce_rules"],
             announce=AnnounceSettings(**announce),
+            fence=FenceSettings(**fence),
             auto_tables=self.auto_tables(rails, groups, probes["enabled"]),
             control_socket=daemon["control_socket"],
             run_dir=daemon["run_dir"],
@@ -401,6 +407,28 @@ class _Builder:
         if announce["route_protocol"] == own["route_protocol"]:
             self.fail("announce.route_protocol", f"{announce['route_protocol']} is "
                       "ownership.route_protocol; announcements need their own protocol number")
+
+    def check_fence(self, fence: dict[str, Any]) -> None:
+        if fence["backoff_initial_s"] > fence["backoff_max_s"]:
+            self.fail("fence.backoff_initial_s", f"{fence['backoff_initial_s']:g} is more than "
+                      f"backoff_max_s ({fence['backoff_max_s']:g})")
+        if not fence["test_window_s"] < fence["test_timeout_s"]:
+            self.fail("fence.test_window_s", f"{fence['test_window_s']:g} must be less than "
+                      f"test_timeout_s ({fence['test_timeout_s']:g}): a test could never pass")
+        if not fence["test_timeout_s"] < fence["backoff_initial_s"]:
+            self.fail("fence.test_timeout_s", f"{fence['test_timeout_s']:g} must be less than "
+                      f"backoff_initial_s ({fence['backoff_initial_s']:g}): a port would spend "
+                      "longer up in tests than fenced")
+
+    def check_fence_probes(self, fence: dict[str, Any], probing: bool,
+                           rails: list[dict[str, Any]]) -> None:
+        if not fence["enabled"] or probing:
+            return
+        unprobed = [r["name"] for r in rails if not r["bfd"]]
+        if unprobed:
+            self.fail("fence.enabled", "fencing acts on probe verdicts only (it fences on them and "
+                      "unfences on them), but rail(s) " + ", ".join(unprobed) + " have no probe: "
+                      "enable [probes] or set bfd = true on every rail")
 
     def check_timers(self, timers: dict[str, Any]) -> None:
         if timers["resync_interval_s"] < timers["tick_interval_s"]:

@@ -506,6 +506,60 @@ ANNOUNCE = Section(
     ),
 )
 
+FENCE = Section(
+    "fence",
+    array=False,
+    help="Fencing (docs/fencing.md): a port DOWN with carrier (a failure the leaf cannot see: "
+         "probes or BFD say the rail is dead while the link is up) for `fence_after_s` is set "
+         "administratively down, so the leaf loses carrier and every RDMA queue pair on the NIC "
+         "fails at once, and the collective layer moves them now (NCCL port failover, or a "
+         "restart from health.json). After a backoff the port is brought up for a test while the "
+         "routes stay away, and the fence ends only when the port's own probes say UP. Never the "
+         "last healthy rail; at most `max_fenced` ports per host. Off by default.",
+    options=(
+        Option("enabled", BOOL, False, "Fence ports whose failure is confirmed."),
+        Option("fence_after_s", FLOAT, 5.0,
+               "Seconds a port must stay DOWN with carrier, counted from its DOWN verdict (so "
+               "after the detection), before it is fenced. Well below NCCL's IB retry budget at "
+               "its defaults (tens of seconds), well above any hiccup the probes tolerate.",
+               (_between(0.5, 3600),)),
+        Option("backoff_initial_s", FLOAT, 30.0,
+               "Seconds a fenced port stays down before its first test.",
+               (_between(1, 86400),)),
+        Option("backoff_max_s", FLOAT, 600.0,
+               "The backoff doubles after each failed test, up to this; a port fenced again "
+               "within this long of its last fence's end keeps the doubled backoff.",
+               (_between(1, 86400),)),
+        Option("test_window_s", FLOAT, 3.0,
+               "Seconds the port's own probes (echo, BFD) must say UP without a break, while it "
+               "is up for a test, before the fence ends.",
+               (_between(0.1, 3600),)),
+        Option("test_timeout_s", FLOAT, 15.0,
+               "Seconds a test may last; without the proof by then the port goes down again "
+               "with the backoff doubled. More than `test_window_s`.",
+               (_between(0.2, 7200),)),
+        Option("max_fenced", INT, 1,
+               "Ports this host may hold fenced (down or in a test) at once.",
+               (_int_range(1, 64),)),
+        Option("lift_hold_s", FLOAT, 600.0,
+               "After `linkpassctl unfence` (or a release because no other rail was healthy), "
+               "seconds the port is not fenced again unless it was trusted (UP) in between.",
+               (_between(1, 366 * 86400),)),
+        Option("require_leaf_grant", BOOL, True,
+               "Fence only with the aggregator's grant for the port's leaf (a cap per leaf across "
+               "hosts, linkpass-aggregator's `[fence] leaf_cap`, so that a leaf failure does not "
+               "fence every host's port). Without a stream to the aggregator (or without "
+               "`[aggregator]`) nothing is fenced then; the rail's `leaf` must be set "
+               "(docs/fencing.md). false: the host's own checks (`max_fenced`, never the last "
+               "healthy rail) decide alone."),
+    ),
+    rules=(
+        "`backoff_initial_s` ≤ `backoff_max_s`; `test_window_s` < `test_timeout_s`",
+        "`test_timeout_s` < `backoff_initial_s` (a test is shorter than the wait before it)",
+        "`enabled = true` needs a probe on every rail: `[probes] enabled` or `bfd` on each rail",
+    ),
+)
+
 RAIL = Section(
     "rail",
     array=True,
@@ -610,4 +664,4 @@ MULTIPATH = Section(
 )
 
 SCHEMA: tuple[Section, ...] = (DAEMON, METRICS, AGGREGATOR, OWNERSHIP, TIMERS, HEALTH, SENSORS, BFD, PROBES, ROUTING,
-                               ANNOUNCE, RAIL, MULTIPATH)
+                               ANNOUNCE, FENCE, RAIL, MULTIPATH)

@@ -40,6 +40,7 @@ class EventKind(enum.StrEnum):
     RECONCILE_FAILED = "reconcile_failed"  # a pass failed as a whole
     SIGNAL = "signal"  # a BFD session or echo path changed state (evidence, not a verdict)
     ANNOUNCE = "announce"  # where a rail address is announced changed, or FRR's state (core.announce)
+    FENCE = "fence"  # a port fenced, tested, unfenced or released (core.fence)
 
 
 class Severity(enum.StrEnum):

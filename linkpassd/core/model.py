@@ -116,6 +116,22 @@ class AnnounceSettings:
 
 
 @dataclass(frozen=True)
+class FenceSettings:
+    """``[fence]``: taking a confirmed-failed port down administratively
+    (core.fence; config.schema has the help, docs/fencing.md the why)."""
+
+    enabled: bool = False
+    fence_after_s: float = 5.0
+    backoff_initial_s: float = 30.0
+    backoff_max_s: float = 600.0
+    test_window_s: float = 3.0
+    test_timeout_s: float = 15.0
+    max_fenced: int = 1
+    lift_hold_s: float = 600.0
+    require_leaf_grant: bool = True
+
+
+@dataclass(frozen=True)
 class BfdSettings:
     interval_ms: int = 300
     detect_mult: int = 3
@@ -198,6 +214,7 @@ class Config:
     bfd: BfdSettings = field(default_factory=BfdSettings)
     probes: ProbeSettings = field(default_factory=ProbeSettings)
     announce: AnnounceSettings = field(default_factory=AnnounceSettings)
+    fence: FenceSettings = field(default_factory=FenceSettings)
     roce_rules: bool = True
     # Tables the config file left to linkpassd, by core.alloc's table keys
     # ("rail:NAME", "probe:NAME", "group:NAME"). The builder fills them in as

@@ -182,13 +182,16 @@ class Connect:
 
 SYMBOL = {"UP": "up", "DEGRADED": "DEG", "DOWN": "DOWN", grid.NO_REPORT: "-"}
 DRAINED = "DRN"
+FENCED = "FNC"
 FAILED_OVER = "*"
 LEGEND = (f"legend: up UP  DEG degraded  DOWN down  {DRAINED} drained by an operator  - no report\n"
-          f"        {FAILED_OVER} after a symbol: the rail routes through another path now")
+          f"        {FENCED} fenced by its host  "
+          f"{FAILED_OVER} after a symbol: the rail routes through another path now")
 
 
 def cell_symbol(cell: grid.Cell) -> str:
-    return (DRAINED if cell.drained else SYMBOL[cell.verdict]) + (FAILED_OVER if cell.failed_over else "")
+    symbol = FENCED if cell.fenced else DRAINED if cell.drained else SYMBOL[cell.verdict]
+    return symbol + (FAILED_OVER if cell.failed_over else "")
 
 
 def connection_text(host: pb.HostView, served_at: float) -> str:
@@ -217,14 +220,17 @@ def render_grid(resp: pb.ListHostsResponse) -> str:
     problems = g.problems()
     if problems:
         parts.append(table(["HOST", "RAIL", "PORT", "VERDICT", "PATH NOW", "WHY"], [
-            [c.host_id, c.rail, c.port, c.verdict + (" drained" if c.drained else ""), c.path or "-",
+            [c.host_id, c.rail, c.port, c.verdict + (" drained" if c.drained else "")
+             + (f" {c.fence.lower()}" if c.fenced else ""), c.path or "-",
              _one_line(c.evidence) if c.evidence else "-"] for c in problems]))
     cells = [c for row in g.rows for c in row.cells]
     counts = Counter(c.verdict for c in cells)
     connected = sum(1 for row in g.rows if row.host.connected)
     parts.append(f"{len(g.rows)} hosts ({connected} connected), {len(cells)} ports: "
                  f"{counts['UP']} up, {counts['DEGRADED']} degraded, {counts['DOWN']} down, "
-                 f"{sum(c.drained for c in cells)} drained, {counts[grid.NO_REPORT]} no report")
+                 f"{sum(c.drained for c in cells)} drained, "
+                 + (f"{fenced} fenced, " if (fenced := sum(c.fenced for c in cells)) else "")
+                 + f"{counts[grid.NO_REPORT]} no report")
     return "\n\n".join(parts)
 
 

@@ -37,8 +37,10 @@ from linkpassd.ctl.render import (  # the renderers (to_json is also used by tes
     render_drain_change,
     render_events,
     render_explanation,
+    render_fences,
     render_links,
     render_status,
+    render_unfence,
     to_json,
 )
 from linkpassd.ctl.rpc import STATUS_EXIT, RpcTarget, status_of
@@ -277,6 +279,39 @@ def undrain(target: Target, port: str, output: str) -> None:
     linkpassd's admin_group."""
     resp = target.call(lambda stub: stub.Undrain, pb.UndrainRequest(port=port), at_least=DRAIN_TIMEOUT_S)
     terminal.echo(to_json(resp) if output == "json" else render_drain_change(resp.state, undrained=True))
+
+
+@cli.command()
+@output_option
+@click.pass_obj
+def fences(target: Target, output: str) -> None:
+    """Each rail port's fence ([fence], docs/fencing.md): ARMED, CONFIRMING
+    (DOWN with carrier; fenced once fence_after_s passes, unless held back),
+    FENCED (administratively down until its test), TESTING (up, routes kept
+    away, its own probes must say UP) or LIFTED (an operator's lift)."""
+    resp = target.call(lambda stub: stub.ListFences, pb.ListFencesRequest())
+    terminal.echo(to_json(resp) if output == "json" else render_fences(resp))
+
+
+@cli.command()
+@click.argument("port")
+@click.option("--for", "for_", metavar="DURATION", default=None,
+              help="Hold off another fence this long unless the port is trusted again first, "
+                   "e.g. 30m, 2h [default: [fence] lift_hold_s].")
+@output_option
+@click.pass_obj
+def unfence(target: Target, port: str, for_: str | None, output: str) -> None:
+    """Lift PORT's fence: it is brought up at once, without proof, and not
+    fenced again until it is trusted (UP) or the hold passes.  The routes
+    still follow its health.  Needs root or linkpassd's admin_group."""
+    hold_s = 0.0  # the config's lift_hold_s
+    if for_ is not None:
+        try:
+            hold_s = parse_duration(for_)
+        except DrainError as exc:
+            raise click.BadParameter(str(exc), param_hint="'--for'") from None
+    resp = target.call(lambda stub: stub.Unfence, pb.UnfenceRequest(port=port, hold_s=hold_s))
+    terminal.echo(to_json(resp) if output == "json" else render_unfence(resp.fence))
 
 
 cli.add_command(nccl_env)  # reads health.json, not the socket

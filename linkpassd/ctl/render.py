@@ -499,6 +499,23 @@ def render_drain_change(state: pb.PortState, *, undrained: bool = False,
     return "\n".join(lines)
 
 
+def render_fences(resp: pb.ListFencesResponse) -> str:
+    """`linkpassctl fences`: whether fencing is on and how it is bounded,
+    then one row per rail port (its summary says what happens next)."""
+    if not resp.enabled:
+        head = "fencing off ([fence] enabled = false): linkpassd fences no port"
+    else:
+        grant = ("only with the aggregator's leaf grant" if resp.require_leaf_grant
+                 else "on the host's own checks")
+        head = f"fencing on: at most {resp.max_fenced} port(s) of this host, {grant}"
+    rows = [(f.port, f.rail, f.state, str(f.fences), f.summary) for f in resp.fences]
+    return head + "\n" + table(("PORT", "RAIL", "STATE", "FENCES", "WHAT NEXT"), rows)
+
+
+def render_unfence(f: pb.FenceInfo) -> str:
+    return f"{f.port} ({f.rail}): {f.summary}"
+
+
 def _enum_word(enum_type: object, value: int, prefix: str) -> str:
     try:
         return enum_type.Name(value).removeprefix(prefix).lower()  # type: ignore[attr-defined]

@@ -94,6 +94,9 @@ class DaemonHost:
     def take_peers(self, message: fleet_pb2.ProbePeers) -> None:
         self.link.offer_mesh_peers(message)
 
+    def take_fence_grants(self, ports: list[str] | None) -> None:
+        self.link.fence_grants(ports)
+
     async def command(self, command: fleet_pb2.Command
                       ) -> tuple[int, str] | tuple[int, str, fleet_pb2.HostValidation]:
         return await self.link.command(command)
@@ -117,6 +120,8 @@ class AggregatorLink:
         self.post = post
         self.boot_id = boot_id
         self.host = DaemonHost(self)
+        # Where the aggregator's fence grants go (the loop sets Fencing.granted).
+        self.on_fence_grants: Callable[[list[str] | None], None] = lambda ports: None
         self.agent: AgentClient | None = None
         self.spool: Spool | None = None
         self.spool_writer: SpoolWriter | None = None
@@ -284,6 +289,10 @@ class AggregatorLink:
         """After the pass: mesh.json follows the applied plan."""
         if self.config.aggregator is not None:
             self.files.save_mesh(self.mesh_message)
+
+    def fence_grants(self, ports: list[str] | None) -> None:
+        """The aggregator's fence grants ([fence]); None: the stream ended."""
+        self.on_fence_grants(ports)
 
     def offer_mesh_peers(self, message: fleet_pb2.ProbePeers) -> None:
         """From the agent: keep the newest; the next pass applies it."""

@@ -74,6 +74,7 @@ from linkpassd.core.railverdict import rail_assessment
 from linkpassd.core.signals import bfd_assessment
 from linkpassd.daemon.aggregator import AggregatorLink, MeshPeersChanged
 from linkpassd.daemon.announcing import Announcements
+from linkpassd.daemon.fencing import Fencing
 from linkpassd.daemon.operations import DrainCommand, Drains, EventRecorder, HealthPublisher, cause_of
 from linkpassd.daemon.probes import EchoChange, Probes
 from linkpassd.daemon.statefiles import ECHO_SIGNAL, StateFiles
@@ -169,8 +170,11 @@ class Daemon:
                                          self.queue.put_nowait, self.recorder.boot_id)
         self.recorder.sinks.append(self.aggregator.offer)  # a bounded hand-off, never a wait
         self.announcements = Announcements(self.recorder.emit, wallclock)
+        self.fencing = Fencing(self.recorder.emit, wallclock, config=lambda: self.config,
+                               clock=clock, nudge=lambda: self.queue.put_nowait(Tick()))
+        self.aggregator.on_fence_grants = self.fencing.granted
         self.report = StatusReport(self, self.probes, self.files, self.recorder, self.aggregator,
-                                   self.announcements)
+                                   self.announcements, self.fencing)
 
     # ------------------------------------------------------------------ tasks
 
@@ -200,6 +204,7 @@ class Daemon:
         control = ControlServer(self.config.control_socket, self.report.status,
                                 explain_provider=self.report.explain, events=self.recorder.feed,
                                 health=self.healthdoc.doc, drains=self.drains,
+                                fences=self.fencing,
                                 group=self.config.control_group,
                                 admin_group=self.config.admin_group)
         await control.start()
@@ -209,6 +214,7 @@ class Daemon:
                            rails=len(self.config.rails), multipath=len(self.config.multipath),
                            boot_id=self.recorder.boot_id,
                            drained=sorted(self.drains.by_port) or "none")
+        self.fencing.load(self.config, self.clock())  # ports the last daemon left fenced: tested
         self.recorder.flush()
         try:
             async with asyncio.TaskGroup() as tasks:
@@ -224,6 +230,7 @@ class Daemon:
             pass
         finally:
             sdnotify.notify("STOPPING=1")
+            await self.fencing.stop()  # a fence lives only while linkpassd does
             self.recorder.emit(EventKind.STOPPED, "stopped", message="linkpassd stopped; routes "
                                "left as they are (fail-static)")
             self.recorder.flush()
@@ -235,6 +242,7 @@ class Daemon:
             self.sensor.close()
             self.probes.close()
             self.kernel.close()
+            self.fencing.close()
             self.ipr.close()
 
     def adopt(self, observed: KernelState | None) -> None:
@@ -346,9 +354,11 @@ class Daemon:
         return next((r.name for r in self.config.rails if r.port == port), "")
 
     def port_states(self, now: float) -> dict[str, PortState]:
-        """As the policy sees them: a drained port is DEGRADED (core.drain)."""
-        return draincore.apply({p: health.port_state(h, now, self.config.timers, self.config.health)
-                                for p, h in self.health.items()}, self.drains.by_port)
+        """As the policy sees them: a drained port is DEGRADED (core.drain), a
+        fenced one (down, or up for a test) DOWN (core.fence)."""
+        return self.fencing.overlay(draincore.apply(
+            {p: health.port_state(h, now, self.config.timers, self.config.health)
+             for p, h in self.health.items()}, self.drains.by_port), now)
 
     def to_wall(self) -> float:
         """Add to a monotonic time to get a wall-clock one."""
@@ -442,6 +452,7 @@ class Daemon:
             self._observe_echo(port, now)
         if not all(p in self.links for p in self.ports()):
             return  # no full picture of the ports yet
+        self.fencing.decide(self.config, self.health, self.links, self.drains.by_port, now)
         decision = policy.decide(self.config, self.port_states(now), self.allocation)
         self._log_decision_changes(decision)
         self.decision = decision
@@ -453,6 +464,7 @@ class Daemon:
             if now >= self.hold_until or decision.desired != self.failed_desired:
                 await self._reconcile(decision, now)
         await self.announcements.step(self.config, decision, now)  # never raises
+        await self.fencing.act()  # after the route writes; never raises
         self.files.save_verdicts(self.health, self.config.health)
         self.aggregator.save_mesh()
 

@@ -27,6 +27,7 @@ from linkpassd.core.model import (
 )
 from linkpassd.daemon.aggregator import AggregatorLink
 from linkpassd.daemon.announcing import Announcements
+from linkpassd.daemon.fencing import Fencing
 from linkpassd.daemon.operations import EventRecorder
 from linkpassd.daemon.probes import Probes
 from linkpassd.daemon.statefiles import StateFiles
@@ -58,13 +59,15 @@ class LoopState(Protocol):
 
 class StatusReport:
     def __init__(self, loop: LoopState, probes: Probes, files: StateFiles, recorder: EventRecorder,
-                 aggregator: AggregatorLink, announcements: Announcements) -> None:
+                 aggregator: AggregatorLink, announcements: Announcements,
+                 fencing: Fencing) -> None:
         self.loop = loop
         self.probes = probes
         self.files = files
         self.recorder = recorder
         self.aggregator = aggregator
         self.announcements = announcements
+        self.fencing = fencing
 
     def explain(self, port: str) -> explain.Explanation | None:
         v = self.loop
@@ -129,4 +132,5 @@ class StatusReport:
                         since) for f, since in v.foreign]
         out += self.probes.echo_port_problems()
         out += self.announcements.problems()
+        out += self.fencing.problems()
         return tuple(out)

@@ -15,6 +15,7 @@ from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2
 
 MAX_COLUMNS = 64  # rails shown as columns; a fleet with more shows the most common ones
+FENCE_PHASE = "FENCE_"  # a port's phase while its host holds it fenced: FENCE_FENCED, FENCE_TESTING
 NO_REPORT = "NONE"  # no inventory port for the rail, or the port's state was never reported / judged
 VERDICTS = ("UP", "DEGRADED", "DOWN", NO_REPORT)
 
@@ -30,6 +31,11 @@ class Cell:
     connected: bool  # the host's stream is open (else the cell shows its last report)
     evidence: str  # the first reason for the verdict (a drained port's: its drain)
     direction: str = ""  # which way its troubled echo paths lose packets, in words ("": not said)
+    fence: str = ""  # "FENCED" (down) or "TESTING" (up for a test) while its host fences it; "" not
+
+    @property
+    def fenced(self) -> bool:
+        return bool(self.fence)
 
     @property
     def failed_over(self) -> bool:
@@ -57,9 +63,10 @@ class Grid:
 
     def problems(self) -> list[Cell]:
         """Cells an operator looks at first: reported and not UP, drained,
-        or failed over."""
+        fenced, or failed over."""
         return [c for row in self.rows for c in row.cells
-                if c.verdict != NO_REPORT and (c.verdict != "UP" or c.drained or c.failed_over)]
+                if c.verdict != NO_REPORT and (c.verdict != "UP" or c.drained or c.fenced
+                                               or c.failed_over)]
 
 
 def natural_key(text: str) -> tuple:
@@ -94,6 +101,11 @@ def direction_words(paths) -> str:
     return f"{DIRECTION_WORDS[kinds.pop()]} " + ", ".join(sorted(p.peer for p in troubled))
 
 
+def fence_of(phase: str) -> str:
+    """FENCED or TESTING from a port's phase ([fence], docs/fencing.md); "" otherwise."""
+    return phase.removeprefix(FENCE_PHASE) if phase.startswith(FENCE_PHASE) else ""
+
+
 def build(hosts: fleet_pb2.ListHostsResponse, max_columns: int = MAX_COLUMNS) -> Grid:
     """Hosts and rails in natural order; a rail any host has is a column, up
     to `max_columns` (the rails most hosts have): the page and `linkpassctl
@@ -124,6 +136,7 @@ def build(hosts: fleet_pb2.ListHostsResponse, max_columns: int = MAX_COLUMNS) ->
                 connected=host.connected,
                 evidence=(state.evidence[0] if state is not None and state.evidence else ""),
                 direction=direction_words(paths_of.get(port, ())) if port else "",
+                fence=fence_of(state.phase) if state is not None else "",
             ))
         rows.append(Row(host=host, cells=tuple(cells)))
     return Grid(rails=tuple(rails), rows=tuple(rows), hidden_rails=hidden)

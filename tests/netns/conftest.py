@@ -42,10 +42,14 @@ def echo_daemon(lab, tmp_path):
     cfg = tmp_path / "linkpassd.toml"
     sock = str(tmp_path / "ctl.sock")
     with contextlib.ExitStack() as stack:
-        def start(interval_ms: int = 50, clock: str | None = None) -> DaemonProcess:
+        def start(interval_ms: int = 50, clock: str | None = None,
+                  fence: bool = False) -> DaemonProcess:
             probes = (f"[probes]\nenabled = true\ninterval_ms = {interval_ms}\n"
                       f'fabric_prefixes = ["{FABRIC}"]\n'
                       + (f'clock = "{clock}"\n' if clock is not None else ""))
+            if fence:  # [fence] on, at its strictest (docs/fencing.md): never fires on noise
+                probes += ("[fence]\nenabled = true\nfence_after_s = 0.5\n"
+                           "require_leaf_grant = false\n")
             cfg.write_text(rail_config_toml(sock, str(tmp_path), lab.rails, rise=2,
                                             hold_down_s=1.0, extra=probes,
                                             probe_peers=[[ECHO_PEER], [ECHO_PEER]]))

@@ -2,6 +2,8 @@
 or a machine whose CPUs are all busy. A false failover costs as much as a
 missed one, so both run long enough for rare events to show.
 
+Fencing ([fence], at its strictest fence_after_s) is on throughout and must never act.
+
 The leaf namespace holds the peer address and an echo responder (as in
 test_daemon_echo); linkpassd probes it from both rails. Every test checks that
 the noise really reached the probes (suspicions raised, probes answered),
@@ -36,6 +38,11 @@ def failovers(log: str) -> list[str]:
     return bad
 
 
+def fence_events(log: str) -> list[str]:
+    """Fences, tests and held-back fences ([fence] is on in these tests)."""
+    return [line for line in log.splitlines() if re.search(r" event=fence_(?!write)", line)]
+
+
 def suspicions(log: str) -> list[int]:
     """Suspicions (silences) raised per path, from the counters the daemon logs when it stops."""
     return [int(m.group(1)) for m in re.finditer(r" event=echo_counters .*\bsilences=(\d+)", log)]
@@ -54,7 +61,7 @@ def test_five_percent_random_loss_over_ten_thousand_intervals_fails_nothing_over
     table = f"lp_loss{os.getpid()}"
     lossy = ", ".join(f'"{r.peer}"' for r in lab.rails)
     with EchoPeerProcess(lab.leaf.name, duration=300) as peer:
-        daemon = echo_daemon(LOSS_INTERVAL_MS)
+        daemon = echo_daemon(LOSS_INTERVAL_MS, fence=True)
         for rail in lab.rails:
             wait_for_sync(lambda r=rail: assessment(daemon.status(), r.port, "echo").get("status") == "ok",
                           5.0, "echo up")
@@ -72,6 +79,7 @@ table inet {table} {{
         log = daemon.log()
         counters = peer.stop()
     assert failovers(log) == [], failovers(log)[:5]
+    assert fence_events(log) == [], fence_events(log)[:5]
     assert tables == {10100: NH0, 10101: NH1}
     # The loss reached the probes: each path's ~10,000 probes raised suspicions
     # (expected ~975 per path) and the responder answered most of them.
@@ -90,7 +98,7 @@ def test_cpu_hog_on_every_core_for_a_minute_fails_nothing_over(lab, echo_daemon)
     path."""
     hogs: list[subprocess.Popen] = []
     with EchoPeerProcess(lab.leaf.name, duration=300) as peer:
-        daemon = echo_daemon()  # the default 50 ms
+        daemon = echo_daemon(fence=True)  # the default 50 ms
         for rail in lab.rails:
             wait_for_sync(lambda r=rail: assessment(daemon.status(), r.port, "echo").get("status") == "ok",
                           5.0, "echo up")
@@ -110,6 +118,7 @@ def test_cpu_hog_on_every_core_for_a_minute_fails_nothing_over(lab, echo_daemon)
         log = daemon.log()
         counters = peer.stop()
     assert failovers(log) == [], failovers(log)[:5]
+    assert fence_events(log) == [], fence_events(log)[:5]
     assert tables == {10100: NH0, 10101: NH1}
     # The hog reached the daemon: its event loop saw itself run late...
     stalls = re.search(r" event=echo_loop_lag .* stalls=(\d+)", log)

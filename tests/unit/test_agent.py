@@ -563,3 +563,18 @@ def test_a_standalone_daemon_ignores_a_mesh_file(tmp_path):
         finally:
             daemon.probes.echo.close()
     asyncio.run(main())
+
+
+def test_fence_grants_reach_the_fence_step_and_end_with_the_stream(tmp_path):
+    async def main():
+        daemon = make_daemon(tmp_path, static=())
+        await daemon.handle([LinkSnapshot(samples={p: link(p) for p in ("eth0", "eth1")},
+                                          reason="start")])
+        assert daemon.fencing.grants is None  # no stream: no grant
+        async with connected_agent(tmp_path, daemon) as fake:
+            await fake.outgoing.put(fleet_pb2.ConnectResponse(fence=fleet_pb2.FenceGrants(
+                ports=["eth0"], leaf_cap=1)))
+            await until(lambda: daemon.fencing.grants == frozenset({"eth0"}), "grant taken")
+            await fake.outgoing.put(None)  # the aggregator ends the stream
+            await until(lambda: daemon.fencing.grants is None, "grants dropped with the stream")
+    asyncio.run(main())

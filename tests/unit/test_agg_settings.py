@@ -303,7 +303,8 @@ def test_every_option_has_help_and_a_reference_row_and_is_a_settings_default() -
 
     doc = render_aggregator_reference()
     field_of = {("web", "listen"): "web_listen", ("metrics", "listen"): "metrics_listen",
-                ("validation", "host_budget_pps"): "validation_host_budget_pps"}
+                ("validation", "host_budget_pps"): "validation_host_budget_pps",
+                ("fence", "leaf_cap"): "fence_leaf_cap"}
     defaults, tls = Settings(), TlsSettings()
     for section in AGGREGATOR_SCHEMA:
         section_doc = doc.split(f"## `{section.header}`")[1].split("\n## ")[0]

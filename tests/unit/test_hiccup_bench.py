@@ -109,6 +109,21 @@ def test_summary_counts_moves_blackouts_and_errors_per_cell():
     assert "2/3 e1" in text and "3/3 101ms" in text and "0/1" in text
 
 
+def test_fences_are_counted_per_cell_when_fencing_was_on():
+    rows = [{**_row("linkpassd-10", "outage-20", 0), "fences": {"lph1": 0, "lph2": 0}},
+            {**_row("linkpassd-10", "blackhole", 0, moved={"after_ms": 80.0}, blackout=90.0),
+             "fences": {"lph1": 1, "lph2": 0}},
+            {**_row("linkpassd-10", "blackhole", 1, moved={"after_ms": 80.0}, blackout=90.0),
+             "fences": {"lph1": 1, "lph2": 1}}]
+    s = summarise(rows)
+    assert s["linkpassd-10|outage-20"]["fenced"] == 0
+    assert s["linkpassd-10|blackhole"]["fenced"] == 3
+    text = table(s, ["linkpassd-10"], ["outage-20", "blackhole"])
+    assert "0/1 f0" in text and "2/2 90ms f3" in text
+    # without fencing no count at all (not a zero that was never measured)
+    assert "fenced" not in summarise([_row("bfd-10", "outage-20", 0)])["bfd-10|outage-20"]
+
+
 def _part(results, label, faults, rows, trials=10, opts=None):
     doc = {"bench": "hiccup", "label": label, "trials_per_cell": trials, "seed": 1,
            "mechanisms": {"linkpassd-10": {"kind": "linkpassd", "interval_ms": 10},

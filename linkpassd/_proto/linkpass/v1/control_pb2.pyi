@@ -35,6 +35,7 @@ class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     EVENT_KIND_RECONCILE_FAILED: _ClassVar[EventKind]
     EVENT_KIND_SIGNAL: _ClassVar[EventKind]
     EVENT_KIND_ANNOUNCE: _ClassVar[EventKind]
+    EVENT_KIND_FENCE: _ClassVar[EventKind]
 
 class Severity(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -61,6 +62,7 @@ EVENT_KIND_RESYNC: EventKind
 EVENT_KIND_RECONCILE_FAILED: EventKind
 EVENT_KIND_SIGNAL: EventKind
 EVENT_KIND_ANNOUNCE: EventKind
+EVENT_KIND_FENCE: EventKind
 SEVERITY_UNSPECIFIED: Severity
 SEVERITY_INFO: Severity
 SEVERITY_WARNING: Severity
@@ -561,6 +563,60 @@ class UndrainResponse(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     state: PortState
     def __init__(self, state: _Optional[_Union[PortState, _Mapping]] = ...) -> None: ...
+
+class FenceInfo(_message.Message):
+    __slots__ = ("port", "rail", "state", "reason", "since", "until", "backoff_s", "held", "fences", "summary")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    RAIL_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    UNTIL_FIELD_NUMBER: _ClassVar[int]
+    BACKOFF_S_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    FENCES_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    port: str
+    rail: str
+    state: str
+    reason: str
+    since: float
+    until: float
+    backoff_s: float
+    held: str
+    fences: int
+    summary: str
+    def __init__(self, port: _Optional[str] = ..., rail: _Optional[str] = ..., state: _Optional[str] = ..., reason: _Optional[str] = ..., since: _Optional[float] = ..., until: _Optional[float] = ..., backoff_s: _Optional[float] = ..., held: _Optional[str] = ..., fences: _Optional[int] = ..., summary: _Optional[str] = ...) -> None: ...
+
+class ListFencesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListFencesResponse(_message.Message):
+    __slots__ = ("enabled", "fences", "require_leaf_grant", "max_fenced")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    FENCES_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_LEAF_GRANT_FIELD_NUMBER: _ClassVar[int]
+    MAX_FENCED_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    fences: _containers.RepeatedCompositeFieldContainer[FenceInfo]
+    require_leaf_grant: bool
+    max_fenced: int
+    def __init__(self, enabled: _Optional[bool] = ..., fences: _Optional[_Iterable[_Union[FenceInfo, _Mapping]]] = ..., require_leaf_grant: _Optional[bool] = ..., max_fenced: _Optional[int] = ...) -> None: ...
+
+class UnfenceRequest(_message.Message):
+    __slots__ = ("port", "hold_s")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    HOLD_S_FIELD_NUMBER: _ClassVar[int]
+    port: str
+    hold_s: float
+    def __init__(self, port: _Optional[str] = ..., hold_s: _Optional[float] = ...) -> None: ...
+
+class UnfenceResponse(_message.Message):
+    __slots__ = ("fence",)
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    fence: FenceInfo
+    def __init__(self, fence: _Optional[_Union[FenceInfo, _Mapping]] = ...) -> None: ...
 
 class WatchHealthRequest(_message.Message):
     __slots__ = ()

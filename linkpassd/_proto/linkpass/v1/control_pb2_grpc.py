@@ -83,6 +83,16 @@ class ControlServiceStub:
                 request_serializer=linkpass_dot_v1_dot_control__pb2.WatchHealthRequest.SerializeToString,
                 response_deserializer=linkpass_dot_v1_dot_control__pb2.WatchHealthResponse.FromString,
                 _registered_method=True)
+        self.ListFences = channel.unary_unary(
+                '/linkpass.v1.ControlService/ListFences',
+                request_serializer=linkpass_dot_v1_dot_control__pb2.ListFencesRequest.SerializeToString,
+                response_deserializer=linkpass_dot_v1_dot_control__pb2.ListFencesResponse.FromString,
+                _registered_method=True)
+        self.Unfence = channel.unary_unary(
+                '/linkpass.v1.ControlService/Unfence',
+                request_serializer=linkpass_dot_v1_dot_control__pb2.UnfenceRequest.SerializeToString,
+                response_deserializer=linkpass_dot_v1_dot_control__pb2.UnfenceResponse.FromString,
+                _registered_method=True)
 
 
 class ControlServiceServicer:
@@ -169,6 +179,23 @@ class ControlServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListFences(self, request, context):
+        """ListFences: each rail port's fence state ([fence], docs/fencing.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Unfence(self, request, context):
+        """Unfence lifts a port's fence: it is brought up at once (without proof)
+        and not fenced again until it is trusted (UP) or `hold_s` passes. Needs
+        root or admin_group, as Drain. NOT_FOUND: not a rail's port;
+        FAILED_PRECONDITION: fencing is off; INVALID_ARGUMENT: a bad hold.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControlServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -211,6 +238,16 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.WatchHealth,
                     request_deserializer=linkpass_dot_v1_dot_control__pb2.WatchHealthRequest.FromString,
                     response_serializer=linkpass_dot_v1_dot_control__pb2.WatchHealthResponse.SerializeToString,
+            ),
+            'ListFences': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListFences,
+                    request_deserializer=linkpass_dot_v1_dot_control__pb2.ListFencesRequest.FromString,
+                    response_serializer=linkpass_dot_v1_dot_control__pb2.ListFencesResponse.SerializeToString,
+            ),
+            'Unfence': grpc.unary_unary_rpc_method_handler(
+                    servicer.Unfence,
+                    request_deserializer=linkpass_dot_v1_dot_control__pb2.UnfenceRequest.FromString,
+                    response_serializer=linkpass_dot_v1_dot_control__pb2.UnfenceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -438,6 +475,60 @@ class ControlService:
             '/linkpass.v1.ControlService/WatchHealth',
             linkpass_dot_v1_dot_control__pb2.WatchHealthRequest.SerializeToString,
             linkpass_dot_v1_dot_control__pb2.WatchHealthResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListFences(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/linkpass.v1.ControlService/ListFences',
+            linkpass_dot_v1_dot_control__pb2.ListFencesRequest.SerializeToString,
+            linkpass_dot_v1_dot_control__pb2.ListFencesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Unfence(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/linkpass.v1.ControlService/Unfence',
+            linkpass_dot_v1_dot_control__pb2.UnfenceRequest.SerializeToString,
+            linkpass_dot_v1_dot_control__pb2.UnfenceResponse.FromString,
             options,
             channel_credentials,
             insecure,

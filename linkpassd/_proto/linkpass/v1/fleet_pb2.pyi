@@ -27,16 +27,18 @@ class ConnectRequest(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., inventory: _Optional[_Union[Inventory, _Mapping]] = ..., ports: _Optional[_Union[PortReport, _Mapping]] = ..., events: _Optional[_Union[EventBatch, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., command_result: _Optional[_Union[CommandResult, _Mapping]] = ...) -> None: ...
 
 class ConnectResponse(_message.Message):
-    __slots__ = ("welcome", "ack", "peers", "command")
+    __slots__ = ("welcome", "ack", "peers", "command", "fence")
     WELCOME_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
     welcome: Welcome
     ack: EventAck
     peers: ProbePeers
     command: Command
-    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., ack: _Optional[_Union[EventAck, _Mapping]] = ..., peers: _Optional[_Union[ProbePeers, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ...) -> None: ...
+    fence: FenceGrants
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., ack: _Optional[_Union[EventAck, _Mapping]] = ..., peers: _Optional[_Union[ProbePeers, _Mapping]] = ..., command: _Optional[_Union[Command, _Mapping]] = ..., fence: _Optional[_Union[FenceGrants, _Mapping]] = ...) -> None: ...
 
 class Hello(_message.Message):
     __slots__ = ("host_id", "boot_id", "version")
@@ -152,6 +154,14 @@ class Heartbeat(_message.Message):
     spool_dropped: int
     spool_pending: int
     def __init__(self, time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., spool_dropped: _Optional[int] = ..., spool_pending: _Optional[int] = ...) -> None: ...
+
+class FenceGrants(_message.Message):
+    __slots__ = ("ports", "leaf_cap")
+    PORTS_FIELD_NUMBER: _ClassVar[int]
+    LEAF_CAP_FIELD_NUMBER: _ClassVar[int]
+    ports: _containers.RepeatedScalarFieldContainer[str]
+    leaf_cap: int
+    def __init__(self, ports: _Optional[_Iterable[str]] = ..., leaf_cap: _Optional[int] = ...) -> None: ...
 
 class ProbePeers(_message.Message):
     __slots__ = ("generation", "rails")
