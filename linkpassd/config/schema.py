@@ -552,6 +552,13 @@ FENCE = Section(
                "`[aggregator]`) nothing is fenced then; the rail's `leaf` must be set "
                "(docs/fencing.md). false: the host's own checks (`max_fenced`, never the last "
                "healthy rail) decide alone."),
+        Option("min_echo_peers", INT, 2,
+               "Echo evidence fences a port only when its paths to at least this many peers are "
+               "all down: paths to one peer cannot tell that peer's failure from this port's (a "
+               "host whose only peer on a rail is blackholed sees what the blackholed host sees). "
+               "A single-hop BFD session with the leaf down always counts. 1 only when the "
+               "rail's one echo peer is the leaf itself.",
+               (_int_range(1, 64),)),
     ),
     rules=(
         "`backoff_initial_s` ≤ `backoff_max_s`; `test_window_s` < `test_timeout_s`",

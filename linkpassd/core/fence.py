@@ -36,10 +36,10 @@ and does the returned `Action`s (adapters.fence) after recording them.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from linkpassd.core.model import FenceSettings, PortState, Verdict
+from linkpassd.core.model import Assessment, FenceSettings, PortState, Verdict
 
 
 class State(enum.StrEnum):
@@ -128,6 +128,7 @@ class Sight:
     carrier: bool
     drained: bool = False
     evidence: Verdict | None = None
+    singled_out: bool = False  # the DOWN evidence is the port's own (`singled_out`)
 
 
 @dataclass(frozen=True)
@@ -189,14 +190,32 @@ def lift(fence: Fence, hold_s: float, now: float, who: str = "operator") -> Fenc
     return replace(fence, lift_by=who, lift_until=now + hold_s)
 
 
+def singled_out(probes: Iterable[tuple[str, Assessment]], echo_signal: str,
+                min_echo_peers: int) -> bool:
+    """Whether the port's DOWN evidence points at the port rather than at
+    what is behind it: a single-hop BFD session with its leaf down (the
+    link or the leaf itself), or the rail's echo paths to at least
+    `min_echo_peers` peers all down. Echo paths to one peer cannot tell that
+    peer's failure from ours: a host whose only peer on a rail is
+    blackholed sees exactly what the blackholed host sees, and fencing it
+    would take a healthy port down."""
+    for name, a in probes:
+        if a.effective is not Verdict.DOWN:
+            continue
+        if name != echo_signal or a.witnesses >= min_echo_peers:
+            return True
+    return False
+
+
 def _failing(s: Sight) -> bool:
     """A failure the leaf cannot see: DOWN while the link has carrier, and
-    the port's own probes say DOWN now (fenced on probe evidence only, as it
-    is unfenced only on probe evidence). A DOWN verdict in its hold-down
-    (the probes UP again, the routes not back yet) is a recovery, not a
-    failure: counting it would fence a port for a hiccup plus its hold-down."""
+    the port's own probes say DOWN now, with evidence that singles the port
+    out (`singled_out`): fenced on probe evidence only, as it is unfenced
+    only on probe evidence. A DOWN verdict in its hold-down (the probes UP
+    again, the routes not back yet) is a recovery, not a failure: counting
+    it would fence a port for a hiccup plus its hold-down."""
     return (s.verdict is Verdict.DOWN and s.carrier and not s.drained
-            and s.evidence is Verdict.DOWN)
+            and s.evidence is Verdict.DOWN and s.singled_out)
 
 
 def _triggered(trigger: Trigger, f: Fence, s: Sight, cfg: FenceSettings, now: float,

@@ -129,6 +129,7 @@ class FenceSettings:
     max_fenced: int = 1
     lift_hold_s: float = 600.0
     require_leaf_grant: bool = True
+    min_echo_peers: int = 2
 
 
 @dataclass(frozen=True)
@@ -424,6 +425,10 @@ class Assessment:
     # A path probe's one-way delays, or why none (core.oneway); None for
     # other signals.
     one_way: OneWayDelay | None = None
+    # A rail's echo verdict: how many peers' paths it rests on (0 for other
+    # signals). One far end cannot tell its own failure from ours
+    # (core.fence.singled_out, `[fence] min_echo_peers`).
+    witnesses: int = 0
 
     @property
     def effective(self) -> Verdict | None:

@@ -47,17 +47,19 @@ def rail_assessment(paths: Iterable[Assessment], name: str = "probe") -> Assessm
     if len(down) == len(judged):
         return Assessment(name, Verdict.DOWN, "down",
                           f"all {len(judged)} peers unreachable: " + ", ".join(down) + which,
-                          direction=direction)
+                          direction=direction, witnesses=len(judged))
     if 2 * len(bad) > len(judged) + len(confirming):
         return Assessment(name, Verdict.DEGRADED, "degraded",
                           f"{len(bad)} of {len(judged)} peers degraded or down: "
-                          + ", ".join(bad) + which, direction=direction)
+                          + ", ".join(bad) + which, direction=direction,
+                          witnesses=len(judged))
     if bad:
         return Assessment(name, Verdict.UP, "ok",
                           f"{len(judged) - len(bad)} of {len(judged)} peers fine; "
                           f"trouble only towards {', '.join(bad)} (their side){which}",
-                          direction=direction)
-    return Assessment(name, Verdict.UP, "ok", f"all {len(judged)} peers answer")
+                          direction=direction, witnesses=len(judged))
+    return Assessment(name, Verdict.UP, "ok", f"all {len(judged)} peers answer",
+                      witnesses=len(judged))
 
 
 # What a direction shared by most of a rail's paths says about the rail (our side)...

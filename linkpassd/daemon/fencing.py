@@ -35,6 +35,7 @@ from linkpassd.core.fence import Action, Fence, Gate, Sight, State
 from linkpassd.core.health import PortHealth
 from linkpassd.core.model import Config, FenceSettings, LinkSample, PortState, Problem, Verdict
 from linkpassd.core.signals import worst
+from linkpassd.daemon.statefiles import ECHO_SIGNAL
 
 log = structlog.get_logger("linkpassd")
 
@@ -80,7 +81,9 @@ def sights(config: Config, health: Mapping[str, PortHealth], links: Mapping[str,
         if h is None:
             continue
         out[rail.port] = Sight(h.verdict, carrier=bool(link and link.healthy),
-                               drained=rail.port in drained, evidence=evidence(h, link))
+                               drained=rail.port in drained, evidence=evidence(h, link),
+                               singled_out=fence.singled_out(h.signals.probes, ECHO_SIGNAL,
+                                                             config.fence.min_echo_peers))
     return out
 
 

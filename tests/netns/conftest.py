@@ -47,9 +47,10 @@ def echo_daemon(lab, tmp_path):
             probes = (f"[probes]\nenabled = true\ninterval_ms = {interval_ms}\n"
                       f'fabric_prefixes = ["{FABRIC}"]\n'
                       + (f'clock = "{clock}"\n' if clock is not None else ""))
-            if fence:  # [fence] on, at its strictest (docs/fencing.md): never fires on noise
+            if fence:  # [fence] on, at its strictest (docs/fencing.md): never fires on noise;
+                # the one echo peer is the leaf itself, so its echo evidence may fence alone
                 probes += ("[fence]\nenabled = true\nfence_after_s = 0.5\n"
-                           "require_leaf_grant = false\n")
+                           "require_leaf_grant = false\nmin_echo_peers = 1\n")
             cfg.write_text(rail_config_toml(sock, str(tmp_path), lab.rails, rise=2,
                                             hold_down_s=1.0, extra=probes,
                                             probe_peers=[[ECHO_PEER], [ECHO_PEER]]))

@@ -46,7 +46,8 @@ def fence_daemon(lab, tmp_path):
              f"[fence]\nenabled = true\nfence_after_s = {FENCE_AFTER_S}\n"
              f"backoff_initial_s = {BACKOFF_S}\nbackoff_max_s = 16.0\n"
              f"test_window_s = {TEST_WINDOW_S}\ntest_timeout_s = {TEST_TIMEOUT_S}\n"
-             "require_leaf_grant = false\n")
+             "require_leaf_grant = false\n"
+             "min_echo_peers = 1\n")  # the rail's one echo peer is the leaf itself
     cfg.write_text(rail_config_toml(sock, str(tmp_path), lab.rails, rise=2, hold_down_s=1.0,
                                     extra=extra, probe_peers=[[ECHO_PEER], [ECHO_PEER]]))
     with contextlib.ExitStack() as stack:

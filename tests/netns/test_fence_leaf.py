@@ -31,6 +31,7 @@ def config(lab: HostLab, tmp, host_id: str, aggregator: str) -> str:
     extra = (f"[probes]\nenabled = true\ninterval_ms = 50\nfabric_prefixes = [\"{FABRIC}\"]\n"
              f"[fence]\nenabled = true\nfence_after_s = {FENCE_AFTER_S}\n"
              "backoff_initial_s = 60.0\nbackoff_max_s = 120.0\n"
+             "min_echo_peers = 1\n"  # the rail's one echo peer is the leaf itself
              f"[aggregator]\naddress = \"{aggregator}\"\nhost_id = \"{host_id}\"\ninsecure = true\n")
     text = rail_config_toml(sock, str(tmp), lab.rails, rise=2, hold_down_s=1.0, extra=extra,
                             probe_peers=[[ECHO_PEER], [ECHO_PEER]])

@@ -8,14 +8,15 @@ import pytest
 
 from linkpassd.core import fence
 from linkpassd.core.fence import TRANSITIONS, Action, Gate, Sight, State
-from linkpassd.core.model import FenceSettings, PortState, Verdict
+from linkpassd.core.model import Assessment, FenceSettings, PortState, Verdict
 
 CFG = FenceSettings(enabled=True, fence_after_s=5.0, backoff_initial_s=30.0, backoff_max_s=120.0,
                     test_window_s=3.0, test_timeout_s=15.0, max_fenced=1, lift_hold_s=600.0,
                     require_leaf_grant=False)
 
 UP = Sight(Verdict.UP, carrier=True, evidence=Verdict.UP)
-DEAD = Sight(Verdict.DOWN, carrier=True, evidence=Verdict.DOWN)  # blackhole: carrier, probes down
+# blackhole: carrier, probes down, evidence that points at the port (core.fence.singled_out)
+DEAD = Sight(Verdict.DOWN, carrier=True, evidence=Verdict.DOWN, singled_out=True)
 ADMIN_DOWN = Sight(Verdict.DOWN, carrier=False)  # what a fenced port looks like
 
 
@@ -94,6 +95,40 @@ def test_carrier_loss_or_drain_or_degraded_or_no_probe_word_is_not_fenced():
     r.run(60, {"p0": Sight(Verdict.DOWN, carrier=True, drained=True), "p1": UP})
     r.run(60, {"p0": Sight(Verdict.DEGRADED, carrier=True), "p1": UP})
     assert r.actions("p0") == []
+
+
+def test_down_evidence_that_does_not_single_the_port_out_is_not_fenced():
+    """A rail whose only echo peer is dead reads DOWN exactly as a dead rail
+    does: the lone peer's host may be the one that failed."""
+    r = Run()
+    r.run(120, {"p0": Sight(Verdict.DOWN, carrier=True, evidence=Verdict.DOWN), "p1": UP})
+    assert r.actions("p0") == [] and r.state("p0") is State.ARMED
+
+
+def _echo(verdict, peers):
+    return ("echo", Assessment("echo", verdict, "down" if verdict is Verdict.DOWN else "ok",
+                               witnesses=peers))
+
+
+def _bfd(verdict):
+    return ("bfd:leaf", Assessment("bfd:leaf", verdict, "down" if verdict is Verdict.DOWN
+                                   else "up"))
+
+
+@pytest.mark.parametrize("probes, min_peers, singled", [
+    ([_echo(Verdict.DOWN, 1)], 2, False),  # one peer: its failure or ours
+    ([_echo(Verdict.DOWN, 2)], 2, True),  # every one of two peers down through this port
+    ([_echo(Verdict.DOWN, 3)], 2, True),
+    ([_echo(Verdict.DOWN, 1)], 1, True),  # the operator says the one peer is the leaf itself
+    ([_bfd(Verdict.DOWN)], 2, True),  # single hop with the leaf: the link or the leaf
+    ([_echo(Verdict.DOWN, 1), _bfd(Verdict.UP)], 2, False),
+    ([_echo(Verdict.DOWN, 1), _bfd(Verdict.DOWN)], 2, True),
+    ([_echo(Verdict.UP, 3)], 2, False),
+    ([_echo(Verdict.DEGRADED, 3)], 2, False),
+    ([], 2, False),
+])
+def test_singled_out_needs_the_leaf_or_more_than_one_peer(probes, min_peers, singled):
+    assert fence.singled_out(probes, "echo", min_peers) is singled
 
 
 def test_never_the_last_healthy_rail():

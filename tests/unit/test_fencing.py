@@ -69,19 +69,28 @@ def link(port, up=True):
     return LinkSample(port, present=True, admin_up=up, carrier=up, operstate="UP" if up else "DOWN")
 
 
-def port_health(port, echo: Verdict | None, now=0.0, up=True):
+def port_health(port, echo: Verdict | None, now=0.0, up=True, peers=2):
     h = health.initial(link(port, up), now)
     if echo is not None:
-        h = health.observe_probe(h, "echo", Assessment("echo", echo, str(echo).lower()), now,
+        h = health.observe_probe(h, "echo", Assessment("echo", echo, str(echo).lower(),
+                                                       witnesses=peers), now,
                                  rails_config(2).timers)
     return h
 
 
-def step(d, now, eth0=Verdict.DOWN, eth0_up=True):
-    healths = {"eth0": port_health("eth0", eth0, up=eth0_up), "eth1": port_health("eth1", Verdict.UP)}
+def step(d, now, eth0=Verdict.DOWN, eth0_up=True, peers=2):
+    healths = {"eth0": port_health("eth0", eth0, up=eth0_up, peers=peers),
+               "eth1": port_health("eth1", Verdict.UP)}
     links = {"eth0": link("eth0", eth0_up), "eth1": link("eth1")}
     d.f.decide(d.config, healths, links, (), now)
     asyncio.run(d.f.act())
+
+
+def test_a_rail_down_towards_its_one_echo_peer_is_not_fenced(d):
+    """Its only peer may be the host that failed (min_echo_peers 2)."""
+    for now in (0.0, 2.1, 10.0, 60.0):
+        step(d, now, peers=1)
+    assert d.writes == [] and d.f.fences["eth0"].state is State.ARMED
 
 
 def test_fenced_after_fence_after_with_the_owner_on_disk_first(d):
