@@ -2,7 +2,9 @@
 host needs so that FRR announces what linkpassd writes in its announcement
 table, derived from linkpassd's config.
 
-- zebra imports the table (``ip import-table <table>``);
+- zebra imports the table (``ip import-table <table>``) and keeps out of
+  the kernel's nexthop objects (``no zebra nexthop kernel enable``), whose
+  ids linkpassd owns;
 - bgpd redistributes it (``redistribute table <table>``), accepting only the
   host's rail addresses;
 - one eBGP session per rail, toward the rail's gateway (the leaf), sourced
@@ -37,7 +39,13 @@ def _name(prefix: str, rail: str) -> str:
 
 
 def zebra_config(config: Config) -> str:
-    return f"ip import-table {config.announce.table}\n"
+    """zebra imports the announcement table and installs its routes without
+    kernel nexthop objects: zebra numbers its nexthop objects above the
+    highest id it finds in the kernel at start, which runs it into the ids
+    linkpassd owns (a lab host whose zebra started after linkpassd took
+    nexthop 1000100 while linkpassd was recreating it: EEXIST, rail 0 left
+    on its backup)."""
+    return f"no zebra nexthop kernel enable\nip import-table {config.announce.table}\n"
 
 
 def bgpd_config(config: Config, *, router_id: str | None = None,

@@ -50,6 +50,8 @@ def test_snippet_has_a_session_and_route_map_per_rail():
                  "owner_med = 50\n")
     text = snippet(cfg)
     assert "ip import-table 250\n" in text
+    # zebra's nexthop objects would take ids in linkpassd's owned range
+    assert "no zebra nexthop kernel enable\n" in text
     assert "redistribute table 250 route-map lp-announce-redistribute" in text
     assert " neighbor 198.18.0.1 update-source 198.18.0.2" in text
     assert " neighbor 198.18.1.1 route-map lp-out-rail1 out" in text
