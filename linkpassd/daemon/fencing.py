@@ -87,6 +87,13 @@ def sights(config: Config, health: Mapping[str, PortHealth], links: Mapping[str,
     return out
 
 
+def _unsingled(h: PortHealth, min_echo_peers: int) -> str:
+    peers = max((a.witnesses for n, a in h.signals.probes if n == ECHO_SIGNAL), default=0)
+    return (f"not fenced: its DOWN rests on echo paths to {peers} peer(s) (min_echo_peers "
+            f"{min_echo_peers}) and no BFD session with its leaf is down; one peer cannot tell "
+            "its own failure from this port's")
+
+
 class Fencing:
     """The fence states between passes, the ports set down, and their problems."""
 
@@ -103,6 +110,9 @@ class Fencing:
         self.make_ipr = make_ipr
         self.ipr: object | None = None
         self.fences: dict[str, Fence] = {}
+        # Ports DOWN with carrier on evidence that does not single them out
+        # (core.fence.singled_out) -> why they are not fenced, for status.
+        self.unsingled: dict[str, str] = {}
         self.down: dict[str, float] = {}  # ports linkpassd owns down (the file) -> backoff_s
         self.written_down: set[str] = set()  # ... of which a down write succeeded
         self.saved: dict[str, float] | None = None
@@ -181,6 +191,10 @@ class Fencing:
         order = [r.port for r in config.rails]
         self.fences = {p: f for p, f in self.fences.items() if p in seen or p in order}
         self.fences, steps = fence.step(self.fences, seen, config.fence, gates, now, order)
+        self.unsingled = {
+            p: _unsingled(health[p], config.fence.min_echo_peers) for p, s in seen.items()
+            if s.verdict is Verdict.DOWN and s.carrier and not s.drained
+            and s.evidence is Verdict.DOWN and not s.singled_out}
         for st in steps:
             self._event(st.port, config, st)
 
@@ -332,4 +346,9 @@ class Fencing:
 
     def lines(self, now: float) -> dict[str, str]:
         """Port -> one line for the ports the fence is not idle on."""
-        return {p: fence.describe(f, now) for p, f in self.fences.items() if f.state is not State.ARMED}
+        out = {p: fence.describe(f, now) for p, f in self.fences.items()
+               if f.state is not State.ARMED}
+        for p, why in self.unsingled.items():
+            if self.fences.get(p, Fence(p)).state is State.ARMED:
+                out[p] = why
+        return out

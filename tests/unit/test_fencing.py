@@ -216,3 +216,12 @@ def test_operator_lift_brings_the_port_up(d):
     assert d.writes[-1][:2] == ("eth0", "up")
     with pytest.raises(fencing.UnknownPort):
         d.f.lift("eth9", 1.0, 1.0, "x")
+
+
+def test_a_port_not_fenced_for_lack_of_witnesses_says_so(d):
+    step(d, 0.0, peers=1)
+    step(d, 10.0, peers=1)
+    line = d.f.lines(10.0)["eth0"]
+    assert line.startswith("not fenced: its DOWN rests on echo paths to 1 peer(s)"), line
+    step(d, 11.0, eth0=Verdict.UP)
+    assert "eth0" not in d.f.lines(11.0)
