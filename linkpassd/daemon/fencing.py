@@ -244,6 +244,8 @@ class Fencing:
             st = out.get(port)
             if st is not None and f.state in (State.CONFIRMING, State.LIFTED):
                 out[port] = replace(st, evidence=(*st.evidence, "fence " + fence.describe(f, now)))
+            elif st is not None and f.state is State.ARMED and port in self.unsingled:
+                out[port] = replace(st, evidence=(*st.evidence, "fence " + self.unsingled[port]))
         return out
 
     # ------------------------------------------------------- the control API
@@ -343,12 +345,3 @@ class Fencing:
             if close is not None:
                 close()
             self.ipr = None
-
-    def lines(self, now: float) -> dict[str, str]:
-        """Port -> one line for the ports the fence is not idle on."""
-        out = {p: fence.describe(f, now) for p, f in self.fences.items()
-               if f.state is not State.ARMED}
-        for p, why in self.unsingled.items():
-            if self.fences.get(p, Fence(p)).state is State.ARMED:
-                out[p] = why
-        return out

@@ -221,7 +221,8 @@ def test_operator_lift_brings_the_port_up(d):
 def test_a_port_not_fenced_for_lack_of_witnesses_says_so(d):
     step(d, 0.0, peers=1)
     step(d, 10.0, peers=1)
-    line = d.f.lines(10.0)["eth0"]
-    assert line.startswith("not fenced: its DOWN rests on echo paths to 1 peer(s)"), line
+    states = {p: PortState(p, Verdict.DOWN, True, "UP", 0.0) for p in ("eth0", "eth1")}
+    (line,) = [e for e in d.f.overlay(states, 10.0)["eth0"].evidence if e.startswith("fence ")]
+    assert line.startswith("fence not fenced: its DOWN rests on echo paths to 1 peer(s)"), line
     step(d, 11.0, eth0=Verdict.UP)
-    assert "eth0" not in d.f.lines(11.0)
+    assert not [e for e in d.f.overlay(states, 11.0)["eth0"].evidence if e.startswith("fence ")]
