@@ -200,6 +200,7 @@ def assessment_to_proto(a: Assessment) -> pb.Assessment:
         detail=a.detail,
         confirmed=a.confirmed,
         direction=a.direction,
+        witnesses=a.witnesses,
     )
 
 

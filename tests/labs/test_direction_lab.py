@@ -158,10 +158,11 @@ SPINE_FIX = {"leaf_to_spine": "check the transmitters on {leaf}'s spine-facing p
 
 def prober_port(lab, host) -> int:
     """The UDP source port of linkpassd's probes on the host's rail 0 (its
-    rail socket, bound to the port's device and address)."""
+    rail socket, bound to the rail's address; it sends out of the port with
+    IP_UNICAST_IF, so `ss` shows no device)."""
     rail = host.rail(0)
     out = lab.run(host.name, ["ss", "-Hnua"]).stdout
-    ports = {int(m.group(1)) for m in re.finditer(rf"{re.escape(rail.address)}%{re.escape(rail.port)}:(\d+)\s", out)}
+    ports = {int(m.group(1)) for m in re.finditer(rf"\s{re.escape(rail.address)}(?:%\S+)?:(\d+)\s", out)}
     ports.discard(ECHO_PORT)
     assert len(ports) == 1, f"{host.name}: one probe socket on {rail.port} expected:\n{out}"
     return ports.pop()

@@ -320,7 +320,7 @@ def test_links_json_carries_sensors_with_null_for_not_reported(server, sock: Pat
     assert eth0["assessments"][1] == {"signal": "optics", "severity": "VERDICT_DEGRADED", "status": "degraded",
                                       "detail": "lane 5 RX -11.20 dBm below low alarm -10.4; module flags "
                                                 "rx_power_low_alarm[5]", "confirmed": True,
-                                      "direction": "", "one_way": None}
+                                      "direction": "", "one_way": None, "witnesses": 0}
     eth1 = rows["eth1"]["sensors"]
     assert eth1["optics"] is None and eth1["optics_unreadable"] == UNREADABLE
     assert eth1["counters"]["rx_crc_errors"] == "0"  # zero errors ...

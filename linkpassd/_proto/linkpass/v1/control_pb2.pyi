@@ -232,7 +232,7 @@ class CounterSample(_message.Message):
     def __init__(self, port: _Optional[str] = ..., rx_crc_errors: _Optional[int] = ..., symbol_errors: _Optional[int] = ..., length_errors: _Optional[int] = ..., rx_missed: _Optional[int] = ..., fec_corrected: _Optional[int] = ..., fec_uncorrectable: _Optional[int] = ..., link_down_events: _Optional[int] = ..., ext_state: _Optional[str] = ..., ext_substate: _Optional[str] = ...) -> None: ...
 
 class Assessment(_message.Message):
-    __slots__ = ("signal", "severity", "status", "detail", "confirmed", "direction", "one_way")
+    __slots__ = ("signal", "severity", "status", "detail", "confirmed", "direction", "one_way", "witnesses")
     SIGNAL_FIELD_NUMBER: _ClassVar[int]
     SEVERITY_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
@@ -240,6 +240,7 @@ class Assessment(_message.Message):
     CONFIRMED_FIELD_NUMBER: _ClassVar[int]
     DIRECTION_FIELD_NUMBER: _ClassVar[int]
     ONE_WAY_FIELD_NUMBER: _ClassVar[int]
+    WITNESSES_FIELD_NUMBER: _ClassVar[int]
     signal: str
     severity: Verdict
     status: str
@@ -247,7 +248,8 @@ class Assessment(_message.Message):
     confirmed: bool
     direction: str
     one_way: OneWayDelay
-    def __init__(self, signal: _Optional[str] = ..., severity: _Optional[_Union[Verdict, str]] = ..., status: _Optional[str] = ..., detail: _Optional[str] = ..., confirmed: _Optional[bool] = ..., direction: _Optional[str] = ..., one_way: _Optional[_Union[OneWayDelay, _Mapping]] = ...) -> None: ...
+    witnesses: int
+    def __init__(self, signal: _Optional[str] = ..., severity: _Optional[_Union[Verdict, str]] = ..., status: _Optional[str] = ..., detail: _Optional[str] = ..., confirmed: _Optional[bool] = ..., direction: _Optional[str] = ..., one_way: _Optional[_Union[OneWayDelay, _Mapping]] = ..., witnesses: _Optional[int] = ...) -> None: ...
 
 class OneWayDelay(_message.Message):
     __slots__ = ("towards_s", "back_s", "bound_s", "clocks", "refused", "samples")
