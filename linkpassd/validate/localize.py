@@ -89,7 +89,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2
@@ -880,18 +880,26 @@ def _leaf_ways(leaf: str, pairs: Sequence[_Pair]) -> tuple[int, int, bool]:
     any receipts) over its cross-leaf pairs: a request lost from a pair sent
     under the leaf went up, a reply lost came down; the other way round for
     a pair it answered."""
-    up = down = 0
+    return _ways(pairs, lambda p: p.leaf_a == leaf)
+
+
+def _ways(pairs: Sequence[_Pair], sent: Callable[[_Pair], bool]) -> tuple[int, int, bool]:
+    """(lost on the way out, lost on the way in, any receipts) from the
+    pairs' receipts, seen from the side that `sent` says probed the pair: a
+    request lost from a pair it sent went out, a reply lost came in; the
+    other way round for a pair it answered."""
+    out = back = 0
     receipts = False
     for p in pairs:
         r = p.result
         if not r.receipts:
             continue
         receipts = True
-        if p.leaf_a == leaf:
-            up, down = up + r.requests_lost, down + r.replies_lost
+        if sent(p):
+            out, back = out + r.requests_lost, back + r.replies_lost
         else:
-            up, down = up + r.replies_lost, down + r.requests_lost
-    return up, down, receipts
+            out, back = out + r.replies_lost, back + r.requests_lost
+    return out, back, receipts
 
 
 def _uplink_fix(direction: Direction, leaf: str, other: str) -> str:
@@ -936,19 +944,10 @@ def _port_ways(host: str, pairs: Sequence[_Pair]) -> _Ways:
     """Which way `host`'s pairs lost probes (both phases): a request lost
     from a pair `host` sent is host to leaf, from a pair it answered is
     leaf to host; a reply lost the other way round."""
-    tx = rx = lost = probes = 0
-    receipts = False
-    for p in pairs:
-        r = p.result
-        probes += r.sent + r.burst_sent
-        lost += max(0, r.sent - r.received) + max(0, r.burst_sent - r.burst_received)
-        if not r.receipts:
-            continue
-        receipts = True
-        if p.a == host:
-            tx, rx = tx + r.requests_lost, rx + r.replies_lost
-        else:
-            tx, rx = tx + r.replies_lost, rx + r.requests_lost
+    probes = sum(p.result.sent + p.result.burst_sent for p in pairs)
+    lost = sum(max(0, p.result.sent - p.result.received)
+               + max(0, p.result.burst_sent - p.result.burst_received) for p in pairs)
+    tx, rx, receipts = _ways(pairs, lambda p: p.a == host)
     return _Ways(tx, rx, max(0, lost - tx - rx), probes, receipts)
 
 
