@@ -5,8 +5,8 @@ per-rail routes (no failover), the kernel alone (linkdown-aware routes, no
 daemon) and linkpassd. The fabric is the bgp one (labs/topos/bgpfabric.py):
 both leaves and the spine run FRR bgpd and learn host routes from the hosts.
 In each it sends two RoCEv2 flows from lph1 to lph2 (out: kernel-path and
-qp-pinned) and one back from lph2 to lph1's address on the faulted rail (in:
-kernel-path-reverse, see labs/scenario.py), pulls a cable and then
+qp-pinned) and two back from lph2 to lph1's address on the faulted rail (in:
+kernel-path-reverse and qp-pinned-reverse, see labs/scenario.py), pulls a cable and then
 blackholes the same link silently, and prints the blackout each flow saw.
 With linkpassd each host also runs FRR (zebra + bgpd) announcing its rail
 addresses as linkpassd decides ([announce], docs/bgp.md), and each host rail
@@ -34,12 +34,16 @@ import urllib.request
 from pathlib import Path
 
 from labs.browser import chromium, screenshot
-from labs.scenario import FLOWS, MECHANISMS, REVERSE, ScenarioLab, TrialResult
+from labs.scenario import FLOWS, MECHANISMS, REVERSE, REVERSE_QP, ScenarioLab, TrialResult
 
 DEMO_FAULTS = ("cable-pull", "silent-blackhole")
-COLUMN = {"none": "no failover", "kernel": "kernel alone", "linkpassd": "linkpassd"}
+# FRR alone (frr-bgp) is in the failover bench (labs/bench/failover.py), not
+# in the demo by default: --mechanisms adds it.
+DEMO_MECHANISMS = ("none", "kernel", "linkpassd")
+COLUMN = {"none": "no failover", "kernel": "kernel alone", "linkpassd": "linkpassd",
+          "frr-bgp": "FRR BGP+BFD alone"}
 DIRECTION = {"kernel-path": "out lph1 -> lph2", "qp-pinned": "out lph1 -> lph2",
-             REVERSE: "in  lph2 -> lph1"}
+             REVERSE: "in  lph2 -> lph1", REVERSE_QP: "in  lph2 -> lph1"}
 RESULTS = Path(__file__).parent / "bench" / "results"
 
 
@@ -91,7 +95,7 @@ def fleet_view(lab: ScenarioLab) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mechanisms", default=",".join(MECHANISMS),
+    parser.add_argument("--mechanisms", default=",".join(DEMO_MECHANISMS),
                         help="comma-separated subset of " + ",".join(MECHANISMS))
     parser.add_argument("--fault-seconds", type=float, default=2.0)
     args = parser.parse_args(argv)
@@ -105,12 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     print("linkpass demo: dualrail lab, 2 GPU hosts x 2 rails, a leaf per rail, one spine;")
     print("the leaves and the spine run FRR bgpd (eBGP, each its own AS) and learn host routes")
-    print("three RoCEv2 flows at 1000 packets/s each, two lph1 -> lph2:")
+    print("four RoCEv2 flows at 1000 packets/s each, two lph1 -> lph2:")
     print("  kernel-path  routed per packet (Soft-RoCE, TCP): moves when a route moves")
     print("  qp-pinned    port and next hop fixed at connect (hardware QP): moves only when it")
     print("               reconnects after 3 ACK timeouts of 50 ms and re-resolves its route")
-    print("and one back, lph2 -> lph1's address on the faulted rail:")
-    print("  kernel-path-reverse  arrives over the broken link until the fabric routes lph1's")
+    print("and two back, lph2 -> lph1's address on the faulted rail (kernel-path-reverse,")
+    print("qp-pinned-reverse): they arrive over the broken link until the fabric routes lph1's")
     print("               address through another rail: with linkpassd, lph1's FRR announces")
     print("               it over a healthy rail's BGP session once linkpassd distrusts the rail")
     print(f"faults on the rail lph1's QP uses, {args.fault_seconds:g} s each: "
@@ -134,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {trial.description}")
                 for mode in FLOWS:
                     flow = trial.flows[mode]
-                    extra = f", {flow.reconnects} reconnect(s)" if mode == "qp-pinned" else ""
+                    extra = (f", {flow.reconnects} reconnect(s)"
+                             if mode in ("qp-pinned", REVERSE_QP) else "")
                     print(f"    {mode:<20} blackout {flow.blackout_s * 1e3:7.1f} ms, "
                           f"{flow.lost} of {flow.sent} lost{extra}")
                 if mech == "linkpassd" and fault == "cable-pull":
@@ -164,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     print("DOWN once a silence outlasts the 30 ms tolerance) and runs BFD with each leaf")
     print("(FRR bfdd, 100 ms x 3),")
     print("and moves the rail's traffic as soon as either says the path is dead.")
-    print(f"Both directions: {REVERSE} (in) recovers because linkpassd also moves")
+    print(f"Both directions: the in flows ({REVERSE}, {REVERSE_QP}) recover because linkpassd also moves")
     print("lph1's announcement of its faulted rail's address to the other rail's BGP")
     print("session; the fabric learns it (that rail's leaf, then the spine, then the faulted")
     print("rail's leaf: FRR 8.4's bgpd holds each update ~50 ms before it processes it) and")

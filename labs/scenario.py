@@ -1,7 +1,7 @@
-"""One fault, three flows, one measurement: shared by the demo, the failover
+"""One fault, four flows, one measurement: shared by the demo, the failover
 benchmark and the lab tests, so all three measure the same thing.
 
-A trial on the dualrail lab sends three RoCEv2 flows at once, two of them
+A trial on the dualrail lab sends four RoCEv2 flows at once, two of them
 from lph1 (the host whose link is faulted) to lph2:
 
   kernel-path  bound to lph1's address on the faulty rail, routed per packet
@@ -9,21 +9,26 @@ from lph1 (the host whose link is faulted) to lph2:
   qp-pinned    egress port and next-hop MAC fixed at connect, re-resolved
                through the FIB after an ACK timeout (hardware QP behaviour);
 
-and one the other way, into the faulted host:
+and two the other way, from lph2 into the faulted host, addressed to
+lph1's address on the faulty rail:
 
-  kernel-path-reverse  kernel-path from lph2's address on the same rail to
-               lph1's address on the faulty rail. It keeps arriving over the
-               broken link until the fabric learns another way to lph1's
-               address: the lab is the bgp fabric (labs/topos/bgpfabric.py),
-               and with linkpassd lph1's FRR announces the address through a
-               healthy rail once linkpassd distrusts the faulted one
-               (docs/bgp.md); without linkpassd nothing announces it
-               (DESIGN.md, "Both directions of a gray failure").
+  kernel-path-reverse  kernel-path, bound to lph2's address on the same rail;
+  qp-pinned-reverse    qp-pinned: lph2's egress and next hop fixed at connect.
+
+Both keep arriving over the broken link until the fabric learns another way
+to lph1's address: the lab is the bgp fabric (labs/topos/bgpfabric.py), and
+with linkpassd lph1's FRR announces the address through a healthy rail once
+linkpassd distrusts the faulted one (docs/bgp.md); with ``frr-bgp`` lph1's
+FRR does so by itself once BFD ended the rail's session (a conditional
+advertisement, labs/topos/frrbgp.py); with neither nothing announces it
+(DESIGN.md, "Both directions of a gray failure"). lph2's own path to the
+leaf stays healthy, so the pinned reverse flow needs no reconnect: it
+recovers when the fabric moves.
 
 The fault is put on the rail that the QP-pinned flow's connect-time route
 lookup chose, so every flow crosses it whatever the multipath hash picked. The
-QP-pinned flow uses UDP 4792 so that both receivers can share lph2; it is sent
-as raw frames, so no routing rule ever sees its port.
+QP-pinned flows use UDP 4792 so that two receivers can share each host's
+address; they are sent as raw frames, so no routing rule ever sees their port.
 
 Blackout is the receiver's longest gap between arrivals. Each trial builds
 nothing: a `ScenarioLab` holds one lab per mechanism and is reused. Before
@@ -52,13 +57,15 @@ from labs.topos.railopt import start_linkpassd
 from labs.traffic.receiver import ReceiverConfig
 from labs.traffic.sender import SenderConfig
 
-MECHANISMS = ("none", "kernel", "linkpassd")
+MECHANISMS = ("none", "kernel", "linkpassd", "frr-bgp")
 MODES = ("kernel-path", "qp-pinned")  # the flows from the faulted host, by sender mode
 REVERSE = "kernel-path-reverse"  # into the faulted host, on its faulted rail's address
-FLOWS = MODES + (REVERSE,)
-PORTS = {"kernel-path": 4791, "qp-pinned": 4792, REVERSE: 4791}
+REVERSE_QP = "qp-pinned-reverse"  # the same, from a pinned queue pair
+REVERSES = (REVERSE, REVERSE_QP)
+FLOWS = MODES + REVERSES
+PORTS = {"kernel-path": 4791, "qp-pinned": 4792, REVERSE: 4791, REVERSE_QP: 4792}
 QPS = {"kernel-path": (0x11, 0x12), "qp-pinned": (0x21, 0x22),
-       REVERSE: (0x31, 0x32)}  # (sender, receiver)
+       REVERSE: (0x31, 0x32), REVERSE_QP: (0x41, 0x42)}  # (sender, receiver)
 SENDER, RECEIVER = "lph1", "lph2"
 
 # Faster than production defaults so that a lab trial stays short; the
@@ -69,7 +76,10 @@ FaultFactory = Callable[[Lab, str, int], Any]
 FAULTS: dict[str, FaultFactory] = {
     "cable-pull": lambda lab, host, rail: CablePull(lab, host, rail),
     "silent-blackhole": lambda lab, host, rail: SilentBlackhole(lab, host, rail),
-    "one-way-loss": lambda lab, host, rail: OneWayLoss(lab, host, rail, direction="host_to_leaf"),
+    "one-way-loss-out": lambda lab, host, rail: OneWayLoss(lab, host, rail,
+                                                           direction="host_to_leaf"),
+    "one-way-loss-in": lambda lab, host, rail: OneWayLoss(lab, host, rail,
+                                                          direction="leaf_to_host"),
     "random-loss": lambda lab, host, rail: RandomLoss(lab, host, rail, percent=20),
     "flap": lambda lab, host, rail: Flap(lab, host, rail, times=3, within_s=1.5),
     "miswire": lambda lab, host, rail: Miswire(lab, host, rail, 1 - rail),
@@ -81,9 +91,9 @@ FAULTS: dict[str, FaultFactory] = {
 # miswire swaps both of a host's cables: BFD sees both rails go down, but no
 # healthy path is left to move to.
 HANDLED_BY_LINKPASSD = ("cable-pull", "flap", "optic-degradation", "silent-blackhole",
-                        "one-way-loss")
-# With linkpassd the leaves run FRR bfdd and each host rail a BFD session with
-# its leaf: 100 ms x 3, so 300 ms to detect.
+                        "one-way-loss-out", "one-way-loss-in")
+# With linkpassd (and frr-bgp, the hosts' own bfdd) each host rail runs a BFD
+# session with its leaf: 100 ms x 3, so 300 ms to detect.
 LAB_BFD = {"interval_ms": 100, "detect_mult": 3}
 # And each host rail echo-probes the other host's same rail, end to end,
 # at the production defaults (50 ms interval, 30 ms tolerance: docs/probing.md).
@@ -128,11 +138,14 @@ class TrialResult:
     # CLOCK_MONOTONIC at each step of the trial runner: a step that ran long
     # (a slow linkpassctl call) delays the clear, and the report must show it
     steps: dict[str, float] = field(default_factory=dict)
+    # with [fence] on: the fences each host's linkpassd made during the trial
+    fences: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return {"mechanism": self.mechanism, "fault": self.fault, "rail": self.rail,
                 "description": self.description, "injected_at": self.injected_at,
                 "cleared_at": self.cleared_at, "fault_s": self.cleared_at - self.injected_at,
+                "fences": self.fences,
                 "flows": {m: {k: v for k, v in vars(f).items() if k not in ("receiver", "sender")}
                           for m, f in self.flows.items()}}
 
@@ -141,20 +154,25 @@ class ScenarioLab:
     """The dualrail lab with one host-routing mechanism, reused across trials."""
 
     def __init__(self, mechanism: str, *, rate: int = 1000, aggregator: bool = False,
-                 fabric: str = "bgp"):
+                 fabric: str = "bgp", fence: dict | None = None):
         """`aggregator`: (linkpassd only) both daemons report to a lab
         aggregator (`self.lab.aggregator`), which also hands out their probe
         peers (no probe_peers in the configs). `fabric`: ``bgp`` (leaves and
-        spine learn host routes; with linkpassd the hosts announce them) or
-        ``static`` (the old lab with its carrier-only detour)."""
+        spine learn host routes; the hosts announce them with linkpassd or
+        frr-bgp) or ``static`` (the old lab with its carrier-only detour).
+        `fence`: (linkpassd only) options of linkpassd's ``[fence]`` section,
+        written into both daemons' configs (``enabled`` is set)."""
         if mechanism not in MECHANISMS:
             raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
         if aggregator and mechanism != "linkpassd":
             raise ValueError("an aggregator needs the linkpassd mechanism")
+        if fence is not None and mechanism != "linkpassd":
+            raise ValueError("fencing is linkpassd's: fence= needs the linkpassd mechanism")
         self.mechanism = mechanism
         self.rate = rate
+        self.fence = {"enabled": True, **fence} if fence is not None else None
         self.lab = dualrail(mechanism, linkpassd_timers=LAB_TIMERS,
-                            bfd=LAB_BFD if mechanism == "linkpassd" else None,
+                            bfd=LAB_BFD if mechanism in ("linkpassd", "frr-bgp") else None,
                             probes=LAB_PROBES if mechanism == "linkpassd" else None,
                             aggregator=aggregator, mesh=aggregator, fabric=fabric)
         self.fabric = fabric
@@ -165,6 +183,11 @@ class ScenarioLab:
         try:
             if self.mechanism == "linkpassd":
                 for host in (SENDER, RECEIVER):
+                    if self.fence is not None:
+                        from labs.bench.hiccup import with_section_options
+                        path = self.lab.config_path(host)
+                        path.write_text(with_section_options(path.read_text(), "fence",
+                                                             self.fence))
                     start_linkpassd(self.lab, host)
         except BaseException:
             self.lab.close()
@@ -197,6 +220,19 @@ class ScenarioLab:
             return ""
         return self._ctl_text(host, "nccl-env", "--file",
                               str(self.lab.run_dir(host) / "health.json"))
+
+    def fence_counts(self) -> dict[str, int]:
+        """Fences each host's linkpassd made since it started ({} unless
+        fencing is on)."""
+        if self.fence is None:
+            return {}
+        out = {}
+        for host in (SENDER, RECEIVER):
+            proc = self.linkpassctl(host, "fences", "-o", "json")
+            if proc.returncode != 0:
+                raise RuntimeError(f"linkpassctl fences on {host}: {proc.stderr.strip()}")
+            out[host] = sum(int(f.get("fences", 0)) for f in json.loads(proc.stdout)["fences"])
+        return out
 
     def last_event_seq(self, host: str = SENDER) -> int:
         proc = self.linkpassctl(host, "status", "-o", "json")
@@ -234,7 +270,9 @@ class ScenarioLab:
         if self.mechanism == "linkpassd":
             for host, peer in ((SENDER, rx), (RECEIVER, tx)):
                 problems += self._linkpassd_unhealthy(host, peer)
-        if self.fabric == "bgp":
+        if self.mechanism == "frr-bgp":
+            problems += self.lab.frr_bgp_missing()
+        elif self.fabric == "bgp":
             problems += self.lab.fabric_missing(bfd=self.mechanism == "linkpassd")
         return problems
 
@@ -303,13 +341,15 @@ class ScenarioLab:
         self.wait_recovered()
         time.sleep(LINKWATCH_QUIET_S)
         self.assert_healthy()
+        fences_before = self.fence_counts()
         tx, rx = lab.host(SENDER), lab.host(RECEIVER)
         qp_dst = rx.rail(0).address
         rail = self.qp_path_rail(qp_dst)
         # flow: (sending host, receiving host, destination, source to bind or None)
         ends = {"kernel-path": (SENDER, RECEIVER, rx.rail(rail).address, tx.rail(rail).address),
                 "qp-pinned": (SENDER, RECEIVER, qp_dst, None),
-                REVERSE: (RECEIVER, SENDER, tx.rail(rail).address, rx.rail(rail).address)}
+                REVERSE: (RECEIVER, SENDER, tx.rail(rail).address, rx.rail(rail).address),
+                REVERSE_QP: (RECEIVER, SENDER, tx.rail(rail).address, None)}
         duration = before_s + fault_s + after_s
         work = lab.host_dir(SENDER) / f"trial{self.trials}-{fault}"
         work.mkdir(parents=True, exist_ok=True)
@@ -372,10 +412,11 @@ class ScenarioLab:
                                      reconnects=len(tx_report.get("qp_pinned", {})
                                                     .get("reconnects", [])),
                                      receiver=rx_report, sender=tx_report)
+        fences = {host: n - fences_before[host] for host, n in self.fence_counts().items()}
         return TrialResult(mechanism=self.mechanism, fault=fault, rail=rail,
                            description=injector.description, injected_at=injected,
                            cleared_at=cleared or injected, flows=flows, status_during=during,
-                           nccl_env_during=nccl_during, steps=steps)
+                           nccl_env_during=nccl_during, steps=steps, fences=fences)
 
     def _launch(self, host: str, argv: list[str], log: Path, **kw: Any) -> "Launched":
         with open(log, "wb") as out:

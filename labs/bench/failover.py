@@ -1,14 +1,23 @@
-"""Blackout per (mechanism x fault x traffic mode), side by side, in one run.
+"""Blackout per (setup x fault x flow), both directions, side by side, in one run.
 
-Mechanisms: no failover (static per-rail routes), the kernel alone
-(linkdown-aware routes, no daemon) and linkpassd. Each trial (labs/scenario.py)
-sends a kernel-path and a qp-pinned RoCEv2 flow out of the faulted host and a
-kernel-path flow back into it (kernel-path-reverse, addressed to its faulted
-rail: what only the fabric can move, with linkpassd's announcements) through
-the dualrail lab on the bgp fabric (labs/topos/bgpfabric.py) and injects one
-fault on the rail they use. Every cell is repeated --trials times
-(at least 5); the summary is the median with min and max, and the ratio of each
-mechanism's median to no-failover's. Writes JSON and a PNG bar chart.
+Setups (host routing on the same bgp fabric, labs/topos/bgpfabric.py):
+
+  frr-bgp          FRR alone on the hosts: eBGP + BFD to each rail's leaf,
+                   rail addresses announced by FRR (labs/topos/frrbgp.py);
+  linkpassd        linkpassd with BFD and echo probes, its [announce] driving
+                   the host's FRR (docs/bgp.md), fencing off;
+  linkpassd-fence  the same with [fence] on (FENCE below, docs/fencing.md);
+  none, kernel     static per-rail routes / linkdown-aware routes, no daemon
+                   (the floor; not run by default).
+
+Each trial (labs/scenario.py) sends four flows through the dualrail lab and
+injects one fault on the rail they use: kernel-path and qp-pinned out of the
+faulted host, and kernel-path-reverse and qp-pinned-reverse into it,
+addressed to its faulted rail (what only the fabric can move). Every cell is
+repeated --trials times; the summary is the median with min and max, and the
+ratio of each setup's median to the baseline's (--baseline, frr-bgp by
+default). With fencing on, each row also counts the fences either host made.
+Writes JSON and a PNG (one panel per flow, log scale).
 
 Run as root from the repo root: .venv/bin/python -m labs.bench.failover
 """
@@ -23,40 +32,59 @@ import time
 from pathlib import Path
 
 from labs.bench.bars import median_bars
-from labs.scenario import FAULTS, FLOWS, MECHANISMS, REVERSE, ScenarioLab
+from labs.scenario import FAULTS, FLOWS, REVERSES, ScenarioLab
 
 RESULTS = Path(__file__).parent / "results"
-DEFAULT_FAULTS = ("cable-pull", "flap", "silent-blackhole")
+DEFAULT_FAULTS = ("cable-pull", "silent-blackhole", "one-way-loss-out", "one-way-loss-in", "flap")
+# [fence] for linkpassd-fence: the strictest fence_after_s the config allows,
+# and a backoff and test short enough that a fenced port is back between
+# trials. No aggregator in this lab, so the leaf grant is not required (one
+# faulted host: the leaf cap could not bind anyway). lph1's faulted rail has
+# BFD with its leaf, which singles the port out (core.fence.singled_out).
+FENCE = {"fence_after_s": 0.5, "backoff_initial_s": 3.0, "test_window_s": 1.0,
+         "test_timeout_s": 2.0, "require_leaf_grant": False}
+SETUPS: dict[str, tuple[str, dict | None]] = {  # name -> (mechanism, [fence] options)
+    "frr-bgp": ("frr-bgp", None),
+    "linkpassd": ("linkpassd", None),
+    "linkpassd-fence": ("linkpassd", FENCE),
+    "none": ("none", None),
+    "kernel": ("kernel", None),
+}
+DEFAULT_SETUPS = ("frr-bgp", "linkpassd", "linkpassd-fence")
 
 
-def summarise(rows: list[dict]) -> dict:
-    cells: dict[str, dict] = {}
+def summarise(rows: list[dict], baseline: str) -> dict:
+    cells: dict[str, list[float]] = {}
+    fences: dict[str, int] = {}
     for row in rows:
         for mode, flow in row["flows"].items():
-            key = f"{row['mechanism']}|{row['fault']}|{mode}"
+            key = f"{row['setup']}|{row['fault']}|{mode}"
             cells.setdefault(key, []).append(flow["blackout_s"] * 1e3)
+            fences[key] = fences.get(key, 0) + sum(row.get("fences", {}).values())
     out = {}
     for key, values in cells.items():
-        mech, fault, mode = key.split("|")
-        base = cells.get(f"none|{fault}|{mode}")
+        setup, fault, mode = key.split("|")
+        base = cells.get(f"{baseline}|{fault}|{mode}")
         median = statistics.median(values)
-        out[key] = {"mechanism": mech, "fault": fault, "mode": mode, "trials": len(values),
+        out[key] = {"setup": setup, "fault": fault, "mode": mode, "trials": len(values),
                     "median_ms": median, "min_ms": min(values), "max_ms": max(values),
-                    "ratio_to_no_failover": (median / statistics.median(base)) if base else None}
+                    "fences": fences[key],
+                    f"ratio_to_{baseline}": (median / statistics.median(base)) if base else None}
     return out
 
 
-def plot(summary: dict, faults: list[str], mechanisms: list[str], path: Path) -> None:
+def plot(summary: dict, faults: list[str], setups: list[str], path: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(FLOWS), figsize=(6 * len(FLOWS), 4.5), sharey=True)
-    for ax, mode in zip(axes, FLOWS):
-        median_bars(ax, faults, [(mech, [summary.get(f"{mech}|{f}|{mode}") for f in faults])
-                                 for mech in mechanisms])
+    fig, axes = plt.subplots(2, 2, figsize=(16, 9), sharey=True)
+    for ax, mode in zip(axes.flat, FLOWS):
+        median_bars(ax, faults, [(setup, [summary.get(f"{setup}|{f}|{mode}") for f in faults])
+                                 for setup in setups])
         ax.set_yscale("log")
-        ax.set_title(f"{mode} flow" + (" (into the faulted host)" if mode == REVERSE else ""))
+        ax.set_title(f"{mode}: " + ("into the faulted host" if mode in REVERSES
+                                    else "out of the faulted host"))
         ax.set_ylabel("blackout, ms (median, min-max)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -64,51 +92,66 @@ def plot(summary: dict, faults: list[str], mechanisms: list[str], path: Path) ->
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=5)
+    parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--faults", default=",".join(DEFAULT_FAULTS),
                         help="comma-separated, from " + ",".join(FAULTS))
-    parser.add_argument("--mechanisms", default=",".join(MECHANISMS))
-    parser.add_argument("--fault-seconds", type=float, default=1.0)
+    parser.add_argument("--setups", default=",".join(DEFAULT_SETUPS),
+                        help="comma-separated, from " + ",".join(SETUPS))
+    parser.add_argument("--baseline", default="frr-bgp",
+                        help="the setup every ratio is to (default frr-bgp)")
+    parser.add_argument("--fault-seconds", type=float, default=3.0)
+    parser.add_argument("--name", default="failover",
+                        help="results/<name>.json and .png (default failover)")
     args = parser.parse_args(argv)
     faults = [f for f in args.faults.split(",") if f]
-    mechanisms = [m for m in args.mechanisms.split(",") if m]
-    if not 5 <= args.trials <= 50:
-        parser.error("--trials must be between 5 and 50")
-    if bad := [f for f in faults if f not in FAULTS] + [m for m in mechanisms if m not in MECHANISMS]:
-        parser.error(f"unknown fault or mechanism: {', '.join(bad)}")
+    setups = [s for s in args.setups.split(",") if s]
+    if not 1 <= args.trials <= 50:
+        parser.error("--trials must be between 1 and 50")
+    if not 1.0 <= args.fault_seconds <= 10.0:
+        parser.error("--fault-seconds must be between 1 and 10")
+    if bad := [f for f in faults if f not in FAULTS] + [s for s in setups if s not in SETUPS]:
+        parser.error(f"unknown fault or setup: {', '.join(bad)}")
+    if args.baseline not in setups:
+        parser.error(f"--baseline {args.baseline} is not among --setups ({', '.join(setups)})")
+    if not args.name.replace("-", "").replace("_", "").isalnum():
+        parser.error(f"--name must be letters, digits, - and _, got {args.name!r}")
 
     started = time.monotonic()
     rows = []
-    for mech in mechanisms:
-        with ScenarioLab(mech) as lab:
+    for setup in setups:
+        mechanism, fence = SETUPS[setup]
+        with ScenarioLab(mechanism, fence=fence) as lab:
             for trial in range(args.trials):
                 for fault in faults:
                     result = lab.trial(fault, before_s=0.5, fault_s=args.fault_seconds,
                                        after_s=1.0)
-                    row = {"trial": trial, **result.as_dict()}
+                    row = {"setup": setup, "trial": trial, **result.as_dict()}
                     rows.append(row)
-                    print(f"{mech:<10}{fault:<18}#{trial} " + "  ".join(
-                        f"{m} {row['flows'][m]['blackout_s'] * 1e3:7.1f} ms" for m in FLOWS),
-                        flush=True)
-    summary = summarise(rows)
+                    fenced = f"  fences {row['fences']}" if row["fences"] else ""
+                    print(f"{setup:<16}{fault:<18}#{trial} " + "  ".join(
+                        f"{m} {row['flows'][m]['blackout_s'] * 1e3:7.1f} ms" for m in FLOWS)
+                        + fenced, flush=True)
+    summary = summarise(rows, args.baseline)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "failover.json").write_text(json.dumps(
+    out = RESULTS / f"{args.name}.json"
+    out.write_text(json.dumps(
         {"bench": "failover", "trials_per_cell": args.trials, "fault_s": args.fault_seconds,
-         "summary": summary, "rows": rows}, indent=2))
-    plot(summary, faults, mechanisms, RESULTS / "failover.png")
+         "setups": {s: {"mechanism": SETUPS[s][0], "fence": SETUPS[s][1]} for s in setups},
+         "baseline": args.baseline, "summary": summary, "rows": rows}, indent=2))
+    plot(summary, faults, setups, RESULTS / f"{args.name}.png")
 
-    print(f"\nmedian blackout over {args.trials} trials, ms (ratio to no failover), "
+    print(f"\nmedian blackout over {args.trials} trials, ms (ratio to {args.baseline}), "
           f"faults of {args.fault_seconds:g} s")
-    print(f"{'fault':<18}{'flow':<21}" + "".join(f"{m:>22}" for m in mechanisms))
+    print(f"{'fault':<18}{'flow':<21}" + "".join(f"{s:>24}" for s in setups))
     for fault in faults:
         for mode in FLOWS:
             line = f"{fault:<18}{mode:<21}"
-            for mech in mechanisms:
-                c = summary[f"{mech}|{fault}|{mode}"]
-                ratio = f" ({c['ratio_to_no_failover']:.2f}x)" if c["ratio_to_no_failover"] else ""
-                line += f"{c['median_ms']:>14.1f}{ratio:>8}"
+            for setup in setups:
+                c = summary[f"{setup}|{fault}|{mode}"]
+                ratio = c[f"ratio_to_{args.baseline}"]
+                line += f"{c['median_ms']:>14.1f}" + (f" ({ratio:.2f}x)" if ratio else "").rjust(10)
             print(line)
-    print(f"\nwrote {RESULTS / 'failover.json'} and .png in {time.monotonic() - started:.0f} s")
+    print(f"\nwrote {out} and .png in {time.monotonic() - started:.0f} s")
     return 0
 
 

@@ -89,6 +89,7 @@ class SwitchPeer:
     local: str
     host: bool
     bfd: BfdProfile | None = None
+    ifname: str | None = None  # the switch's port towards a host (host sessions)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,16 @@ class Switch:
     peers: tuple[SwitchPeer, ...]
     space: str = HOST_SPACE  # what the switch learns and passes on
     spine: bool = False  # holds settling routes back from its peers
+    # A leaf that announces `space` itself, as one aggregate, to its host
+    # ports (and to nobody else): the route the hosts of the ``frr-bgp``
+    # mechanism fail over with (labs/topos/frrbgp.py). Off for linkpassd
+    # hosts, which learn nothing from the fabric. Such a leaf also binds each
+    # host session to its port (``neighbor ... interface``, as BGP unnumbered
+    # does): FRR alone withdraws a detour of a host's address only once that
+    # address's own session is back (it learns the aggregate over it again),
+    # and unbound, the session's packets would follow the detour /32 with
+    # TTL 1 and die, so the detour would never end (seen in the lab).
+    serves_hosts: bool = False
 
     @property
     def profiles(self) -> list[BfdProfile]:
@@ -109,16 +120,25 @@ def bgpd_config(switch: Switch) -> str:
     """The switch's bgpd.conf. Policy is explicit on every session."""
     out = ["frr defaults traditional", f"hostname {switch.name}", "!",
            f"ip prefix-list lp-space seq 5 permit {switch.space} le 32",
-           f"ip prefix-list lp-host-routes seq 5 permit {switch.space} ge 32", "!",
+           f"ip prefix-list lp-host-routes seq 5 permit {switch.space} ge 32",
+           *([f"ip prefix-list lp-aggregate seq 5 permit {switch.space}", "!",
+              # the aggregate goes to host ports only, never to a switch
+              "route-map lp-space deny 5", " match ip address prefix-list lp-aggregate"]
+             if switch.serves_hosts else []), "!",
            "route-map lp-space permit 10", " match ip address prefix-list lp-space", "!",
            "route-map lp-host-routes permit 10",
            " match ip address prefix-list lp-host-routes", "!",
            "route-map lp-deny deny 10", "!",
+           *(["route-map lp-to-host permit 10",
+              " match ip address prefix-list lp-aggregate", "!"]
+             if switch.serves_hosts else []),
            f"bgp community-list standard lp-settling seq 5 permit {SETTLE_COMMUNITY}", "!",
            "route-map lp-to-leaf deny 5", " match community lp-settling",
            "route-map lp-to-leaf permit 10", " match ip address prefix-list lp-space", "!",
            f"router bgp {switch.asn}", f" bgp router-id {switch.router_id}",
            " bgp bestpath as-path multipath-relax"]
+    if switch.serves_hosts:
+        out.append(" no bgp network import-check")
     for p in switch.peers:
         out += [f" neighbor {p.address} remote-as external",
                 f" neighbor {p.address} update-source {p.local}",
@@ -126,11 +146,18 @@ def bgpd_config(switch: Switch) -> str:
                 f" neighbor {p.address} advertisement-interval 0"]
         if p.bfd is not None:
             out.append(f" neighbor {p.address} bfd profile {p.bfd.name}")
+        if switch.serves_hosts and p.host and p.ifname is not None:
+            out.append(f" neighbor {p.address} interface {p.ifname}")
     out += [" !", " address-family ipv4 unicast",
             "  redistribute connected route-map lp-space",
             f"  maximum-paths {MAX_PATHS}"]
+    if switch.serves_hosts:
+        out.append(f"  network {switch.space}")
     for p in switch.peers:
-        export = "lp-deny" if p.host else ("lp-to-leaf" if switch.spine else "lp-space")
+        if p.host:
+            export = "lp-to-host" if switch.serves_hosts else "lp-deny"
+        else:
+            export = "lp-to-leaf" if switch.spine else "lp-space"
         out += [f"  neighbor {p.address} route-map "
                 f"{'lp-host-routes' if p.host else 'lp-space'} in",
                 f"  neighbor {p.address} route-map {export} out"]
@@ -147,16 +174,19 @@ def leaf_profile(bfd: dict | None) -> BfdProfile | None:
     return BfdProfile(ms, ms, bfd["detect_mult"], passive=bfd["passive"])
 
 
-def leaf_switch(plan: FabricPlan, name: str, bfd: dict | None) -> Switch:
+def leaf_switch(plan: FabricPlan, name: str, bfd: dict | None, *,
+                serves_hosts: bool = False) -> Switch:
     """Leaf `name`: a session per host port (BFD-tracked with the lab's
-    timers when ``bfd``) and one per spine."""
+    timers when ``bfd``) and one per spine; ``serves_hosts``: see Switch."""
     leaf = plan.leaf(name)
     profile = leaf_profile(bfd)
     ports = [plan.host_rail(i, leaf.rail) for i in leaf.hosts]
-    peers = [SwitchPeer(p.address, p.gateway, host=True, bfd=profile) for p in ports]
+    peers = [SwitchPeer(p.address, p.gateway, host=True, bfd=profile, ifname=p.leaf_port)
+             for p in ports]
     peers += [SwitchPeer(u.spine_address, u.leaf_address, host=False)
               for u in plan.uplinks if u.leaf == leaf.name]
-    return Switch(leaf.name, leaf_asn(leaf.index), ports[0].gateway, tuple(peers))
+    return Switch(leaf.name, leaf_asn(leaf.index), ports[0].gateway, tuple(peers),
+                  serves_hosts=serves_hosts)
 
 
 def spine_switch(plan: FabricPlan, name: str) -> Switch:
@@ -168,8 +198,11 @@ def spine_switch(plan: FabricPlan, name: str) -> Switch:
     return Switch(name, spine_asn(ups[0].spine_index), ups[0].spine_address, peers, spine=True)
 
 
-def switches(plan: FabricPlan, bfd: dict | None) -> dict[str, Switch]:
-    """Every leaf and spine of the plan, by node name."""
-    out = {leaf: leaf_switch(plan, leaf, bfd) for leaf in plan.leaf_names}
+def switches(plan: FabricPlan, bfd: dict | None, *,
+             serves_hosts: bool = False) -> dict[str, Switch]:
+    """Every leaf and spine of the plan, by node name (``serves_hosts``:
+    the leaves', see Switch)."""
+    out = {leaf: leaf_switch(plan, leaf, bfd, serves_hosts=serves_hosts)
+           for leaf in plan.leaf_names}
     out.update({spine: spine_switch(plan, spine) for spine in plan.spine_names})
     return out

@@ -189,9 +189,9 @@ class Lab:
                            "'detect_mult': ...}")
         if mechanism == frrbgp.MECHANISM and plan.leaves_per_rail > 1:
             raise LabError("frr-bgp speaks to one leaf per rail: leaves_per_rail must be 1")
-        if mechanism == frrbgp.MECHANISM and plan.fabric == "bgp":
-            raise LabError("frr-bgp runs its own bgpd on the leaves: it needs the static fabric "
-                           "(FabricPlan(..., fabric='static'))")
+        if mechanism == frrbgp.MECHANISM and plan.fabric == "bgp" and plan.n_rails != 2:
+            raise LabError("frr-bgp on the bgp fabric backs each rail up with the other one "
+                           f"(labs/topos/frrbgp.py): it needs 2 rails, not {plan.n_rails}")
         self.plan = plan
         self.mechanism = mechanism
         self.carrier_events = carrier_events
@@ -351,7 +351,9 @@ class Lab:
         from linkpassd.announce_frr import bgpd_config, zebra_config
         from linkpassd.config import parse_config
 
-        for name, switch in bgpfabric.switches(self.plan, self.bfd).items():
+        frr_hosts = self.mechanism == frrbgp.MECHANISM
+        for name, switch in bgpfabric.switches(self.plan, self.bfd,
+                                               serves_hosts=frr_hosts).items():
             self._frr[name] = FrrBfd(None, [], runner=mnexec_attach(self.pid(name)),
                                      profiles=switch.profiles, zebra_conf=bgpfabric.ZEBRA_CONF,
                                      bgpd_conf=bgpfabric.bgpd_config(switch),
@@ -364,6 +366,15 @@ class Lab:
                     None, [], runner=mnexec_attach(self.pid(host.name)),
                     zebra_conf=zebra_config(cfg) + bgpfabric.ZEBRA_CONF, bfdd=False,
                     bgpd_conf=f"frr defaults traditional\nhostname {host.name}\n!\n" + bgpd)
+        if frr_hosts:  # FRR alone: its own BFD (bfdd) and announcements
+            assert self.bfd is not None  # checked at init
+            leaf_asns = {leaf.rail: bgpfabric.leaf_asn(leaf.index) for leaf in self.plan.leaves}
+            for host in self.hosts:
+                host_profile, _ = frrbgp.profiles(self.bfd)
+                self._frr[host.name] = FrrBfd(
+                    None, [], runner=mnexec_attach(self.pid(host.name)),
+                    profiles=[host_profile], zebra_conf=bgpfabric.ZEBRA_CONF,
+                    bgpd_conf=frrbgp.fabric_host_bgpd(host, self.bfd, leaf_asns))
         self._start_all_frr()
 
     def close(self) -> None:
@@ -685,15 +696,18 @@ class Lab:
             raise LabError(f"mechanism {self.mechanism} runs no BGP")
         started = time.monotonic()
         while True:
-            missing = self._frr_bgp_missing()
+            missing = self.frr_bgp_missing()
             if not missing:
                 return time.monotonic() - started
             if time.monotonic() - started > timeout:
                 raise LabError(f"frr-bgp not ready after {timeout:g}s:\n  " + "\n  ".join(missing))
             time.sleep(0.1)
 
-    def _frr_bgp_missing(self) -> list[str]:
-        missing = []
+    def frr_bgp_missing(self) -> list[str]:
+        """What keeps frr-bgp from its settled state (wait_frr_bgp), one
+        line each; on the bgp fabric the fabric's own check too, with the
+        leaves' BFD sessions with the hosts (the hosts' bfdd)."""
+        missing = self.fabric_missing(bfd=True) if self.plan.fabric == "bgp" else []
         for node, frr in self._frr.items():
             states = frr.try_read(frr.bgp_states) or {}
             bfd = {p.get("peer"): p.get("status") for p in frr.try_read(frr.bfd_peers) or []}
@@ -738,7 +752,7 @@ class Lab:
         if self.plan.fabric != "bgp":
             raise LabError("this lab's fabric is static")
         missing = []
-        hosts_speak = self.mechanism == "linkpassd"
+        hosts_speak = self.mechanism in ("linkpassd", frrbgp.MECHANISM)
         switches = bgpfabric.switches(self.plan, self.bfd)
         for name, switch in switches.items():
             frr = self._frr[name]

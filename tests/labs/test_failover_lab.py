@@ -24,7 +24,7 @@ import json
 
 import pytest
 
-from labs.scenario import FAULTS, FLOWS, HANDLED_BY_LINKPASSD, REVERSE, ScenarioLab
+from labs.scenario import FAULTS, FLOWS, HANDLED_BY_LINKPASSD, REVERSE, REVERSES, ScenarioLab
 from labs.topos.lab import lab_named_netns, root_lab_interfaces
 
 pytestmark = pytest.mark.lab
@@ -37,7 +37,7 @@ FAULT_S = 3.0
 KERNEL_PATH_BOUND_S = 1.5
 QP_PINNED_BOUND_S = 2.0
 CARRIER_FAULTS = ("cable-pull", "flap")
-DATA_PLANE_LOSS = ("silent-blackhole", "one-way-loss", "miswire")
+DATA_PLANE_LOSS = ("silent-blackhole", "one-way-loss-out", "one-way-loss-in", "miswire")
 
 
 @pytest.fixture(scope="module", params=["kernel", "linkpassd"])
@@ -82,7 +82,8 @@ def test_fault_class(scenario, fault):
     kp, qp = trial.flows["kernel-path"], trial.flows["qp-pinned"]
     linkpassd = scenario.mechanism == "linkpassd"
     assert kp.sent > 1000 and qp.sent > 500, "the flows did not run"
-    assert trial.flows[REVERSE].sent > 1000, "the reverse flow did not run"
+    for mode in REVERSES:
+        assert trial.flows[mode].sent > 500, f"the {mode} flow did not run"
     for mode in FLOWS:
         assert recovered_after_clear(trial, mode), (
             f"{mode} never recovered after {fault} cleared at {trial.cleared_at:.3f}: "
@@ -113,18 +114,24 @@ def test_fault_class(scenario, fault):
         assert qp.reconnects >= 1
         if linkpassd and fault not in CARRIER_FAULTS:
             assert "(backup)" in rail_line(trial.status_during, trial.rail), why(scenario, trial)
-        if linkpassd and fault == "silent-blackhole":
+        if linkpassd and fault in ("silent-blackhole", "one-way-loss-in"):
             # The other direction too: lph1 announces the faulted rail's
             # address through rail 1, and the fabric routes lph2's packets
-            # there, long before the fault clears (generous: ~0.2 s here).
-            dark = trial.flows[REVERSE].receiver["blackout"]
-            assert dark["end_t"] < trial.cleared_at, (dark, trial.cleared_at, why(scenario, trial))
-            assert trial.flows[REVERSE].blackout_s < KERNEL_PATH_BOUND_S, why(scenario, trial)
+            # there, long before the fault clears (generous: ~0.2 s here),
+            # whether lph2 routes them per packet or pinned.
+            for mode in REVERSES:
+                dark = trial.flows[mode].receiver["blackout"]
+                assert dark["end_t"] < trial.cleared_at, (mode, dark, trial.cleared_at,
+                                                          why(scenario, trial))
+                assert trial.flows[mode].blackout_s < KERNEL_PATH_BOUND_S, (mode,
+                                                                            why(scenario, trial))
     elif fault in DATA_PLANE_LOSS:
         # Link up, traffic dead, and nothing the host can do about it: without
         # linkpassd nothing sees it; a miswire breaks both of the host's rails.
-        assert kp.blackout_s > 0.8 * FAULT_S, trial.description
-        assert kp.lost > 0
+        # Loss towards the host alone darkens what flows into it.
+        hit = trial.flows[REVERSE if fault == "one-way-loss-in" else "kernel-path"]
+        assert hit.blackout_s > 0.8 * FAULT_S, trial.description
+        assert hit.lost > 0
         if linkpassd:  # ...but linkpassd sees it: both rails DOWN on BFD
             assert "DOWN" in rail_line(trial.status_during, 0), why(scenario, trial)
             assert "DOWN" in rail_line(trial.status_during, 1), why(scenario, trial)

@@ -77,3 +77,26 @@ def test_a_linkpassd_config_with_announce_parses():
     cfg = parse_config(text)
     assert cfg.announce.enabled and cfg.announce.local_asn == 65002
     assert cfg.announce.frr_run_dir == "/tmp/lp-frr"
+
+
+def test_a_leaf_serving_hosts_sends_them_the_aggregate_only_and_binds_their_sessions():
+    plan = FabricPlan(2, 2, 1, fabric="bgp")
+    text = bgpfabric.bgpd_config(bgpfabric.leaf_switch(plan, "lpl0", BFD, serves_hosts=True))
+    lines = text.splitlines()
+    host, spine = "198.18.0.3", "198.19.0.0"
+    assert "  network 198.18.0.0/16" in lines and " no bgp network import-check" in lines
+    assert f"  neighbor {host} route-map lp-to-host out" in lines
+    assert "ip prefix-list lp-aggregate seq 5 permit 198.18.0.0/16" in lines
+    # the aggregate never goes to a switch: lp-space denies it first
+    deny = lines.index("route-map lp-space deny 5")
+    assert lines[deny + 1] == " match ip address prefix-list lp-aggregate"
+    assert deny < lines.index("route-map lp-space permit 10")
+    assert f"  neighbor {spine} route-map lp-space out" in lines
+    # each host session bound to its port, so a detour /32 never carries it
+    port = plan.host(1).rail(0).leaf_port
+    assert f" neighbor {host} interface {port}" in lines
+    assert not any(line.startswith(f" neighbor {spine} interface") for line in lines)
+    # a leaf for linkpassd hosts stays as it was
+    plain = bgpfabric.bgpd_config(bgpfabric.leaf_switch(plan, "lpl0", BFD)).splitlines()
+    assert f"  neighbor {host} route-map lp-deny out" in plain
+    assert not any("lp-aggregate" in line or " interface " in line for line in plain)

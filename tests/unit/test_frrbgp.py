@@ -146,3 +146,46 @@ def test_bgpd_accepts_every_generated_line():
     bad = bgpd_config(frrbgp.host_speaker(plan.host(1), BFD))
     assert REFUSED in bgpd_dry_run(bad.replace("timers connect 1", "timers connect 0"))
     assert REFUSED in bgpd_dry_run(bad.replace("update-source", "update-sauce"))
+
+
+# ---- frr-bgp on the bgp fabric (frrbgp.fabric_host_bgpd) ------------------------
+
+LEAF_ASNS = {0: 65200, 1: 65201}
+
+
+def test_on_the_bgp_fabric_a_host_announces_each_rail_and_backs_it_up_conditionally():
+    host = FabricPlan(2, 2, 1, fabric="bgp").host(1)
+    text = lines(frrbgp.fabric_host_bgpd(host, BFD, LEAF_ASNS))
+    a0, a1 = host.rail(0).address, host.rail(1).address
+    g0, g1 = host.rail(0).gateway, host.rail(1).gateway
+    assert f"network {a0}/32" in text and f"network {a1}/32" in text
+    # own addresses only, on every session...
+    assert f"neighbor {g0} route-map lp-own out" in text
+    assert f"neighbor {g1} route-map lp-own out" in text
+    assert f"ip prefix-list lp-own seq 5 permit {a0}/32" in text
+    # ...rail 1's address over rail 0 only while nothing is learnt from rail 1's
+    # leaf, and the other way round
+    assert f"neighbor {g0} advertise-map lp-backup-rail1 non-exist-map lp-via-leaf1" in text
+    assert f"neighbor {g1} advertise-map lp-backup-rail0 non-exist-map lp-via-leaf0" in text
+    assert f"ip prefix-list lp-leaf0 seq 5 permit {g0}/32" in text
+    assert f"bgp conditional-advertisement timer {frrbgp.CONDITION_TIMER_S}" in text
+    # outgoing: the leaves' aggregate, rail 0 first; BFD on both sessions
+    assert "set local-preference 200" in text and "set local-preference 199" in text
+    assert f"neighbor {g0} remote-as 65200" in text and f"neighbor {g1} remote-as 65201" in text
+    assert f"neighbor {g0} bfd profile lp-300-300-3" in text
+
+
+def test_on_the_bgp_fabric_frr_bgp_needs_two_rails():
+    with pytest.raises(LabError, match="exactly 2 rails"):
+        frrbgp.fabric_host_bgpd(FabricPlan(2, 3, 1, fabric="bgp").host(1), BFD,
+                                {0: 65200, 1: 65201, 2: 65202})
+    with pytest.raises(LabError, match="needs 2 rails, not 3"):
+        Lab(FabricPlan(2, 3, 1, fabric="bgp"), "frr-bgp", bfd=BFD)
+
+
+@pytest.mark.skipif(not BGPD.exists() or os.geteuid() != 0,
+                    reason="needs FRR's bgpd and root")
+def test_bgpd_accepts_every_line_of_the_fabric_host_config():
+    host = FabricPlan(2, 2, 1, fabric="bgp").host(2)
+    out = bgpd_dry_run(frrbgp.fabric_host_bgpd(host, BFD, LEAF_ASNS))
+    assert REFUSED not in out, out
