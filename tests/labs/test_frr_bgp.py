@@ -177,4 +177,3 @@ def test_one_way_loss_host_to_leaf_moves_the_route(lab):
     failover_and_back(lab, fault, report)
     counts = fault.counts()
     assert counts["host_to_leaf"]["dropped"] > 0
-
