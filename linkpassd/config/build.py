@@ -47,6 +47,7 @@ from linkpassd.config.schema import (
     Section,
 )
 from linkpassd.core import alloc
+from linkpassd.core.bfd import BRING_UP_S as BFD_BRING_UP_S
 from linkpassd.core.model import (
     AggregatorSettings,
     AnnounceSettings,
@@ -422,7 +423,23 @@ class _Builder:
 
     def check_fence_probes(self, fence: dict[str, Any], probing: bool,
                            rails: list[dict[str, Any]]) -> None:
-        if not fence["enabled"] or probing:
+        if not fence["enabled"]:
+            return
+        with_bfd = [r["name"] for r in rails if r["bfd"]]
+        spare = fence["test_timeout_s"] - fence["test_window_s"]
+        if with_bfd and spare < BFD_BRING_UP_S:
+            # A port comes up for its test with its BFD session down, and a
+            # session that is not Up sends at most once a second (RFC 5880
+            # 6.8.3): Down, Init, Up takes up to two of those. A test shorter
+            # than that plus the window fails on a healthy port, and doubles
+            # its backoff each time (seen in the failover bench at 1 s within 2 s).
+            self.fail("fence.test_timeout_s", f"{fence['test_timeout_s']:g} leaves "
+                      f"{spare:g} s beyond test_window_s ({fence['test_window_s']:g}) for the BFD "
+                      f"session of rail(s) {', '.join(with_bfd)} to come back up after the port "
+                      f"does; that takes up to {BFD_BRING_UP_S:g} s (1 packet/s until Up), so a "
+                      "healthy port could fail its test: make test_timeout_s at least "
+                      f"test_window_s + {BFD_BRING_UP_S:g}")
+        if probing:
             return
         unprobed = [r["name"] for r in rails if not r["bfd"]]
         if unprobed:

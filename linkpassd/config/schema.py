@@ -564,6 +564,8 @@ FENCE = Section(
         "`backoff_initial_s` ≤ `backoff_max_s`; `test_window_s` < `test_timeout_s`",
         "`test_timeout_s` < `backoff_initial_s` (a test is shorter than the wait before it)",
         "`enabled = true` needs a probe on every rail: `[probes] enabled` or `bfd` on each rail",
+        "with `bfd` on any rail, `test_timeout_s` ≥ `test_window_s` + 2 (a fenced port's BFD "
+        "session comes back up at 1 packet/s: up to 2 s)",
     ),
 )
 

@@ -26,6 +26,10 @@ from dataclasses import dataclass, replace
 VERSION = 1
 HEADER_LEN = 24  # the mandatory section; 26 is the minimum with the A bit set
 SLOW_TX_US = 1_000_000  # 6.8.3: DesiredMinTxInterval while the session is not Up
+# How long a session can take from Down to Up, as when the link under it
+# comes back: three-way (Down, Init, Up) at the slow-start rate, one packet a
+# second from each end. Until then its Down is no word on the path.
+BRING_UP_S = 2 * SLOW_TX_US / 1e6
 MAX_INTERVAL_US = 0xFFFFFFFF
 _HEADER = struct.Struct("!BBBBIIIII")
 _MASK64 = (1 << 64) - 1

@@ -39,6 +39,7 @@ import enum
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from linkpassd.core.bfd import BRING_UP_S
 from linkpassd.core.model import Assessment, FenceSettings, PortState, Verdict
 
 
@@ -158,6 +159,11 @@ class Fence:
     lift_until: float = 0.0  # ... and when its hold ends
     fences: int = 0  # fences of this port since the daemon started
     asking: bool = False  # CONFIRMING, held back by the leaf's gate alone: the host asks for a grant
+    # when carrier last came back after this state machine saw it gone (None:
+    # never seen gone): the probes' DOWN is no gray failure until they had
+    # the time to come back up over the link (`_failing`)
+    carrier_back_at: float | None = None
+    carrier_gone: bool = False
 
 
 @dataclass(frozen=True)
@@ -207,15 +213,22 @@ def singled_out(probes: Iterable[tuple[str, Assessment]], echo_signal: str,
     return False
 
 
-def _failing(s: Sight) -> bool:
+def _failing(s: Sight, f: Fence, now: float) -> bool:
     """A failure the leaf cannot see: DOWN while the link has carrier, and
     the port's own probes say DOWN now, with evidence that singles the port
     out (`singled_out`): fenced on probe evidence only, as it is unfenced
-    only on probe evidence. A DOWN verdict in its hold-down (the probes UP
-    again, the routes not back yet) is a recovery, not a failure: counting
-    it would fence a port for a hiccup plus its hold-down."""
+    only on probe evidence. Two DOWNs are recoveries, not failures:
+    - a DOWN verdict in its hold-down (the probes UP again, the routes not
+      back yet): counting it would fence a port for a hiccup plus its
+      hold-down;
+    - the probes' DOWN within BRING_UP_S of carrier coming back: after a
+      cable pull or a flap the leaf saw the failure, and a BFD session takes
+      up to 2 s at its slow-start rate to come back up over the link
+      (core.bfd.BRING_UP_S); counting that would fence a port that just
+      healed (seen in the failover bench after every cable pull)."""
+    settling = f.carrier_back_at is not None and now - f.carrier_back_at < BRING_UP_S
     return (s.verdict is Verdict.DOWN and s.carrier and not s.drained
-            and s.evidence is Verdict.DOWN and s.singled_out)
+            and s.evidence is Verdict.DOWN and s.singled_out and not settling)
 
 
 def _triggered(trigger: Trigger, f: Fence, s: Sight, cfg: FenceSettings, now: float,
@@ -223,9 +236,9 @@ def _triggered(trigger: Trigger, f: Fence, s: Sight, cfg: FenceSettings, now: fl
     if trigger is Trigger.LIFT:
         return bool(f.lift_by)
     if trigger is Trigger.HEALTHY:
-        return not _failing(s)
+        return not _failing(s, f, now)
     if trigger is Trigger.FAILING:
-        return _failing(s)
+        return _failing(s, f, now)
     if trigger is Trigger.CONFIRMED:
         return now - f.since >= cfg.fence_after_s and not why_not
     if trigger is Trigger.HELD:
@@ -272,6 +285,10 @@ def _leaf_reason(gate: Gate) -> str:
 
 
 def _advance(f: Fence, s: Sight, cfg: FenceSettings, now: float, why_not: str) -> tuple[Fence, Step]:
+    if not s.carrier:
+        f = replace(f, carrier_gone=True)
+    elif f.carrier_gone:
+        f = replace(f, carrier_gone=False, carrier_back_at=now)
     if f.state is State.TESTING:
         f = _fold_evidence(f, s, now)
     for trigger in _TRIGGERS[f.state]:

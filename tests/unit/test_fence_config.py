@@ -54,3 +54,24 @@ def test_fencing_needs_a_probe_on_every_rail():
     assert parse_config(with_fence("enabled = true", base=bfd)).fence.enabled
     # off: no probe needed
     assert not parse_config(with_fence("enabled = false", base=BASE)).fence.enabled
+
+
+def test_a_test_too_short_for_bfd_to_come_back_is_refused():
+    """A fenced port comes up for its test with its BFD session down, and
+    BFD needs up to 2 s at its slow-start rate to be Up again: a test that
+    leaves less than that beyond its window fails on a healthy port."""
+    bfd = PROBED.replace('backups = ["rail1"]', 'backups = ["rail1"]\nbfd = true', 1)  # rail0
+    assert bfd != PROBED
+    short = "enabled = true\ntest_window_s = 1.0\ntest_timeout_s = 2.0\nbackoff_initial_s = 3.0"
+    with pytest.raises(ConfigError) as err:
+        parse_config(with_fence(short, base=bfd))
+    text = str(err.value)
+    assert "fence.test_timeout_s" in text and "rail(s) rail0 " in text, text
+    assert "at least test_window_s + 2" in text, text
+    ok = short.replace("test_timeout_s = 2.0", "test_timeout_s = 3.0").replace(
+        "backoff_initial_s = 3.0", "backoff_initial_s = 4.0")
+    assert parse_config(with_fence(ok, base=bfd)).fence.test_timeout_s == 3.0
+    # without BFD (echo only) the short test is allowed; fencing off checks nothing
+    assert parse_config(with_fence(short)).fence.enabled
+    assert not parse_config(with_fence(short.replace("enabled = true", "enabled = false"),
+                                       base=bfd)).fence.enabled

@@ -307,3 +307,41 @@ def test_random_hiccups_below_fence_after_never_fence(dead_for):
         r.run(dead_for, {"p0": DEAD, "p1": UP})
         r.run(0.1 + (i % 3), {"p0": UP, "p1": UP})
     assert r.actions("p0") == []
+
+
+def test_probes_coming_back_after_carrier_returns_are_not_a_failure():
+    """A cable pull: the leaf saw it (carrier). When the cable is back, the
+    port's BFD session needs up to core.bfd.BRING_UP_S at its slow-start
+    rate to be Up again, and its DOWN meanwhile is no gray failure: no fence,
+    however short fence_after_s is. A port still DOWN on its probes after
+    that is a gray failure like any other (a reseated cable with a dead
+    optic), counted from the end of the bring-up."""
+    from linkpassd.core.bfd import BRING_UP_S
+
+    cfg = FenceSettings(**{**vars(CFG), "fence_after_s": 0.5})
+    r = Run(cfg=cfg)
+    r.run(1.0, {"p0": UP, "p1": UP})
+    r.run(3.0, {"p0": ADMIN_DOWN, "p1": UP})  # the pull: no carrier
+    back = r.now
+    r.run(BRING_UP_S - 0.2, {"p0": DEAD, "p1": UP})  # carrier back, BFD still coming up
+    assert r.state("p0") is State.ARMED and r.actions("p0") == []
+    r.run(1.0, {"p0": UP, "p1": UP})  # BFD up: healed, never fenced
+    assert r.actions("p0") == []
+    # the same pull, but the probes never come back: fenced once the
+    # bring-up and then fence_after_s have passed
+    r.run(3.0, {"p0": ADMIN_DOWN, "p1": UP})
+    back = r.now
+    r.run(BRING_UP_S + cfg.fence_after_s + 0.5, {"p0": DEAD, "p1": UP})
+    ((at, action),) = r.actions("p0")
+    assert action is Action.FENCE
+    assert at >= back + BRING_UP_S + cfg.fence_after_s - 1e-6, (at, back)
+
+
+def test_a_gray_failure_without_carrier_loss_still_fences_after_fence_after_only():
+    cfg = FenceSettings(**{**vars(CFG), "fence_after_s": 0.5})
+    r = Run(cfg=cfg)
+    r.run(1.0, {"p0": UP, "p1": UP})
+    start = r.now
+    r.run(1.0, {"p0": DEAD, "p1": UP})
+    ((at, action),) = r.actions("p0")
+    assert action is Action.FENCE and at - start <= cfg.fence_after_s + 0.2
