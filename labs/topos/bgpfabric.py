@@ -103,12 +103,7 @@ class Switch:
     # A leaf that announces `space` itself, as one aggregate, to its host
     # ports (and to nobody else): the route the hosts of the ``frr-bgp``
     # mechanism fail over with (labs/topos/frrbgp.py). Off for linkpassd
-    # hosts, which learn nothing from the fabric. Such a leaf also binds each
-    # host session to its port (``neighbor ... interface``, as BGP unnumbered
-    # does): FRR alone withdraws a detour of a host's address only once that
-    # address's own session is back (it learns the aggregate over it again),
-    # and unbound, the session's packets would follow the detour /32 with
-    # TTL 1 and die, so the detour would never end (seen in the lab).
+    # hosts, which learn nothing from the fabric.
     serves_hosts: bool = False
 
     @property
@@ -146,7 +141,15 @@ def bgpd_config(switch: Switch) -> str:
                 f" neighbor {p.address} advertisement-interval 0"]
         if p.bfd is not None:
             out.append(f" neighbor {p.address} bfd profile {p.bfd.name}")
-        if switch.serves_hosts and p.host and p.ifname is not None:
+        if p.ifname is not None:
+            # Bound to its port, as BGP unnumbered is: while the host's
+            # address is detoured (a /32 through the spine), an unbound
+            # session, and the BFD session bgpd asks for it, follows the /32:
+            # BGP's TTL 1 and single-hop BFD's TTL 255 check drop it there,
+            # so neither comes back until the detour ends, and the detour ends
+            # only on their word: with frr-bgp never (the host withdraws it
+            # once it learns over the session again), with linkpassd never for
+            # a fenced port (tested on BFD) - both seen in the failover bench.
             out.append(f" neighbor {p.address} interface {p.ifname}")
     out += [" !", " address-family ipv4 unicast",
             "  redistribute connected route-map lp-space",

@@ -96,7 +96,8 @@ def test_a_leaf_serving_hosts_sends_them_the_aggregate_only_and_binds_their_sess
     port = plan.host(1).rail(0).leaf_port
     assert f" neighbor {host} interface {port}" in lines
     assert not any(line.startswith(f" neighbor {spine} interface") for line in lines)
-    # a leaf for linkpassd hosts stays as it was
+    # a leaf for linkpassd hosts announces them nothing; its sessions are bound too
     plain = bgpfabric.bgpd_config(bgpfabric.leaf_switch(plan, "lpl0", BFD)).splitlines()
     assert f"  neighbor {host} route-map lp-deny out" in plain
-    assert not any("lp-aggregate" in line or " interface " in line for line in plain)
+    assert not any("lp-aggregate" in line for line in plain)
+    assert f" neighbor {host} interface {port}" in plain
