@@ -315,8 +315,23 @@ class ScenarioLab:
         while problems := self.unhealthy():
             if time.monotonic() > deadline:
                 raise LabNotHealthy(f"{self.mechanism}: lab not healthy within {timeout}s:\n  "
-                                    + "\n  ".join(problems) + f"\n{self.status_text()}")
+                                    + "\n  ".join(problems) + f"\n{self.status_text()}"
+                                    + self._evidence())
             time.sleep(0.1)
+
+    def _evidence(self) -> str:
+        """What linkpassd on each host decided last (its latest events, and
+        its fences when fencing is on), for a lab that did not come back."""
+        if self.mechanism != "linkpassd":
+            return ""
+        out = []
+        for host in (SENDER, RECEIVER):
+            seq = self.last_event_seq(host)
+            out.append(f"\nlatest events on {host}:\n"
+                       + self.events_text(host, after=max(0, seq - 30)))
+            if self.fence is not None:
+                out.append(f"fences on {host}:\n" + self._ctl_text(host, "fences"))
+        return "".join(out)
 
     def assert_healthy(self) -> None:
         """Right before a trial's traffic starts: healthy now, or fail loudly."""

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from labs.bench.bars import median_bars
-from labs.scenario import FAULTS, FLOWS, REVERSES, ScenarioLab
+from labs.scenario import FAULTS, FLOWS, REVERSES, LabNotHealthy, ScenarioLab
 
 RESULTS = Path(__file__).parent / "results"
 DEFAULT_FAULTS = ("cable-pull", "silent-blackhole", "one-way-loss-out", "one-way-loss-in", "flap")
@@ -120,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.monotonic()
     rows: list[dict] = []
+    failures: list[dict] = []  # setups whose lab did not come back: named, never dropped
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"{args.name}.json"
 
@@ -130,22 +131,30 @@ def main(argv: list[str] | None = None) -> int:
             {"bench": "failover", "trials_per_cell": args.trials, "fault_s": args.fault_seconds,
              "setups": {s: {"mechanism": SETUPS[s][0], "fence": SETUPS[s][1]} for s in setups},
              "baseline": args.baseline, "complete": summary is not None,
-             "summary": summary or {}, "rows": rows}, indent=2))
+             "failures": failures, "summary": summary or {}, "rows": rows}, indent=2))
 
     for setup in setups:
         mechanism, fence = SETUPS[setup]
         with ScenarioLab(mechanism, fence=fence) as lab:
-            for trial in range(args.trials):
-                for fault in faults:
-                    result = lab.trial(fault, before_s=0.5, fault_s=args.fault_seconds,
-                                       after_s=1.0)
-                    row = {"setup": setup, "trial": trial, **result.as_dict()}
-                    rows.append(row)
-                    fenced = f"  fences {row['fences']}" if row["fences"] else ""
-                    print(f"{setup:<16}{fault:<18}#{trial} " + "  ".join(
-                        f"{m} {row['flows'][m]['blackout_s'] * 1e3:7.1f} ms" for m in FLOWS)
-                        + fenced, flush=True)
-                    save(None)
+            try:
+                for trial in range(args.trials):
+                    for fault in faults:
+                        result = lab.trial(fault, before_s=0.5, fault_s=args.fault_seconds,
+                                           after_s=1.0)
+                        row = {"setup": setup, "trial": trial, **result.as_dict()}
+                        rows.append(row)
+                        fenced = f"  fences {row['fences']}" if row["fences"] else ""
+                        print(f"{setup:<16}{fault:<18}#{trial} " + "  ".join(
+                            f"{m} {row['flows'][m]['blackout_s'] * 1e3:7.1f} ms" for m in FLOWS)
+                            + fenced, flush=True)
+                        save(None)
+            except LabNotHealthy as exc:
+                # The setup's lab did not come back: a finding, kept in the
+                # results with what it said; the other setups still run.
+                failures.append({"setup": setup, "after_trial": trial, "fault": fault,
+                                 "error": str(exc)})
+                print(f"{setup}: STOPPED after trial {trial} ({fault}): {exc}", flush=True)
+                save(None)
     summary = summarise(rows, args.baseline)
     save(summary)
     plot(summary, faults, setups, RESULTS / f"{args.name}.png")
@@ -157,12 +166,18 @@ def main(argv: list[str] | None = None) -> int:
         for mode in FLOWS:
             line = f"{fault:<18}{mode:<21}"
             for setup in setups:
-                c = summary[f"{setup}|{fault}|{mode}"]
+                c = summary.get(f"{setup}|{fault}|{mode}")
+                if c is None:
+                    line += f"{'-':>24}"
+                    continue
                 ratio = c[f"ratio_to_{args.baseline}"]
                 line += f"{c['median_ms']:>14.1f}" + (f" ({ratio:.2f}x)" if ratio else "").rjust(10)
             print(line)
+    for f in failures:
+        print(f"\n{f['setup']} stopped after trial {f['after_trial']} ({f['fault']}): "
+              + f["error"].splitlines()[0])
     print(f"\nwrote {out} and .png in {time.monotonic() - started:.0f} s")
-    return 0
+    return 1 if failures else 0
 
 
 if __name__ == "__main__":
