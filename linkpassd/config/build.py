@@ -429,10 +429,10 @@ class _Builder:
         spare = fence["test_timeout_s"] - fence["test_window_s"]
         if with_bfd and spare < BFD_BRING_UP_S:
             # A port comes up for its test with its BFD session down, and a
-            # session that is not Up sends at most once a second (RFC 5880
-            # 6.8.3): Down, Init, Up takes up to two of those. A test shorter
-            # than that plus the window fails on a healthy port, and doubles
-            # its backoff each time (seen in the failover bench at 1 s within 2 s).
+            # session that is not Up may send only once a second (RFC 5880
+            # 6.8.3): Down, Init, Up can take two of those. A test shorter
+            # than that plus the window can fail on a healthy port, and
+            # doubles its backoff each time.
             self.fail("fence.test_timeout_s", f"{fence['test_timeout_s']:g} leaves "
                       f"{spare:g} s beyond test_window_s ({fence['test_window_s']:g}) for the BFD "
                       f"session of rail(s) {', '.join(with_bfd)} to come back up after the port "
