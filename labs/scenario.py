@@ -53,6 +53,7 @@ from typing import Any, Callable
 from labs.faults import CablePull, Flap, Miswire, OneWayLoss, OpticDegradation, RandomLoss, SilentBlackhole
 from labs.topos.dualrail import dualrail
 from labs.topos.lab import Lab
+from labs.topos.plan import with_section_options
 from labs.topos.railopt import start_linkpassd
 from labs.traffic.receiver import ReceiverConfig
 from labs.traffic.sender import SenderConfig
@@ -184,7 +185,6 @@ class ScenarioLab:
             if self.mechanism == "linkpassd":
                 for host in (SENDER, RECEIVER):
                     if self.fence is not None:
-                        from labs.bench.hiccup import with_section_options
                         path = self.lab.config_path(host)
                         path.write_text(with_section_options(path.read_text(), "fence",
                                                              self.fence))

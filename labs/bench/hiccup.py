@@ -60,7 +60,7 @@ import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from labs.topos.plan import LabError
+from labs.topos.plan import LabError, with_section_options
 
 RESULTS = Path(__file__).parent / "results"
 MECHANISMS = {  # name: (kind, interval ms)
@@ -151,32 +151,6 @@ def parse_echo_opts(items: list[str]) -> dict[str, object]:
         except tomllib.TOMLDecodeError:
             out[key] = raw
     return out
-
-
-def toml_value(value: object) -> str:
-    from labs.topos.plan import _toml
-
-    return _toml(value)
-
-
-def with_section_options(text: str, section: str, opts: dict[str, object]) -> str:
-    """The TOML ``text`` with ``opts`` set in table ``[section]``: replacing
-    keys it already has, adding the others, or appending the table."""
-    if not opts:
-        return text
-    lines = text.splitlines()
-    header = f"[{section}]"
-    try:
-        start = next(i for i, line in enumerate(lines) if line.strip() == header)
-    except StopIteration:
-        return text.rstrip("\n") + "\n" + "\n".join(
-            [header] + [f"{k} = {toml_value(v)}" for k, v in opts.items()]) + "\n"
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")),
-               len(lines))
-    body = [line for line in lines[start + 1:end]
-            if line.split("=", 1)[0].strip() not in opts]
-    body += [f"{k} = {toml_value(v)}" for k, v in opts.items()]
-    return "\n".join(lines[:start + 1] + body + lines[end:]) + "\n"
 
 
 def echo_section() -> str:

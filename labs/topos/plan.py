@@ -557,6 +557,28 @@ def _toml(value: object) -> str:
     raise TypeError(f"no TOML form for {value!r}")
 
 
+def with_section_options(text: str, section: str, opts: dict[str, object]) -> str:
+    """The TOML ``text`` (a generated linkpassd config) with ``opts`` set in
+    table ``[section]``: replacing keys it already has, adding the others, or
+    appending the table. How the benches and lab tests turn on what
+    `linkpassd_toml` leaves at its defaults (``[fence]``, echo options)."""
+    if not opts:
+        return text
+    lines = text.splitlines()
+    header = f"[{section}]"
+    try:
+        start = next(i for i, line in enumerate(lines) if line.strip() == header)
+    except StopIteration:
+        return text.rstrip("\n") + "\n" + "\n".join(
+            [header] + [f"{k} = {_toml(v)}" for k, v in opts.items()]) + "\n"
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].lstrip().startswith("[")),
+               len(lines))
+    body = [line for line in lines[start + 1:end]
+            if line.split("=", 1)[0].strip() not in opts]
+    body += [f"{k} = {_toml(v)}" for k, v in opts.items()]
+    return "\n".join(lines[:start + 1] + body + lines[end:]) + "\n"
+
+
 def linkpassd_toml(host: HostPlan, *, control_socket: str, run_dir: str,
                    timers: dict[str, float | int] | None = None,
                    log_level: str = "info", multipath: bool = True,

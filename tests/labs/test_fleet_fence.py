@@ -47,9 +47,9 @@ from test_fleet_lab import (
     wait_no_problems,
 )
 
-from labs.bench.hiccup import with_section_options
 from labs.faults import SilentBlackhole
 from labs.scenario import LAB_TIMERS
+from labs.topos.plan import with_section_options
 from labs.topos.railopt import railopt, start_linkpassd
 from linkpassd._proto.linkpass.v1 import control_pb2, control_pb2_grpc
 

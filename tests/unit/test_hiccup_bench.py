@@ -18,8 +18,8 @@ from labs.bench.hiccup import (
     schedule,
     summarise,
     table,
-    with_section_options,
 )
+from labs.topos.plan import with_section_options
 
 
 def test_fault_names_parse_to_kind_and_size():
