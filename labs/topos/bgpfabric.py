@@ -146,10 +146,11 @@ def bgpd_config(switch: Switch) -> str:
             # address is detoured (a /32 through the spine), an unbound
             # session, and the BFD session bgpd asks for it, follows the /32:
             # BGP's TTL 1 and single-hop BFD's TTL 255 check drop it there,
-            # so neither comes back until the detour ends, and the detour ends
-            # only on their word: with frr-bgp never (the host withdraws it
-            # once it learns over the session again), with linkpassd never for
-            # a fenced port (tested on BFD) - both seen in the failover bench.
+            # so neither comes back until the detour ends. With frr-bgp the
+            # detour ends only on their word (the host withdraws it once it
+            # learns over the session again), so it never ended (seen in the
+            # lab); linkpassd ends it on its own probes, but a session that
+            # cannot come back while detoured is wrong for it too.
             out.append(f" neighbor {p.address} interface {p.ifname}")
     out += [" !", " address-family ipv4 unicast",
             "  redistribute connected route-map lp-space",
