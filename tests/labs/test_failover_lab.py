@@ -111,7 +111,13 @@ def test_fault_class(scenario, fault):
         # alone skips linkdown routes) or, with linkpassd, a path BFD saw die.
         assert kp.blackout_s < KERNEL_PATH_BOUND_S, trial.description
         assert qp.blackout_s < QP_PINNED_BOUND_S, trial.description
-        assert qp.reconnects >= 1
+        if fault != "one-way-loss-in":
+            # Its path died, so it came back by reconnecting. Loss towards
+            # the host leaves the pinned flow's data path intact: only its
+            # ACKs are lost, and once the fabric detours lph1's address they
+            # return, sometimes within the 3 x 50 ms that would reconnect it
+            # (CI: 0 reconnects, 0 lost, 6 ms).
+            assert qp.reconnects >= 1
         if linkpassd and fault not in CARRIER_FAULTS:
             assert "(backup)" in rail_line(trial.status_during, trial.rail), why(scenario, trial)
         if linkpassd and fault in ("silent-blackhole", "one-way-loss-in"):
