@@ -102,9 +102,9 @@ def fabric_host_bgpd(host: HostPlan, bfd: dict, leaf_asns: dict[int, int]) -> st
                        f"other one: it needs exactly 2 rails, not {len(host.rails)}")
     profile, _ = profiles(bfd)
     out = ["frr defaults traditional", f"hostname {host.name}", "!",
-           f"ip prefix-list lp-accept seq 5 permit {HOST_SPACE}",
-           "ip prefix-list lp-own seq 5 permit " + host.rails[0].address + "/32",
-           "ip prefix-list lp-own seq 10 permit " + host.rails[1].address + "/32"]
+           f"ip prefix-list lp-accept seq 5 permit {HOST_SPACE}"]
+    out += [f"ip prefix-list lp-own seq {5 * (k + 1)} permit {rail.address}/32"
+            for k, rail in enumerate(host.rails)]
     for rail in host.rails:
         out += [f"ip prefix-list lp-rail{rail.index} seq 5 permit {rail.address}/32",
                 f"ip prefix-list lp-leaf{rail.index} seq 5 permit {rail.gateway}/32"]

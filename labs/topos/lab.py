@@ -369,8 +369,8 @@ class Lab:
         if frr_hosts:  # FRR alone: its own BFD (bfdd) and announcements
             assert self.bfd is not None  # checked at init
             leaf_asns = {leaf.rail: bgpfabric.leaf_asn(leaf.index) for leaf in self.plan.leaves}
+            host_profile, _ = frrbgp.profiles(self.bfd)
             for host in self.hosts:
-                host_profile, _ = frrbgp.profiles(self.bfd)
                 self._frr[host.name] = FrrBfd(
                     None, [], runner=mnexec_attach(self.pid(host.name)),
                     profiles=[host_profile], zebra_conf=bgpfabric.ZEBRA_CONF,
@@ -719,6 +719,16 @@ class Lab:
                     missing.append(f"{node}: BFD with {n.address} is "
                                    f"{bfd.get(n.address, 'not listed')}, not up")
         for host in self.hosts:
+            # every rail's leaf heard from, not only the preferred one: a
+            # test that looks at the backup path must not find it missing
+            # (fresh-clone CI: rail 1's path not there yet, sessions Established)
+            frr = self._frr[host.name]
+            paths = (frr.try_read(lambda f=frr: json.loads(f.vtysh(
+                f"show bgp ipv4 unicast {HOST_SPACE} json")).get("paths", [])) or [])
+            learnt = {p["nexthops"][0]["ip"] for p in paths if p.get("nexthops")}
+            missing += [f"{host.name}: {HOST_SPACE} not learnt from {r.gateway} "
+                        f"(rail{r.index}'s leaf) yet" for r in host.rails
+                        if r.gateway not in learnt]
             rail = host.rails[0]
             routes = self.fabric_routes(host)
             if not any(r.get("gateway") == rail.gateway and r.get("dev") == rail.port

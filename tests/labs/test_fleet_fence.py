@@ -34,23 +34,17 @@ import time
 import grpc
 import pytest
 from test_fleet_lab import (
-    FLEET_PROBES,
-    HOSTS,
     MESH_S,
     PAGE_S,
-    RAILS,
     api_cells,
+    fleet,
     mesh_problems,
-    needs_lab,
     not_up,
     routed_dev,
     wait_no_problems,
 )
 
 from labs.faults import SilentBlackhole
-from labs.scenario import LAB_TIMERS
-from labs.topos.plan import with_section_options
-from labs.topos.railopt import railopt, start_linkpassd
 from linkpassd._proto.linkpass.v1 import control_pb2, control_pb2_grpc
 
 pytestmark = pytest.mark.lab
@@ -99,13 +93,7 @@ def describe(infos: dict[str, control_pb2.FenceInfo]) -> str:
 
 @pytest.fixture(scope="module")
 def fenced_fleet():
-    needs_lab()
-    with railopt(HOSTS, RAILS, 2, "linkpassd", linkpassd_timers=LAB_TIMERS,
-                 probes=FLEET_PROBES, aggregator=True, mesh=True) as lab:
-        for host in lab.hosts:
-            path = lab.config_path(host.name)
-            path.write_text(with_section_options(path.read_text(), "fence", FENCE))
-            start_linkpassd(lab, host.name)
+    with fleet({"fence": FENCE}) as lab:
         yield lab
 
 

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import time
+from contextlib import contextmanager
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import pytest
 from labs.browser import chromium, dump_dom, screenshot
 from labs.faults import SilentBlackhole
 from labs.scenario import LAB_TIMERS
+from labs.topos.plan import with_section_options
 from labs.topos.railopt import railopt, start_linkpassd
 from linkpassd._proto.linkpass.v1 import control_pb2, fleet_pb2, fleet_pb2_grpc
 
@@ -45,13 +47,24 @@ def needs_lab() -> None:
 FLEET_PROBES = {"interval_ms": 50}
 
 
-@pytest.fixture(scope="module")
-def fleet_lab():
+@contextmanager
+def fleet(sections: dict[str, dict] | None = None):
+    """The fleet lab with every daemon started; `sections`: linkpassd config
+    sections to set in every host's config first (e.g. ``{"fence": {...}}``)."""
     needs_lab()
     with railopt(HOSTS, RAILS, 2, "linkpassd", linkpassd_timers=LAB_TIMERS,
                  probes=FLEET_PROBES, aggregator=True, mesh=True) as lab:
         for host in lab.hosts:
+            path = lab.config_path(host.name)
+            for section, opts in (sections or {}).items():
+                path.write_text(with_section_options(path.read_text(), section, opts))
             start_linkpassd(lab, host.name)
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def fleet_lab():
+    with fleet() as lab:
         yield lab
 
 

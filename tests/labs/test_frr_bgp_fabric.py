@@ -1,18 +1,17 @@
 """frr-bgp on the bgp fabric (labs/topos/frrbgp.fabric_host_bgpd): FRR alone,
 on the hosts and the switches, moves both directions off a silent rail, and
 back. The failover bench's baseline (labs/bench/failover.py); its own lab,
-so it never shares node names with test_frr_bgp's static-fabric labs.
+so it never shares node names with test_frr_bgp's static-fabric labs
+(whose needs_lab and host names it uses).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
-from pathlib import Path
 
 import pytest
+from test_frr_bgp import H1, H2, needs_lab
 
 from labs.faults import SilentBlackhole
 from labs.topos.dualrail import dualrail
@@ -21,17 +20,9 @@ from labs.topos.lab import Lab
 
 pytestmark = pytest.mark.lab
 
-H1, H2 = "lph1", "lph2"
 
 DETOUR_WITHIN_S = 0.9 + CONDITION_TIMER_S + 3.0  # BFD + bgpd's condition scan + the fabric
 UNDETOUR_WITHIN_S = 30.0  # BFD slow start, connect retry, OPEN, the next scan, the fabric
-
-
-def needs_lab() -> None:
-    if os.geteuid() != 0 or shutil.which("mnexec") is None:
-        pytest.skip("needs root and mnexec (apt-get install mininet)")
-    if not Path("/usr/lib/frr/bgpd").exists():
-        pytest.skip("needs FRR (apt-get install frr)")
 
 
 def leaf_route(lab: Lab, leaf: str, address: str) -> dict:
