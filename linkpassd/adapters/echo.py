@@ -281,7 +281,8 @@ class EchoProber:
         rtt = received - sent_at - held
         if marked:
             forward_ns, peer_bound = one_way_values(one_way)
-            self.state.oneway.add(forward_ns, round(rtt * 1e9), peer_bound)
+            self.state.oneway.add(forward_ns, self._wall_round_trip_ns(rx, sent_ns, held_us, rtt),
+                                  peer_bound)
         else:
             self.state.oneway.plain += 1
         if rtt < 0.0:
@@ -290,6 +291,19 @@ class EchoProber:
         self.rtt_sum_s += rtt
         self.state.on_reply(seq, received, sent_at, held,
                             receipt & RECEIPT_COUNT if receipt & RECEIPT_PRESENT else None)
+
+    def _wall_round_trip_ns(self, rx: float | None, sent_ns: int, held_us: int,
+                            rtt: float) -> int:
+        """The round trip one-way delay splits, in the clock the peer's forward
+        delay was measured against: our kernel's receive stamp less the wall
+        time the request carried (RailSocket.queue), less the peer's hold.
+        The loop-time `rtt` pairs loop time with a wall-clock read taken
+        after it; whatever ran (or preempted us) between those two reads
+        would be taken from the way back. Without a stamp: `rtt`."""
+        rail = self.rail
+        if rx is None or rail is None or not rail.wall_offset_ns:
+            return round(rtt * 1e9)
+        return round(rx * 1e9) - (sent_ns + rail.wall_offset_ns) - held_us * 1000
 
     def _received(self, data: bytes, ancdata, flags: int, now: float, wall: float,
                   lag: float) -> None:

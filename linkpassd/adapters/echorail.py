@@ -75,6 +75,22 @@ _TIMESTAMP_LEN = _TIMESTAMP.size
 _SOL_SOCKET = socket.SOL_SOCKET
 
 
+def read_wall_offset_ns(tries: int = 3) -> int:
+    """CLOCK_REALTIME - CLOCK_MONOTONIC in ns. The wall clock is read between
+    two monotonic reads and set against their midpoint; of `tries` such
+    brackets the narrowest counts. Two plain reads one after the other would
+    put any preemption between them into the offset (seen: a one-way delay
+    5 us off on a busy machine)."""
+    best_gap, offset = -1, 0
+    for _ in range(tries):
+        before = time.monotonic_ns()
+        wall = time.time_ns()
+        after = time.monotonic_ns()
+        if best_gap < 0 or after - before < best_gap:
+            best_gap, offset = after - before, wall - (before + after) // 2
+    return offset
+
+
 def _ifindex(sock: socket.socket, name: str) -> int:
     """The ifindex of `name` in the socket's own network namespace (the
     daemon's may differ: if_nametoindex would ask that one)."""
@@ -157,7 +173,7 @@ class RailSocket:
         self._recv = RecvBatch(_RECV_BATCH, _RECV_SLOT, _CONTROL_SLOT)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._fd = -1
-        self._wall_offset_ns = 0  # CLOCK_REALTIME - CLOCK_MONOTONIC, read per send batch
+        self.wall_offset_ns = 0  # CLOCK_REALTIME - CLOCK_MONOTONIC, read per send batch
 
     def __repr__(self) -> str:
         return f"RailSocket({self.port}:{self.source}, {len(self.by_peer)} peers)"
@@ -229,10 +245,10 @@ class RailSocket:
         batch = self._sends
         i = batch.add(prober.peer4, self.echo_port)
         if i == 0:
-            self._wall_offset_ns = time.time_ns() - time.monotonic_ns()
+            self.wall_offset_ns = read_wall_offset_ns()
         sent_ns = round(now * 1e9)
         PACKET.pack_into(batch.payload, i * PACKET.size, MAGIC, VERSION, KIND_REQUEST, 0, seq,
-                         sent_ns, prober.prober_id, sent_ns + self._wall_offset_ns, 0)
+                         sent_ns, prober.prober_id, sent_ns + self.wall_offset_ns, 0)
         self._queued.append((prober, seq, now))
         if i == 0:
             self.outbox.pending(self)

@@ -194,6 +194,32 @@ def test_the_prober_splits_the_round_trip_with_the_peers_forward_delay():
     assert prober.state.held_max_s == pytest.approx(100e-6)  # the mark is not read as a hold
 
 
+def test_the_way_back_is_measured_in_the_clock_the_peer_compared_with():
+    """The fresh-clone CI saw a way back of -961 ns on the real kernel: the
+    loop time of a wake-up and the wall clock read after it were 5 us apart
+    (a busy machine), and the round trip built from that pair lost the gap.
+    With the kernel's receive stamp the split uses our stamp and the wall
+    time the request carried, whatever the reads' gap."""
+    svc = EchoService([ProbePath("eth0", "198.18.0.2", "198.18.0.1")], respond=False)
+    svc.set_clock(SHARED)
+    (prober,) = svc.probers.values()
+    offset_ns = 1_764_900_000 * 1_000_000_000  # CLOCK_REALTIME - CLOCK_MONOTONIC
+    prober.rail.wall_offset_ns = offset_ns
+    sent_ns = 100_000_000_000  # loop time 100 s
+    held_us = 100
+    rx = (sent_ns + offset_ns) * 1e-9 + 500e-6  # our kernel's stamp: 500 us after sending
+    now = 100.0 + 510e-6  # the wake-up that reads it
+    wall = rx + 40e-6  # ...and its wall-clock read, preempted 30 us after `now`
+    for seq in range(1, 6):
+        fields = (wire.MAGIC, wire.VERSION, wire.KIND_REPLY, wire.receipt_field(seq), seq,
+                  sent_ns, prober.prober_id, wire.one_way_field(150 * US, 0),
+                  wire.ONE_WAY_MARK | held_us)
+        prober.reply(fields, rx, now, wall, 0.0)
+    d = prober.assessment().one_way
+    assert d.towards_s == pytest.approx(150e-6)
+    assert d.back_s == pytest.approx(250e-6, abs=0.5e-6)  # rx as a float: a quarter us
+
+
 def test_replies_from_an_old_responder_are_round_trip_only_and_said_so():
     svc = EchoService([ProbePath("eth0", "198.18.0.2", "198.18.0.1")], respond=False)
     svc.set_clock(SHARED)
