@@ -100,6 +100,12 @@ LAB_BFD = {"interval_ms": 100, "detect_mult": 3}
 # at the production defaults (50 ms interval, 30 ms tolerance: docs/probing.md).
 LAB_PROBES = {"interval_ms": 50}
 
+# A stand-in for the rest of a fleet's hosts on rail r (ScenarioLab(stand_in=)):
+# an echo responder on rail r's leaf, on an address of the rail's host space
+# that no host of a lab this size uses (host 127's gateway).
+STAND_IN_PEER = "198.18.{rail}.254"
+STAND_IN_S = 3 * 3600  # its bound: longer than any bench run, stopped with the lab
+
 LINKWATCH_QUIET_S = 1.2
 READY_LINE = re.compile(r"sending t0=([0-9.]+)")
 # When in the fault (a fraction of fault_s) linkpassd's view is taken: after
@@ -155,20 +161,28 @@ class ScenarioLab:
     """The dualrail lab with one host-routing mechanism, reused across trials."""
 
     def __init__(self, mechanism: str, *, rate: int = 1000, aggregator: bool = False,
-                 fabric: str = "bgp", fence: dict | None = None):
+                 fabric: str = "bgp", fence: dict | None = None, stand_in: bool = False):
         """`aggregator`: (linkpassd only) both daemons report to a lab
         aggregator (`self.lab.aggregator`), which also hands out their probe
         peers (no probe_peers in the configs). `fabric`: ``bgp`` (leaves and
         spine learn host routes; the hosts announce them with linkpassd or
         frr-bgp) or ``static`` (the old lab with its carrier-only detour).
         `fence`: (linkpassd only) options of linkpassd's ``[fence]`` section,
-        written into both daemons' configs (``enabled`` is set)."""
+        written into both daemons' configs (``enabled`` is set). `stand_in`:
+        (linkpassd only) every rail also echo-probes a stand-in peer behind its
+        leaf (STAND_IN_PEER), so that one host's failure is the other host's
+        "trouble only towards that peer", not a rail of its own gone (with
+        two hosts, each rail has no other peer: one dead host fails the other
+        host's healthy rail over, which in a fleet it would not)."""
         if mechanism not in MECHANISMS:
             raise ValueError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {mechanism!r}")
         if aggregator and mechanism != "linkpassd":
             raise ValueError("an aggregator needs the linkpassd mechanism")
         if fence is not None and mechanism != "linkpassd":
             raise ValueError("fencing is linkpassd's: fence= needs the linkpassd mechanism")
+        if stand_in and (mechanism != "linkpassd" or aggregator):
+            raise ValueError("stand-in peers are linkpassd's configured echo peers: stand_in= "
+                             "needs the linkpassd mechanism without the aggregator's mesh")
         self.mechanism = mechanism
         self.rate = rate
         self.fence = {"enabled": True, **fence} if fence is not None else None
@@ -177,11 +191,16 @@ class ScenarioLab:
                             probes=LAB_PROBES if mechanism == "linkpassd" else None,
                             aggregator=aggregator, mesh=aggregator, fabric=fabric)
         self.fabric = fabric
+        self.stand_in = stand_in
+        if stand_in:
+            self.lab.extra_echo_peers = {r: [STAND_IN_PEER.format(rail=r)] for r in (0, 1)}
         self.trials = 0
 
     def __enter__(self) -> "ScenarioLab":
         self.lab.start()
         try:
+            if self.stand_in:
+                self._start_stand_ins()
             if self.mechanism == "linkpassd":
                 for host in (SENDER, RECEIVER):
                     if self.fence is not None:
@@ -196,6 +215,25 @@ class ScenarioLab:
 
     def __exit__(self, *exc) -> None:
         self.lab.close()
+
+    def _start_stand_ins(self) -> None:
+        """On each rail's leaf: the stand-in peer's address on its loopback
+        and an echo responder answering on it (stopped with the lab)."""
+        for r in (0, 1):
+            leaf = self.lab.rail(SENDER, r).leaf
+            address = STAND_IN_PEER.format(rail=r)
+            self.lab.run(leaf, ["ip", "address", "add", f"{address}/32", "dev", "lo"])
+            log = self.lab.host_dir(SENDER) / f"stand-in-{leaf}.log"
+            with log.open("w") as out:
+                self.lab.popen(leaf, [sys.executable, "-m", "labs.echopeer", "--duration",
+                                      str(STAND_IN_S), "--address", address],
+                               stdout=out, stderr=subprocess.STDOUT)
+            deadline = time.monotonic() + 15
+            while '"ready"' not in log.read_text():
+                if time.monotonic() > deadline:
+                    raise LabNotHealthy(f"stand-in peer {address} on {leaf} did not start: "
+                                        + log.read_text()[-500:])
+                time.sleep(0.1)
 
     # ------------------------------------------------------------------ status
 

@@ -7,6 +7,12 @@ Setups (host routing on the same bgp fabric, labs/topos/bgpfabric.py):
   linkpassd        linkpassd with BFD and echo probes, its [announce] driving
                    the host's FRR (docs/bgp.md), fencing off;
   linkpassd-fence  the same with [fence] on (FENCE below, docs/fencing.md);
+  linkpassd-stand-in
+                   linkpassd, each host rail also probing a stand-in peer
+                   behind its leaf (labs/scenario.py STAND_IN_PEER): the
+                   receiving host keeps its healthy rail, as a host with more
+                   than one peer per rail does, so traffic into the faulted
+                   host waits for the fabric alone (not run by default);
   none, kernel     static per-rail routes / linkdown-aware routes, no daemon
                    (the floor; not run by default).
 
@@ -49,12 +55,14 @@ DEFAULT_FAULTS = ("cable-pull", "silent-blackhole", "one-way-loss-out", "one-way
 # out (core.fence.singled_out).
 FENCE = {"fence_after_s": 0.5, "backoff_initial_s": 5.0, "backoff_max_s": 5.0,
          "test_window_s": 1.0, "test_timeout_s": 4.0, "require_leaf_grant": False}
-SETUPS: dict[str, tuple[str, dict | None]] = {  # name -> (mechanism, [fence] options)
-    "frr-bgp": ("frr-bgp", None),
-    "linkpassd": ("linkpassd", None),
-    "linkpassd-fence": ("linkpassd", FENCE),
-    "none": ("none", None),
-    "kernel": ("kernel", None),
+# name -> (mechanism, [fence] options, stand-in peers: labs/scenario.py STAND_IN_PEER)
+SETUPS: dict[str, tuple[str, dict | None, bool]] = {
+    "frr-bgp": ("frr-bgp", None, False),
+    "linkpassd": ("linkpassd", None, False),
+    "linkpassd-fence": ("linkpassd", FENCE, False),
+    "linkpassd-stand-in": ("linkpassd", None, True),
+    "none": ("none", None, False),
+    "kernel": ("kernel", None, False),
 }
 DEFAULT_SETUPS = ("frr-bgp", "linkpassd", "linkpassd-fence")
 
@@ -133,13 +141,14 @@ def main(argv: list[str] | None = None) -> int:
         loses nothing measured), and the summary at the end."""
         out.write_text(json.dumps(
             {"bench": "failover", "trials_per_cell": args.trials, "fault_s": args.fault_seconds,
-             "setups": {s: {"mechanism": SETUPS[s][0], "fence": SETUPS[s][1]} for s in setups},
+             "setups": {s: {"mechanism": SETUPS[s][0], "fence": SETUPS[s][1],
+                            "stand_in": SETUPS[s][2]} for s in setups},
              "baseline": args.baseline, "complete": summary is not None,
              "failures": failures, "summary": summary or {}, "rows": rows}, indent=2))
 
     for setup in setups:
-        mechanism, fence = SETUPS[setup]
-        with ScenarioLab(mechanism, fence=fence) as lab:
+        mechanism, fence, stand_in = SETUPS[setup]
+        with ScenarioLab(mechanism, fence=fence, stand_in=stand_in) as lab:
             try:
                 for trial in range(args.trials):
                     for fault in faults:

@@ -213,6 +213,9 @@ class Lab:
         self.aggregator_options = dict(aggregator) if isinstance(aggregator, dict) else {}
         self.aggregator: AggregatorProc | None = None
         self.mesh = mesh
+        # Extra echo peers per rail index, added to every host's probe_peers
+        # (labs.scenario's stand-in peers); set before start().
+        self.extra_echo_peers: dict[int, list[str]] = {}
         self._own_workdir = workdir is None
         self._workdir_arg = workdir
         self.workdir: Path | None = None
@@ -859,10 +862,12 @@ class Lab:
         return out
 
     def echo_peers(self, host: str | HostPlan) -> dict[int, list[str]]:
-        """Rail r of a host probes every other host's rail-r address."""
+        """Rail r of a host probes every other host's rail-r address (and
+        `extra_echo_peers[r]`)."""
         plan = self.host(host)
         return {rail.index: [self.rail(other, rail.index).address for other in self.hosts
                              if other.name != plan.name]
+                + self.extra_echo_peers.get(rail.index, [])
                 for rail in plan.rails}
 
     def _write_host_files(self, host: HostPlan) -> None:
