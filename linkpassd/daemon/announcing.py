@@ -30,7 +30,10 @@ from linkpassd.core.model import AnnounceSettings, Config, Problem
 log = structlog.get_logger("linkpassd")
 
 FRR_CHECK_INTERVAL_S = 5.0  # how often FRR's state is read while nothing changes
-FRR_CHECK_AFTER_WRITE_S = 1.0  # zebra imports within milliseconds; read it a moment later
+# zebra imports within milliseconds; read it this long after the latest write
+# (writes come at most once per change, so churn postpones the check only while
+# it lasts)
+FRR_CHECK_AFTER_WRITE_S = 1.0
 
 
 def _default_ipr():
@@ -129,7 +132,9 @@ class Announcements:
             st.planned, st.started = want, True
             st.dirty = bool(result.errors)
             if result.added or result.removed:
-                st.next_check = min(st.next_check, now + FRR_CHECK_AFTER_WRITE_S)
+                # zebra's import is read a moment after the latest write, never in
+                # the step that wrote (a check already due would read it mid-import)
+                st.next_check = now + FRR_CHECK_AFTER_WRITE_S
         if now >= st.next_check:
             frr: FrrState = await st.adapter.frr_state(want)
             st.next_check = now + FRR_CHECK_INTERVAL_S
