@@ -12,7 +12,7 @@ Setups (host routing on the same bgp fabric, labs/topos/bgpfabric.py):
                    behind its leaf (labs/scenario.py STAND_IN_PEER): the
                    receiving host keeps its healthy rail, as a host with more
                    than one peer per rail does, so traffic into the faulted
-                   host waits for the fabric alone (not run by default);
+                   host waits for the fabric alone;
   none, kernel     static per-rail routes / linkdown-aware routes, no daemon
                    (the floor; not run by default).
 
@@ -64,7 +64,7 @@ SETUPS: dict[str, tuple[str, dict | None, bool]] = {
     "none": ("none", None, False),
     "kernel": ("kernel", None, False),
 }
-DEFAULT_SETUPS = ("frr-bgp", "linkpassd", "linkpassd-fence")
+DEFAULT_SETUPS = ("frr-bgp", "linkpassd", "linkpassd-stand-in", "linkpassd-fence")
 
 
 def summarise(rows: list[dict], baseline: str) -> dict:
