@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import json
 import os
+import re
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
@@ -21,9 +22,13 @@ from typing import Any, TypeVar
 
 from pyroute2 import AsyncIPRoute
 
+from linkpassd.ctl.nccl import pid_alive
+
 PREFIX = "lp-"
 IP_TIMEOUT_S = 10
 _serial = itertools.count()
+_OWN_NAME = re.compile(rf"^{PREFIX}[a-z]+(\d+)-\d+$")  # unique_name's: lp-<tag><pid>-<n>
+_reaped = False  # stale namespaces looked for once per process
 
 T = TypeVar("T")
 
@@ -31,6 +36,24 @@ T = TypeVar("T")
 def unique_name(tag: str = "t") -> str:
     """``lp-<tag><pid>-<n>``: unique across concurrent test processes."""
     return f"{PREFIX}{tag}{os.getpid()}-{next(_serial)}"
+
+
+def stale_names(names: list[str], alive: Callable[[int], bool]) -> list[str]:
+    """Of `names`, those unique_name() made in a process that is gone: a test
+    run stopped by SIGKILL (or a SIGTERM before tests/conftest.py turned it
+    into an interrupt) never ran its fixtures' teardown. A name whose process
+    still lives (another test run, or a reused pid) is never touched."""
+    return [n for n in names if (m := _OWN_NAME.match(n)) and not alive(int(m.group(1)))]
+
+
+def reap_stale_namespaces() -> list[str]:
+    """Delete, by name, the namespaces stale_names() finds; the names deleted."""
+    listed = run_ip("netns", "list", check=False).stdout.split("\n")
+    gone = stale_names([line.split()[0] for line in listed if line.strip()],
+                       lambda pid: pid_alive(pid) is not False)  # unknown: alive
+    for name in gone:
+        run_ip("netns", "delete", name, check=False)
+    return gone
 
 
 def run_ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -96,7 +119,11 @@ class NetnsFactory:
     those (never ``ip -all netns delete``)."""
 
     def __init__(self) -> None:
+        global _reaped
         self.created: list[str] = []
+        if not _reaped:  # what an earlier, killed run left behind
+            _reaped = True
+            reap_stale_namespaces()
 
     def __call__(self, tag: str = "t") -> Netns:
         name = unique_name(tag)
