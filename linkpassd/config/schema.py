@@ -348,10 +348,11 @@ PROBES = Section(
          "carrier and single-hop BFD cannot (a blackholing spine, one-way loss upstream). "
          "Detection is a contract (docs/probing.md): no silence, delay or pause of a path "
          "shorter than `tolerance_ms` ever fails it over, on either end and under any CPU load; "
-         "a silent blackhole is DOWN at most `interval_ms` + `tolerance_ms` + "
-         "`tolerance_ms`/`confirm_probes` + `suspect_ms` after it began. A probe unanswered for "
-         "`suspect_ms` makes the path suspect, and it probes `confirm_probes` times over the "
-         "tolerance until a reply comes or the silence has lasted the tolerance. Sustained "
+         "a silent blackhole is DOWN at most `interval_ms` + `tolerance_ms` + `suspect_ms` "
+         "after it began. A probe unanswered for `suspect_ms` makes the path suspect, and it "
+         "probes `confirm_probes` times over the tolerance, the last a tolerance after the "
+         "first unanswered probe, until a reply comes or the silence has lasted the "
+         "tolerance. Sustained "
          "random loss above `max_loss_ratio` makes the path DEGRADED. A rail is DOWN only when "
          "every peer that ever answered through it is unreachable (a dead peer host fails "
          "nothing), DEGRADED when most are bad. Peers that never answered count for nothing. "
@@ -382,8 +383,10 @@ PROBES = Section(
         Option("confirm_probes", INT, 8,
                "Probes spread over the tolerance while a path is silent, all of which must go "
                "unanswered for DOWN (a path that already loses probes gets more, up to 32, so "
-               "random loss fakes a DOWN at most once in 10^9 steady probes).",
-               (_int_range(1, 32),)),
+               "random loss fakes a DOWN at most once in 10^9 steady probes). At least 2: one "
+               "would leave the probes a whole tolerance apart, and a gap over half the "
+               "tolerance is time nobody looked.",
+               (_int_range(2, 32),)),
         Option("rise", INT, 3,
                "On-time replies in a row before a path that was down (or never up) counts as up.",
                (_int_range(1, 1000),)),

@@ -14,9 +14,9 @@ the numbers):
   CPU is doing.
 * **Detection.** An outage that lasts `tolerance_s` + `interval_s` or more is
   always DOWN, at most `detection_bound_s(config)` after it began (one
-  interval until a probe meets it, the tolerance, one confirmation spacing
-  and the reply wait); a shorter one above the tolerance is caught when a
-  probe meets it early enough.
+  interval until a probe meets it, the tolerance, and the reply wait); a
+  shorter one above the tolerance is caught when a probe meets it early
+  enough.
 
 **The rule (persistence over time, as BFD's).** A reply to a probe proves the
 path delivered at the time that probe was sent; so the evidence of a silence
@@ -41,15 +41,20 @@ hold stays in microseconds (adapters.echoresponder). Both are recorded and
 reported (`stall_max_s`, `held_max_s`), never read as loss.
 
 **Confirmation.** A probe unanswered `suspect_after_s` after it left makes
-the path SUSPECT: it then probes every `tolerance_s / confirm` until a reply
-ends the silence or the chain spans the tolerance, so that a verdict rests on
-many probes spread over the tolerance, never one window. `confirm` is
+the path SUSPECT: it then probes on a grid of `tolerance_s / confirm` laid
+from the chain's first probe until a reply ends the silence or the chain
+spans the tolerance, so that a verdict rests on many probes spread over the
+tolerance, never one window. The grid's `confirm`-th point is exactly a
+tolerance after the first probe, so the chain spans it then; a point our loop
+reaches late is sent at once and the next one stays on the grid, so our own
+timer lateness delays a verdict once, not once per probe. `confirm` is
 `confirm_probes` on a clean path and more on a lossy one, so that random loss
 fakes a DOWN with at most `false_down_odds` per steady probe: the chain's
 `confirm + 1` probes must all be lost.
 
 **The rail's other paths look too.** A silence that has lasted a quarter of
-the tolerance (two confirmations unanswered: random loss rarely gets there)
+the tolerance (the first probe and a confirmation unanswered: random loss
+rarely gets there)
 asks the other UP paths of its rail to probe at once (`asks_rail`,
 `rail_ask_due`): if the rail is what failed, each of them starts its own
 chain now instead of at its next steady probe, up to an interval later, so
@@ -93,6 +98,10 @@ SEQ_MODULO = 2**32  # sequence numbers are 32-bit on the wire
 _MIN_LOSS_SAMPLE = 20  # steady outcomes needed before the measured loss sizes the confirmation
 _PRUNE_AFTER = 64  # unanswered probes remembered on a path that is not being judged
 _NO_SEND = float("-inf")
+# Float rounding of sums of send times and spacings (a nanosecond: far below
+# any clock this runs on): a grid point computed a tolerance after the chain's
+# first probe spans the tolerance even if the sum rounds down.
+_FLOAT_NOISE = 1e-9
 # Upper bounds of a path's reply round-trip histogram (seconds; +Inf is
 # implied): the echo prober counts each reply into them (one bisect and one
 # integer increment), metrics export them, reports take the median from them
@@ -130,8 +139,10 @@ class ProbeConfig:
             problems.append("tolerance_s must be > 0")
         if not 0 < self.suspect_after_s < self.tolerance_s:
             problems.append("suspect_after_s must be > 0 and below tolerance_s")
-        if not 1 <= self.confirm_probes <= self.confirm_max:
-            problems.append("need 1 <= confirm_probes <= confirm_max")
+        if not 2 <= self.confirm_probes <= self.confirm_max:
+            # One confirmation would leave the chain's probes a whole tolerance
+            # apart, more than max_gap_s: the chain would restart for ever.
+            problems.append("need 2 <= confirm_probes <= confirm_max")
         if not 0 < self.false_down_odds < 1:
             problems.append("false_down_odds must be in (0, 1)")
         if self.rise < 1:
@@ -169,13 +180,30 @@ def confirm_spacing_s(config: ProbeConfig, confirm: int | None = None) -> float:
     return config.tolerance_s / (config.confirm_probes if confirm is None else confirm)
 
 
+def confirm_due_after(start: float, now: float, spacing: float) -> float:
+    """The first point after `now` of the confirmation grid laid every
+    `spacing` from the chain's first probe at `start` (Prober.poll)."""
+    return start + (math.floor((now - start) / spacing + _FLOAT_NOISE) + 1) * spacing
+
+
+def chain_span_s(config: ProbeConfig, confirm: int | None = None) -> float:
+    """From a chain's first probe to the probe that completes it (timers on
+    time): the grid's `confirm`-th point, a tolerance later, when the chain
+    then holds `confirm + 1` probes. Grid points that pass during the reply
+    wait (only when the spacing is below it: a path that already loses many
+    probes) are made up by one probe sent at once, so the chain needs as many
+    more points after the tolerance, less one."""
+    c = config.confirm_probes if confirm is None else confirm
+    spacing = confirm_spacing_s(config, c)
+    passed = math.floor(config.suspect_after_s / spacing + _FLOAT_NOISE)
+    return max(config.tolerance_s, (c + passed - 1) * spacing)
+
+
 def detection_bound_s(config: ProbeConfig, confirm: int | None = None) -> float:
-    """Worst-case time from the start of a silent blackhole to DOWN: a steady
-    probe meets it within one interval; the chain spans the tolerance from
-    that probe, its last probe leaves at most one confirmation spacing later,
-    and is judged after the reply wait."""
-    return (config.interval_s + config.tolerance_s + confirm_spacing_s(config, confirm)
-            + config.suspect_after_s)
+    """Worst-case time from the start of a silent blackhole to DOWN, timers on
+    time: a steady probe meets it within one interval; the chain completes a
+    tolerance later (`chain_span_s`) and is judged after the reply wait."""
+    return config.interval_s + chain_span_s(config, confirm) + config.suspect_after_s
 
 
 def rail_ask_due(last_asked: float | None, now: float, config: ProbeConfig) -> bool:
@@ -488,14 +516,15 @@ class Prober:
             sends.append(self._send(now, True))
         nc = self.next_confirm
         if nc is not None and now >= nc and self.state is PathState.SUSPECT:
-            if sends:  # the steady probe is this moment's confirmation too
-                self.next_confirm = now + self._spacing()
-            else:
+            if not sends:  # a steady probe leaving now is this moment's confirmation too
                 sends.append(self._send(now, False))
                 self.counters.confirmations += 1
-                self.next_confirm = now + self._spacing()
             if self._chain_covered():
                 self.next_confirm = None  # enough sent: the last one's reply wait decides
+            else:  # the grid's next point, however late this one went
+                start = self.silence_from
+                self.next_confirm = confirm_due_after(now if start is None else start, now,
+                                                      self._spacing())
         return self, sends
 
     def on_reply(self, seq: int, received_at: float, echoed_sent_at: float | None = None,
@@ -638,7 +667,7 @@ class Prober:
                 start, count = t, 0
             prev = t
             count += 1
-            if t - start >= span and count >= need:
+            if t - start >= span - _FLOAT_NOISE and count >= need:
                 return True, t + wait, start
         return False, None, start
 
@@ -688,8 +717,10 @@ class Prober:
             n = len(self._window)
             self.confirm = confirm_count(cfg, self._window_lost / n
                                          if n >= _MIN_LOSS_SAMPLE else 0.0)
-            self.next_confirm = now  # the first confirmation leaves at once
             self.silence_from = next(iter(self._flights.values())).sent_at
+            # The grid's first point: passed already (spacing below the
+            # reply wait) means the first confirmation leaves at once.
+            self.next_confirm = self.silence_from + self._spacing()
             self.rail_asked = False
             return
         self.next_confirm = None

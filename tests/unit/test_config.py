@@ -212,6 +212,8 @@ MALFORMED = [
     ("probe-suspect-not-below-tolerance", edit("interval_ms = 50.0",
                                                 "interval_ms = 50.0\nsuspect_ms = 30"),
      "probes.suspect_ms", "must be below tolerance_ms (30)"),
+    ("probe-one-confirmation", edit("interval_ms = 50.0", "interval_ms = 50.0\nconfirm_probes = 1"),
+     "probes.confirm_probes", "outside 2..32"),
     ("probe-removed-timeout", edit("interval_ms = 50.0", "interval_ms = 50.0\ntimeout_ms = 8"),
      "probes.timeout_ms", "unknown"),
     ("probe-clear-above-max", edit("interval_ms = 50.0", "interval_ms = 50.0\nclear_loss_ratio = 0.3"),

@@ -77,10 +77,14 @@ def test_confirmations_and_judgements_are_never_slotted():
     # The reply wait is judged on time, not at a slot's start.
     assert p.next_wakeup(slot) == pytest.approx(10.0 + cfg.suspect_after_s)
     p, sends = p.poll(10.0 + cfg.suspect_after_s, send_slot_s=slot)  # unanswered: silent
-    assert p.state is PathState.SUSPECT and sends and all(s.burst for s in sends)
-    assert p.next_wakeup(slot) == pytest.approx(p.next_confirm)
-    assert p.next_confirm == pytest.approx(10.0 + cfg.suspect_after_s
-                                           + cfg.tolerance_s / cfg.confirm_probes)
+    assert p.state is PathState.SUSPECT and sends == []
+    # Confirmations keep their grid from the first probe, not the slots' grid.
+    spacing = cfg.tolerance_s / cfg.confirm_probes
+    for k in (1, 2):
+        assert p.next_wakeup(slot) == pytest.approx(p.next_confirm)
+        assert p.next_confirm == pytest.approx(10.0 + k * spacing)
+        p, sends = p.poll(p.next_confirm, send_slot_s=slot)
+        assert len(sends) == 1 and all(s.burst for s in sends)
 
 
 # ---------------------------------------------------------------- a mutable prober
