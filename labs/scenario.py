@@ -193,7 +193,8 @@ class ScenarioLab:
         self.fabric = fabric
         self.stand_in = stand_in
         if stand_in:
-            self.lab.extra_echo_peers = {r: [STAND_IN_PEER.format(rail=r)] for r in (0, 1)}
+            self.lab.extra_echo_peers = {r: [STAND_IN_PEER.format(rail=r)]
+                                         for r in range(self.lab.plan.n_rails)}
         self.trials = 0
 
     def __enter__(self) -> "ScenarioLab":
@@ -219,7 +220,7 @@ class ScenarioLab:
     def _start_stand_ins(self) -> None:
         """On each rail's leaf: the stand-in peer's address on its loopback
         and an echo responder answering on it (stopped with the lab)."""
-        for r in (0, 1):
+        for r in range(self.lab.plan.n_rails):
             leaf = self.lab.rail(SENDER, r).leaf
             address = STAND_IN_PEER.format(rail=r)
             self.lab.run(leaf, ["ip", "address", "add", f"{address}/32", "dev", "lo"])

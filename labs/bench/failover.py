@@ -31,10 +31,12 @@ Run as root from the repo root: .venv/bin/python -m labs.bench.failover
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from labs.bench.bars import median_bars
@@ -55,14 +57,24 @@ DEFAULT_FAULTS = ("cable-pull", "silent-blackhole", "one-way-loss-out", "one-way
 # out (core.fence.singled_out).
 FENCE = {"fence_after_s": 0.5, "backoff_initial_s": 5.0, "backoff_max_s": 5.0,
          "test_window_s": 1.0, "test_timeout_s": 4.0, "require_leaf_grant": False}
-# name -> (mechanism, [fence] options, stand-in peers: labs/scenario.py STAND_IN_PEER)
-SETUPS: dict[str, tuple[str, dict | None, bool]] = {
-    "frr-bgp": ("frr-bgp", None, False),
-    "linkpassd": ("linkpassd", None, False),
-    "linkpassd-fence": ("linkpassd", FENCE, False),
-    "linkpassd-stand-in": ("linkpassd", None, True),
-    "none": ("none", None, False),
-    "kernel": ("kernel", None, False),
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One column of the bench: how the lab protects its hosts."""
+
+    mechanism: str  # labs/scenario.py ScenarioLab's mechanism
+    fence: dict | None = None  # linkpassd's [fence] options; None: fencing off
+    stand_in: bool = False  # a second echo peer per rail (labs/scenario.py STAND_IN_PEER)
+
+
+SETUPS: dict[str, Setup] = {
+    "frr-bgp": Setup("frr-bgp"),
+    "linkpassd": Setup("linkpassd"),
+    "linkpassd-fence": Setup("linkpassd", fence=FENCE),
+    "linkpassd-stand-in": Setup("linkpassd", stand_in=True),
+    "none": Setup("none"),
+    "kernel": Setup("kernel"),
 }
 DEFAULT_SETUPS = ("frr-bgp", "linkpassd", "linkpassd-stand-in", "linkpassd-fence")
 
@@ -141,14 +153,13 @@ def main(argv: list[str] | None = None) -> int:
         loses nothing measured), and the summary at the end."""
         out.write_text(json.dumps(
             {"bench": "failover", "trials_per_cell": args.trials, "fault_s": args.fault_seconds,
-             "setups": {s: {"mechanism": SETUPS[s][0], "fence": SETUPS[s][1],
-                            "stand_in": SETUPS[s][2]} for s in setups},
+             "setups": {s: dataclasses.asdict(SETUPS[s]) for s in setups},
              "baseline": args.baseline, "complete": summary is not None,
              "failures": failures, "summary": summary or {}, "rows": rows}, indent=2))
 
     for setup in setups:
-        mechanism, fence, stand_in = SETUPS[setup]
-        with ScenarioLab(mechanism, fence=fence, stand_in=stand_in) as lab:
+        chosen = SETUPS[setup]
+        with ScenarioLab(chosen.mechanism, fence=chosen.fence, stand_in=chosen.stand_in) as lab:
             try:
                 for trial in range(args.trials):
                     for fault in faults:
