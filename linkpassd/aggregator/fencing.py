@@ -129,6 +129,9 @@ class SharedFenceGrants:
         self.inventories: dict[str, pb.Inventory] = {}
         self.told: dict[str, frozenset[str]] = {}
         self.written: dict[str, tuple[FencePort, ...]] = {}  # host -> its ports as last written
+        # Hosts whose stream here has sent a report: only they are told, as a
+        # report comes after our Welcome (a grant must not come before it).
+        self.reported: set[str] = set()
         self.dirty: dict[str, tuple[FencePort, ...]] = {}  # host -> its ports, not written yet
         self._writer: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
@@ -139,6 +142,7 @@ class SharedFenceGrants:
 
     def report(self, session: HostSession, report: pb.PortReport) -> None:
         host = session.host_id
+        self.reported.add(host)
         ports = tuple(ports_of(host, self.inventories.get(host) or session.inventory, report))
         if host in self.written and self.written[host] == ports and host not in self.dirty:
             return  # the usual report: nothing fenced or asked that the store lacks
@@ -150,10 +154,11 @@ class SharedFenceGrants:
             self._writer = asyncio.get_running_loop().create_task(self._write())
 
     def joined(self, host: str) -> None:
-        """A new stream: it is told its grants once they are read."""
+        """A new stream: its first report is written (another replica may
+        have held the host), and then it is told its grants."""
         self.told.pop(host, None)
-        self.written.pop(host, None)  # its first report is written: another replica may have held it
-        self.changed()
+        self.written.pop(host, None)
+        self.reported.discard(host)
 
     def changed(self, _payload: str = "") -> None:
         """CHANNEL_FENCE (or a new stream here): read the grants, tell our hosts."""
@@ -180,6 +185,8 @@ class SharedFenceGrants:
                     except StoreError as exc:  # our own hosts still hear: read now
                         log.warning("fence_notify_failed", error=str(exc))
                         self.changed()
+                elif host not in self.told:  # a new stream: tell it what it holds
+                    self.changed()
         finally:
             self._writer = None
 
@@ -202,7 +209,7 @@ class SharedFenceGrants:
                     continue
                 for host, session in list(self.sessions.items()):
                     mine = granted.get(host, frozenset())
-                    if not session.open or self.told.get(host) == mine:
+                    if not session.open or host not in self.reported or self.told.get(host) == mine:
                         continue
                     _tell(session, mine, self.cap, self.told.get(host))
                     self.told[host] = mine

@@ -174,3 +174,25 @@ def test_a_host_that_moves_to_another_replica_has_its_rows_replaced():
         await settled()
         assert store.rows == {} and moved.told[-1] == []
     asyncio.run(scenario())
+
+
+def test_a_new_stream_hears_of_grants_only_after_its_first_report():
+    """The server registers a stream before it sends the Welcome, and an
+    agent takes a message other than Welcome first as a broken stream: so a
+    stream is told nothing until its first report (sent after the Welcome),
+    however many grant changes come meanwhile; then it is told at once,
+    even that it holds nothing."""
+    async def scenario() -> None:
+        store = Shared()
+        a, b = Replica(store), Replica(store)
+        h1 = a.join(Session("h1"))
+        a.says(h1, "FENCE_ASKING")
+        await settled()
+        h2 = b.join(Session("h2"))  # registered; its Welcome not sent yet
+        a.says(h1, None)  # a grant change: every replica reads the grants
+        await settled()
+        assert h1.told[-1] == [] and h2.told == []
+        b.says(h2, None)  # its first report: nothing changed in the store
+        await settled()
+        assert h2.told == [[]]
+    asyncio.run(scenario())
