@@ -19,7 +19,7 @@ from collections.abc import Callable
 import grpc
 import structlog
 
-from linkpassd.aggregator.fencing import FenceGrants
+from linkpassd.aggregator.fencing import FenceGrants, SharedFenceGrants
 from linkpassd.aggregator.identity import Refusal
 from linkpassd.aggregator.metrics import AggregatorMetrics
 from linkpassd.aggregator.planner import MeshPlanner
@@ -56,7 +56,11 @@ class Fleet:
         # validation plans and localisation), off the event loop.
         self.worker = Worker("aggregator")
         self.planner = MeshPlanner(self, settings, metrics, worker=self.worker)
-        self.fences = FenceGrants(settings.fence_leaf_cap)
+        # A leaf's fence cap counts every host: in memory here, or in the
+        # store when replicas share one (aggregator.fencing).
+        self.fences: FenceGrants | SharedFenceGrants = (
+            SharedFenceGrants(settings.fence_leaf_cap, store, self.sessions)  # type: ignore[arg-type]
+            if is_shared(store) else FenceGrants(settings.fence_leaf_cap))
         self._command_ids = itertools.count(1)
         self._instance = uuid.uuid4().hex[:8]
         self._beats: dict[str, float] = {}  # heartbeats not written yet: host -> newest

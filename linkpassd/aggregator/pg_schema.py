@@ -9,8 +9,9 @@ one.
 
 Same tables as the SQLite store (sqlite_store.py says why each exists), plus
 what only replicas sharing one database need: `hosts.replica` (whose stream a
-host is on), `commands` (fleet commands relayed between replicas) and the probe
-mesh (`mesh`, `mesh_plan`).
+host is on), `commands` (fleet commands relayed between replicas), the probe
+mesh (`mesh`, `mesh_plan`) and the ports fenced or asking to be, with their
+grants (`fence_ports`, so that a leaf's cap counts every replica's hosts).
 
 Event ids (from migration 2) are made by the inserting transaction itself:
 its xid8 shifted left by ID_SHIFT bits, plus the row's rank in its one INSERT
@@ -36,6 +37,7 @@ LOCK_SPACE = 0x6C70  # "lp"
 MIGRATION_LOCK = 1  # held while migrating (session lock)
 EVENTS_LOCK = 2  # schema 1's event lock; taken now only by PgStore(event_lock=True) (the bench's old path)
 LEAD_SPACE = 0x6C71  # try_lead(role): (LEAD_SPACE, role_key(role))
+FENCE_SPACE = 0x6C72  # a leaf's fence grants: (FENCE_SPACE, role_key(leaf)), transaction locks
 
 
 def role_key(role: str) -> int:
@@ -141,6 +143,17 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # move can be paired with them, so they count as outgoing only.
         "ALTER TABLE absorbed ADD COLUMN rail TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE absorbed ADD COLUMN fact TEXT NOT NULL DEFAULT 'failover'",
+    ),
+    (  # 4: fence grants counted across replicas (docs/fencing.md): one row per port a
+        # host holds fenced or asks to fence, with the leaf it counts against.
+        """CREATE TABLE fence_ports (
+             host_id TEXT NOT NULL,
+             port TEXT NOT NULL,
+             leaf TEXT NOT NULL,
+             phase TEXT NOT NULL,
+             granted BOOLEAN NOT NULL DEFAULT FALSE,
+             PRIMARY KEY (host_id, port))""",
+        "CREATE INDEX fence_ports_by_leaf ON fence_ports (leaf)",
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -69,6 +69,7 @@ import structlog
 from linkpassd.aggregator import pg_schema
 from linkpassd.aggregator.pg_schema import (
     EVENTS_LOCK,
+    FENCE_SPACE,
     HORIZON,
     LEAD_SPACE,
     LOCK_SPACE,
@@ -85,8 +86,10 @@ from linkpassd.aggregator.store import (
     DayTotal,
     EventQuery,
     EventRow,
+    FencePort,
     HostRow,
     PendingCommand,
+    Regrant,
     StoredEvent,
     StoreError,
     StoreStats,
@@ -675,6 +678,61 @@ class PgStore:
         rows = await self._fetch("reading the mesh plan",
                                  "SELECT host_id, entry FROM mesh WHERE host_id = ANY($1::TEXT[])", list(host_ids))
         return {host_id: bytes(entry) for host_id, entry in rows}
+
+    # -- shared: fence grants -----------------------------------------------------
+
+    async def put_fence_ports(self, host_id: str, ports: Sequence[FencePort], regrant: Regrant) -> bool:
+        """One transaction: the host's old rows and its new ones, then each leaf
+        they touch regranted under that leaf's transaction advisory lock
+        (taken in leaf order, so two writers never wait on each other in a
+        cycle). The lock, not the rows, is what makes two replicas that
+        regrant one leaf at once take turns: each reads the leaf only once
+        the other committed, so neither grants past the cap."""
+        new = {p.port: p for p in ports}
+
+        async def tx(conn: asyncpg.Connection) -> bool:
+            async with conn.transaction():
+                old = await conn.fetch("SELECT port, leaf, phase, granted FROM fence_ports WHERE host_id = $1",
+                                       host_id)
+                if not old and not new:
+                    return False  # the common case: nothing fenced, nothing was
+                if {r["port"]: (r["leaf"], r["phase"]) for r in old} == \
+                        {p.port: (p.leaf, p.phase) for p in new.values()}:
+                    return False
+                leaves = sorted({r["leaf"] for r in old} | {p.leaf for p in new.values()})
+                for leaf in leaves:
+                    await conn.execute("SELECT pg_advisory_xact_lock($1, $2)", FENCE_SPACE, role_key(leaf))
+                await conn.execute("DELETE FROM fence_ports WHERE host_id = $1 AND NOT (port = ANY($2::TEXT[]))",
+                                   host_id, list(new))
+                if new:
+                    await conn.execute(
+                        "INSERT INTO fence_ports (host_id, port, leaf, phase) "
+                        "SELECT $1, * FROM unnest($2::TEXT[], $3::TEXT[], $4::TEXT[]) "
+                        "ON CONFLICT (host_id, port) DO UPDATE SET leaf = excluded.leaf, phase = excluded.phase",
+                        host_id, list(new), [p.leaf for p in new.values()], [p.phase for p in new.values()])
+                changed = any(r["granted"] and r["port"] not in new for r in old)  # a grant gone with its row
+                for leaf in leaves:
+                    rows = await conn.fetch("SELECT host_id, port, phase, granted FROM fence_ports "
+                                            "WHERE leaf = $1", leaf)
+                    before = frozenset((r["host_id"], r["port"]) for r in rows if r["granted"])
+                    now = regrant([FencePort(r["host_id"], r["port"], leaf, r["phase"]) for r in rows], before)
+                    if now == before:
+                        continue
+                    changed = True
+                    await conn.execute(
+                        "UPDATE fence_ports SET granted = (host_id, port) IN "
+                        "(SELECT * FROM unnest($2::TEXT[], $3::TEXT[])) WHERE leaf = $1",
+                        leaf, [h for h, _ in now], [p for _, p in now])
+                return changed
+        return await self._run(f"writing the fence ports of {host_id}", tx)
+
+    async def fence_grants(self) -> dict[str, frozenset[str]]:
+        rows = await self._fetch("reading the fence grants",
+                                 "SELECT host_id, port FROM fence_ports WHERE granted")
+        out: dict[str, set[str]] = {}
+        for host_id, port in rows:
+            out.setdefault(host_id, set()).add(port)
+        return {h: frozenset(p) for h, p in out.items()}
 
     # -- shared: leadership -------------------------------------------------------
 

@@ -23,6 +23,9 @@ that dies takes nothing with it that the others need.
 - **The probe mesh** is planned by one replica at a time (planner.py, with
   `SharedStore.try_lead`) and each replica tells its own hosts
   (CHANNEL_MESH).
+- **Fence grants** are counted in the store, per leaf, across every
+  replica's hosts (fencing.py SharedFenceGrants); each replica tells its own
+  hosts their grants when told (CHANNEL_FENCE).
 """
 
 from __future__ import annotations
@@ -35,10 +38,12 @@ import grpc
 import structlog
 
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
+from linkpassd.aggregator.fencing import FenceGrants, SharedFenceGrants
 from linkpassd.aggregator.session import StreamEnd
 from linkpassd.aggregator.store import (
     CHANNEL_COMMANDS,
     CHANNEL_EVENTS,
+    CHANNEL_FENCE,
     CHANNEL_HOSTS,
     CHANNEL_MESH,
     CHANNEL_RESULTS,
@@ -77,6 +82,7 @@ class LocalFleet(Protocol):
     sessions: Mapping[str, HostSession]
     fanout: EventFanout
     planner: MeshPlanner
+    fences: FenceGrants | SharedFenceGrants
 
 
 class Replicas:
@@ -101,6 +107,8 @@ class Replicas:
         await store.listen(CHANNEL_COMMANDS, self._on_command)
         await store.listen(CHANNEL_RESULTS, self._on_result)
         await store.listen(CHANNEL_MESH, lambda _payload: self._spawn(self.fleet.planner.tell_from_store()))
+        if isinstance(self.fleet.fences, SharedFenceGrants):  # always, on a shared store (fleet.py)
+            await store.listen(CHANNEL_FENCE, self.fleet.fences.changed)
         self._spawn(self._poll_commands())
 
     async def stop(self) -> None:

@@ -165,6 +165,22 @@ class Store(Protocol):
 
 
 @dataclass(frozen=True)
+class FencePort:
+    """A port a host holds fenced or asks to fence (its PortReport's phase),
+    and the leaf it counts against (its inventory's rail `leaf`; "" none)."""
+
+    host: str
+    port: str
+    leaf: str
+    phase: str
+
+
+# Given every port counted against one leaf and the (host, port) pairs granted
+# there before, the pairs granted now (aggregator.fencing.grants, for one leaf).
+Regrant = Callable[[Sequence[FencePort], frozenset[tuple[str, str]]], frozenset[tuple[str, str]]]
+
+
+@dataclass(frozen=True)
 class PendingCommand:
     """A fleet command written by one replica for a host on another's stream."""
 
@@ -194,6 +210,12 @@ class SharedStore(Store, Protocol):
       session-level advisory lock, freed by PostgreSQL when its holder's
       connection drops) and writes the whole plan (`put_mesh`); every replica
       sends its own hosts their entries (`mesh_for`).
+    - **Fence grants.** Each replica writes the ports its hosts hold fenced
+      or ask to fence (`put_fence_ports`, only when a host's set changes);
+      the store regrants every leaf the change touches in the same
+      transaction, one writer per leaf at a time, so a leaf's cap counts
+      every replica's hosts. Every replica reads the grants back
+      (`fence_grants`) and tells its own hosts.
     - **Notifications.** `listen(channel, callback)` calls back (on the
       event loop, never blocking) with the payload of every `notify` on that
       channel from any replica, this one included. `add_events` notifies
@@ -235,6 +257,14 @@ class SharedStore(Store, Protocol):
     async def mesh_for(self, host_ids: Sequence[str]) -> dict[str, bytes]:
         """The current plan's entries of these hosts (absent: no entry)."""
 
+    async def put_fence_ports(self, host_id: str, ports: Sequence[FencePort], regrant: Regrant) -> bool:
+        """Replace host_id's fence ports with `ports` and, for every leaf it
+        had or has ports on, set the grants `regrant` gives, while no other
+        writer changes that leaf. Whether any grant changed."""
+
+    async def fence_grants(self) -> dict[str, frozenset[str]]:
+        """host_id -> the ports it may hold fenced (hosts with none absent)."""
+
     async def listen(self, channel: str, callback: Callable[[str], None]) -> None: ...
 
     async def notify(self, channel: str, payload: str = "") -> None: ...
@@ -245,6 +275,7 @@ CHANNEL_HOSTS = "linkpass_hosts"  # payload: host_id (joined, left, or new inven
 CHANNEL_COMMANDS = "linkpass_commands"  # payload: host_id with a pending command
 CHANNEL_RESULTS = "linkpass_results"  # payload: command_id answered
 CHANNEL_MESH = "linkpass_mesh"  # payload: generation of the plan just written
+CHANNEL_FENCE = "linkpass_fence"  # payload: "" (fence grants changed: every replica reads them)
 
 
 def is_shared(store: Store) -> bool:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
-from linkpassd._proto.linkpass.v1 import fleet_pb2
+from linkpassd._proto.linkpass.v1 import control_pb2, fleet_pb2
 from linkpassd.agent.client import AgentClient
 from linkpassd.agent.spool import Spool, SpoolWriter
 from linkpassd.core.events import Event, EventKind, Severity
@@ -25,7 +25,8 @@ CHUNK = 25  # events per offer, as one reconcile pass would hand over
 
 class Host:
     """What an agent asks of its daemon: an inventory, a report, and a record
-    of the commands and probe peers it was given."""
+    of the commands, probe peers and fence grants it was given. `phase`:
+    eth0's fence phase in the report ("" none; set it, then poke the client)."""
 
     def __init__(self, name: str, *, address: str = "", leaf: str = "") -> None:
         self.name = name
@@ -33,13 +34,20 @@ class Host:
         self.leaf = leaf
         self.commands: list[fleet_pb2.Command] = []
         self.peers: list[fleet_pb2.ProbePeers] = []
+        self.phase = ""
+        self.fence: list[list[str] | None] = []
 
     def inventory(self) -> fleet_pb2.Inventory:
         return fleet_pb2.Inventory(rails=[fleet_pb2.RailInventory(
             rail="rail0", port="eth0", address=self.address, leaf=self.leaf)])
 
     def port_report(self) -> fleet_pb2.PortReport:
-        return fleet_pb2.PortReport(rail_paths={"rail0": "rail0"})
+        ports = [control_pb2.PortState(port="eth0", verdict=control_pb2.VERDICT_DOWN,
+                                       phase=self.phase)] if self.phase else []
+        return fleet_pb2.PortReport(ports=ports, rail_paths={"rail0": "rail0"})
+
+    def take_fence_grants(self, ports: list[str] | None) -> None:
+        self.fence.append(ports)
 
     def take_peers(self, message: fleet_pb2.ProbePeers) -> None:
         self.peers.append(message)

@@ -6,6 +6,8 @@
 - A drain asked of one replica reaches a host on another's stream; a follow
   stream on one replica sees events stored through another; one probe mesh
   is planned for hosts spread over the replicas.
+- A leaf's fence cap counts the hosts of every replica: three hosts on one
+  leaf, on two replicas, ask at once and one is granted.
 
 Real pieces throughout: the `linkpass-aggregator` program (three processes),
 a private PostgreSQL started for this module in a temporary directory, and
@@ -182,6 +184,64 @@ def test_drain_follow_and_mesh_cross_replicas(postgres, tmp_path):
             assert [c.WhichOneof("action") for c in b.host.commands] == ["drain"], b.host.commands
             assert b.host.commands[0].drain.port == "eth0"
             assert a.host.commands == []
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
+def test_a_leaf_fence_cap_counts_the_hosts_of_every_replica(postgres, tmp_path):
+    """[fence] leaf_cap = 1 (the default): hosts 0 and 2 on replica 0, host 1
+    on replica 1, all with eth0 on leaf-a. All three ask to fence at once
+    (the leaf failed): one grant in the fleet, not one per replica. When the
+    granted host's fence ends, the slot passes to one of the others."""
+    db = "replicas_fence"
+    dsn = postgres.create_database(db)
+    procs = replicas_started(tmp_path, dsn, 2)
+    agents = [Agent(tmp_path, f"lp-host-{i}", [procs[i % 2].address], seed=i,
+                    host=Host(f"lp-host-{i}", address=f"198.18.0.{i + 1}/24", leaf="leaf-a"))
+              for i in range(3)]
+
+    def granted() -> list[str]:
+        return sorted(a.name for a in agents if a.host.fence and a.host.fence[-1] == ["eth0"])
+
+    def stored() -> tuple[int, int]:
+        row = sql_rows(postgres, db, "SELECT count(*), count(*) FILTER (WHERE granted) FROM fence_ports")[0]
+        return int(row[0]), int(row[1])
+
+    async def until(what: str, predicate) -> None:
+        deadline = time.monotonic() + DEADLINE_S
+        while not await predicate():
+            assert time.monotonic() < deadline, f"still waiting for {what}: granted {granted()}, " \
+                f"stored {await asyncio.to_thread(stored)}"
+            await asyncio.sleep(0.1)
+
+    async def scenario() -> None:
+        async with AgentFleet(agents):
+            async def connected() -> bool:
+                return len(await asyncio.to_thread(where_hosts_are, postgres, db, procs)) == 3
+            await until("every host connected", connected)
+            for agent in agents:
+                agent.host.phase = "FENCE_ASKING"
+                agent.client.poke()
+
+            async def one_of_three() -> bool:
+                return await asyncio.to_thread(stored) == (3, 1) and len(granted()) == 1
+            await until("three asks stored and one granted", one_of_three)
+            first = granted()[0]
+            others = [a for a in agents if a.name != first]
+            assert all(a.host.fence and a.host.fence[-1] == [] for a in others), [a.host.fence for a in others]
+            holder = next(a for a in agents if a.name == first)
+            holder.host.phase = ""  # its fence ended (the port tested good)
+            holder.client.poke()
+
+            async def passed_on() -> bool:
+                return await asyncio.to_thread(stored) == (2, 1) and len(granted()) == 1 \
+                    and granted()[0] != first
+            await until("the slot passed on", passed_on)
+            assert holder.host.fence[-1] == []
 
     try:
         asyncio.run(scenario())

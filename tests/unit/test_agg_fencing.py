@@ -10,7 +10,8 @@ import pytest
 from agg_tls import channel, make_pki, serving, tls_settings
 from linkpassd._proto.linkpass.v1 import control_pb2 as cpb
 from linkpassd._proto.linkpass.v1 import fleet_pb2 as pb
-from linkpassd.aggregator.fencing import PortSeen, grants
+from linkpassd.aggregator.fencing import grants
+from linkpassd.aggregator.store import FencePort
 from test_agg_server import Agent, run
 
 
@@ -20,7 +21,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def seen(host, port, leaf, phase):
-    return PortSeen(host, port, leaf, phase)
+    return FencePort(host, port, leaf, phase)
 
 
 def test_a_blackholed_leaf_gets_no_more_fences_than_the_cap():

@@ -28,11 +28,13 @@ import asyncpg
 import pytest
 
 from linkpassd.aggregator import pg_schema, pg_store
+from linkpassd.aggregator.fencing import grants
 from linkpassd.aggregator.pg_store import PgStore
 from linkpassd.aggregator.store import (
     CHANNEL_EVENTS,
     CHANNEL_HOSTS,
     EventQuery,
+    FencePort,
     StoreError,
     is_shared,
 )
@@ -381,6 +383,38 @@ def test_the_mesh_plan_is_replaced_whole_and_read_per_host(pg_databases):
             await a.put_mesh(5, {})
             assert await a.mesh_for(["h1", "h2"]) == {}
             assert await a.mesh_for([]) == {}
+    run(scenario())
+
+
+def test_a_leaf_cap_holds_across_replicas_writing_at_once(pg_databases):
+    """Eight hosts on one leaf ask to fence at once, through two replicas'
+    stores: the store regrants the leaf one writer at a time, so exactly the
+    cap is granted; a grant passes on when its port stops asking, and
+    another leaf is counted on its own."""
+    def regrant(cap):
+        def fn(ports, before):
+            return frozenset((h, p) for h, ps in grants(ports, cap, before).items() for p in ps)
+        return fn
+
+    def asking(host, leaf="L1", phase="FENCE_ASKING"):
+        return [FencePort(host, "eth1", leaf, phase)]
+
+    async def scenario():
+        async with two_replicas(pg_databases()) as (a, b):
+            assert await a.put_fence_ports("h0", [], regrant(2)) is False  # nothing was, nothing is
+            changed = await asyncio.gather(*((a if i % 2 else b).put_fence_ports(f"h{i}", asking(f"h{i}"), regrant(2))
+                                             for i in range(8)))
+            assert any(changed)
+            held = await b.fence_grants()
+            assert sum(len(p) for p in held.values()) == 2, held
+            assert await a.put_fence_ports(sorted(held)[0], asking(sorted(held)[0]), regrant(2)) is False  # same ask
+            await a.put_fence_ports("x1", asking("x1", leaf="L2"), regrant(2))
+            gone = sorted(held)[0]
+            assert await b.put_fence_ports(gone, [], regrant(2)) is True  # its fence ended
+            now = await a.fence_grants()
+            assert gone not in now and sum(len(p) for h, p in now.items() if h != "x1") == 2, now
+            assert set(held) - {gone} <= set(now)  # the other grant stayed where it was
+            assert now["x1"] == frozenset({"eth1"})
     run(scenario())
 
 
