@@ -16,6 +16,18 @@ checked against the kernel as it stands after the writes that succeeded:
   * an operation that failed recently waits out its backoff, while every
     other operation goes ahead at once.
 
+Operations that do not depend on each other are sent together, a wave at a
+time (`joins_wave`): the daemon does not wait for one acknowledgement before
+it sends the next, so a failover that changes a rail's table and the fabric
+group moves both at once, not one round trip after the other. The kernel may
+take a wave's writes in any order, which is why a wave holds only writes
+that do not depend on each other: an operation joins the wave in flight only
+when it touches none of the wave's objects and is valid both before the wave
+and after it, so it is valid whichever of the wave's writes the kernel takes
+or refuses, and would have been sent one at a time just the same. Otherwise
+the wave is finished first and the operation is judged against what the
+kernel took.
+
 Everything here is a pure function of the operation, the simulated kernel
 view, the failures remembered so far and `now`; the daemon does the writes.
 """
@@ -24,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from linkpassd.core.model import KernelState, Nexthop, NexthopGroup, Op, OpKind, Route
+from linkpassd.core.model import KernelState, Nexthop, NexthopGroup, Op, OpKind, Route, Rule
 from linkpassd.core.plan import KernelSemanticsError, simulate
 
 BACKOFF_FIRST_S = 0.5
@@ -56,10 +68,16 @@ def refused(previous: Failure | None, op: Op, error: str, foreign: bool, now: fl
                    retry_at=now + backoff_s(attempts))
 
 
+def in_backoff(op: Op, failures: dict[Op, Failure], now: float) -> bool:
+    """`op` was refused and waits out its backoff."""
+    failure = failures.get(op)
+    return failure is not None and now < failure.retry_at
+
+
 def blocked(op: Op, view: KernelState, failures: dict[Op, Failure], now: float) -> str | None:
     """Why `op` must not be sent now, or None when it may go."""
     failure = failures.get(op)
-    if failure is not None and now < failure.retry_at:
+    if failure is not None and in_backoff(op, failures, now):
         return f"refused {failure.attempts}x, retrying in {failure.retry_at - now:.1f}s"
     if op.kind is OpKind.DELETE and isinstance(op.obj, (Nexthop, NexthopGroup)):
         users = users_of(view, op.obj.id)
@@ -70,6 +88,40 @@ def blocked(op: Op, view: KernelState, failures: dict[Op, Failure], now: float) 
     except KernelSemanticsError as exc:
         return f"depends on what is not in place: {exc}"
     return None
+
+
+def joins_wave(op: Op, view: KernelState, wave: list[Op], wave_view: KernelState,
+               now: float) -> bool:
+    """Whether `op` may go with `wave`, the writes sent since the kernel last
+    answered: `view` is the kernel before them, `wave_view` after them all.
+    Valid against both, on objects none of them touches, it is valid against
+    whatever part of the wave the kernel takes: each object changes at most
+    once in a wave, so what `op` needs holds before and after every write of
+    it. A rule and a route of its table never go together either: the plan
+    puts a table's routes in place before the rule that sends traffic to it,
+    and takes the rule away before them (make-before-break), and the kernel
+    would not see that order within a wave."""
+    touched = {_object_key(w.obj) for w in wave}
+    return (_object_key(op.obj) not in touched
+            and not any(_table_and_rule(op.obj, w.obj) for w in wave)
+            and blocked(op, view, {}, now) is None
+            and blocked(op, wave_view, {}, now) is None)
+
+
+def _table_and_rule(a: object, b: object) -> bool:
+    """A route and a rule of the route's table, in either order."""
+    if isinstance(a, Rule) and isinstance(b, Route):
+        a, b = b, a
+    return isinstance(a, Route) and isinstance(b, Rule) and a.table == b.table
+
+
+def _object_key(obj: Nexthop | NexthopGroup | Route | Rule) -> tuple[str, object]:
+    """Nexthops and groups share one id space; a route is its (table, dst)."""
+    if isinstance(obj, (Nexthop, NexthopGroup)):
+        return ("id", obj.id)
+    if isinstance(obj, Route):
+        return ("route", obj.key)
+    return ("rule", obj)
 
 
 def users_of(view: KernelState, nh_id: int) -> list[str]:

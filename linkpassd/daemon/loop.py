@@ -670,27 +670,23 @@ class Daemon:
                 return
         ops = plan.plan(decision.desired, self.kernel_view)
         self.failures = apply.prune(self.failures, ops)
+        wave: list[Op] = []  # sent together, answered together (core.apply.joins_wave)
+        wave_view = self.kernel_view
         for op in ops:
+            if apply.in_backoff(op, self.failures, now):
+                continue  # never ends a wave
+            if wave and not apply.joins_wave(op, self.kernel_view, wave, wave_view, now):
+                if await self._send_wave(wave, reread, now):
+                    await self._reconcile(decision, now)  # the view was stale: read, plan again
+                    return
+                wave, wave_view = [], self.kernel_view
             if apply.blocked(op, self.kernel_view, self.failures, now) is not None:
                 continue
-            try:
-                await self.kernel.apply(op)
-            except KernelOpError as exc:
-                if not reread:
-                    # Our view of the kernel was stale: re-read and plan again, now.
-                    log.warning("kernel_view_stale", refused=str(exc), action="re-read")
-                    self.needs_resync = True
-                    await self._reconcile(decision, now)
-                    return
-                self._refused(op, exc, now)
-                continue
-            self.failures.pop(op, None)
-            try:
-                self.kernel_view = plan.simulate(self.kernel_view, op)
-            except plan.KernelSemanticsError:
-                self.needs_resync = True  # the kernel took it, our view did not: re-read next time
-            self._later("kernel_write", op=str(op.kind), object=type(op.obj).__name__,
-                        detail=str(op.obj))
+            wave.append(op)
+            wave_view = plan.simulate(wave_view, op)
+        if wave and await self._send_wave(wave, reread, now):
+            await self._reconcile(decision, now)
+            return
         self.applied = decision.desired
         self.retry_at = apply.next_retry(self.failures)
         if reread:
@@ -708,6 +704,37 @@ class Daemon:
             self.ready.set()
             sdnotify.notify("READY=1")
             log.info("ready", writes=self.kernel.writes)
+
+    async def _send_wave(self, wave: list[Op], reread: bool, now: float) -> bool:
+        """Send `wave`'s writes without waiting between them (they do not
+        depend on each other), then take each answer in plan order. True
+        when a refusal shows our view of the kernel was stale (it was not
+        just read): the caller re-reads and plans again."""
+        assert self.kernel is not None
+        results = await asyncio.gather(*(self.kernel.apply(op) for op in wave),
+                                       return_exceptions=True)
+        stale = None
+        for op, result in zip(wave, results):
+            if isinstance(result, KernelOpError):
+                if not reread:
+                    stale = stale or result
+                else:
+                    self._refused(op, result, now)
+                continue
+            if isinstance(result, BaseException):
+                raise result  # not an answer from the kernel: the pass fails (handle)
+            self.failures.pop(op, None)
+            try:
+                self.kernel_view = plan.simulate(self.kernel_view, op)
+            except plan.KernelSemanticsError:
+                self.needs_resync = True  # the kernel took it, our view did not: re-read next time
+            self._later("kernel_write", op=str(op.kind), object=type(op.obj).__name__,
+                        detail=str(op.obj))
+        if stale is None:
+            return False
+        log.warning("kernel_view_stale", refused=str(stale), action="re-read")
+        self.needs_resync = True
+        return True
 
     def _note_foreign(self, foreign) -> None:
         """Foreign objects inside our ranges: reported, never touched."""
