@@ -647,10 +647,10 @@ class Daemon:
     # ------------------------------------------------------------- kernel writes
 
     async def _reconcile(self, decision: policy.Decision, now: float) -> None:
-        """Apply the plan one object at a time (core.apply): a write the
-        kernel refuses skips only what depends on it and is retried with
-        backoff, so one foreign object or refused write never holds up the
-        failover of another rail."""
+        """Apply the plan in waves of writes that do not depend on each other
+        (core.apply): a write the kernel refuses skips only what depends on
+        it and is retried with backoff, so one foreign object or refused
+        write never holds up the failover of another rail."""
         assert self.kernel is not None
         started, writes_before = self.clock(), self.kernel.writes
         reread = self.needs_resync or self.kernel_view is None
