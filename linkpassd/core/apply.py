@@ -1,4 +1,4 @@
-"""Applying a plan one object at a time, so one refused write stalls nothing else.
+"""Applying a plan so that one refused write stalls nothing else, in waves of independent writes.
 
 The planner (core.plan) orders operations make-before-break. Applying them
 must not stop at the first error: a foreign nexthop squatting on one of our
@@ -22,11 +22,15 @@ it sends the next, so a failover that changes a rail's table and the fabric
 group moves both at once, not one round trip after the other. The kernel may
 take a wave's writes in any order, which is why a wave holds only writes
 that do not depend on each other: an operation joins the wave in flight only
-when it touches none of the wave's objects and is valid both before the wave
-and after it, so it is valid whichever of the wave's writes the kernel takes
-or refuses, and would have been sent one at a time just the same. Otherwise
-the wave is finished first and the operation is judged against what the
-kernel took.
+when it is valid both before the wave and after it (so it is valid whichever
+of the wave's writes the kernel takes or refuses, and would have been sent one
+at a time just the same), and when it neither writes what a write of the wave
+writes or refers to, nor refers to what one writes. A route and a rule write
+their table too, so the plan's make-before-break order within a table (its
+routes in place before the rule that sends traffic to it, the rule gone before
+them) and between a route or group and the group or nexthops it uses is kept
+across waves. Otherwise the wave is finished first and the operation is
+judged against what the kernel took.
 
 Everything here is a pure function of the operation, the simulated kernel
 view, the failures remembered so far and `now`; the daemon does the writes.
@@ -94,34 +98,36 @@ def joins_wave(op: Op, view: KernelState, wave: list[Op], wave_view: KernelState
                now: float) -> bool:
     """Whether `op` may go with `wave`, the writes sent since the kernel last
     answered: `view` is the kernel before them, `wave_view` after them all.
-    Valid against both, on objects none of them touches, it is valid against
-    whatever part of the wave the kernel takes: each object changes at most
-    once in a wave, so what `op` needs holds before and after every write of
-    it. A rule and a route of its table never go together either: the plan
-    puts a table's routes in place before the rule that sends traffic to it,
-    and takes the rule away before them (make-before-break), and the kernel
-    would not see that order within a wave."""
-    touched = {_object_key(w.obj) for w in wave}
-    return (_object_key(op.obj) not in touched
-            and not any(_table_and_rule(op.obj, w.obj) for w in wave)
-            and blocked(op, view, {}, now) is None
-            and blocked(op, wave_view, {}, now) is None)
+    Valid against both, and independent of every write of the wave (neither
+    writes what the other writes or refers to), it is valid against whatever
+    part of the wave the kernel takes, in whatever order: each object changes
+    at most once in a wave, so what `op` needs holds before and after every
+    write of it."""
+    writes, refers = _writes(op.obj), _refers(op.obj)
+    for other in wave:
+        theirs = _writes(other.obj)
+        if writes & (theirs | _refers(other.obj)) or refers & theirs:
+            return False
+    return blocked(op, view, {}, now) is None and blocked(op, wave_view, {}, now) is None
 
 
-def _table_and_rule(a: object, b: object) -> bool:
-    """A route and a rule of the route's table, in either order."""
-    if isinstance(a, Rule) and isinstance(b, Route):
-        a, b = b, a
-    return isinstance(a, Route) and isinstance(b, Rule) and a.table == b.table
-
-
-def _object_key(obj: Nexthop | NexthopGroup | Route | Rule) -> tuple[str, object]:
-    """Nexthops and groups share one id space; a route is its (table, dst)."""
+def _writes(obj: Nexthop | NexthopGroup | Route | Rule) -> frozenset[tuple[str, object]]:
+    """What a write of `obj` changes: the object (nexthops and groups share one
+    id space), and for a route or rule the table's make-before-break order."""
     if isinstance(obj, (Nexthop, NexthopGroup)):
-        return ("id", obj.id)
+        return frozenset({("id", obj.id)})
     if isinstance(obj, Route):
-        return ("route", obj.key)
-    return ("rule", obj)
+        return frozenset({("route", obj.key), ("table", obj.table)})
+    return frozenset({("rule", obj), ("table", obj.table)})
+
+
+def _refers(obj: Nexthop | NexthopGroup | Route | Rule) -> frozenset[tuple[str, object]]:
+    """The objects a write of `obj` needs in place: a group's members, a route's nexthop."""
+    if isinstance(obj, NexthopGroup):
+        return frozenset(("id", m) for m in obj.members)
+    if isinstance(obj, Route):
+        return frozenset({("id", obj.nhid)})
+    return frozenset()
 
 
 def users_of(view: KernelState, nh_id: int) -> list[str]:

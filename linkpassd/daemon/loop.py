@@ -713,16 +713,20 @@ class Daemon:
         assert self.kernel is not None
         results = await asyncio.gather(*(self.kernel.apply(op) for op in wave),
                                        return_exceptions=True)
-        stale = None
+        stale: KernelOpError | None = None
+        unexpected: BaseException | None = None
+        timed_out = False
         for op, result in zip(wave, results):
             if isinstance(result, KernelOpError):
                 if not reread:
                     stale = stale or result
                 else:
                     self._refused(op, result, now)
+                    timed_out = timed_out or result.errno == errno.ETIMEDOUT
                 continue
             if isinstance(result, BaseException):
-                raise result  # not an answer from the kernel: the pass fails (handle)
+                unexpected = unexpected or result  # raised once every answer is taken
+                continue
             self.failures.pop(op, None)
             try:
                 self.kernel_view = plan.simulate(self.kernel_view, op)
@@ -730,6 +734,12 @@ class Daemon:
                 self.needs_resync = True  # the kernel took it, our view did not: re-read next time
             self._later("kernel_write", op=str(op.kind), object=type(op.obj).__name__,
                         detail=str(op.obj))
+        if timed_out:
+            # A write may have happened: leave late replies behind with the
+            # old socket (once for the wave: its writes shared the socket).
+            self._renew_socket()
+        if unexpected is not None:
+            raise unexpected  # not an answer from the kernel: the pass fails (handle)
         if stale is None:
             return False
         log.warning("kernel_view_stale", refused=str(stale), action="re-read")
@@ -755,10 +765,6 @@ class Daemon:
         failure = apply.refused(previous, op, str(exc), foreign, now)
         self.failures[op] = failure
         self.last_error, self.last_error_at = str(exc), self.wallclock()
-        if exc.errno == errno.ETIMEDOUT:
-            # The write may have happened: re-read when it is retried, and
-            # leave late replies behind with the old socket.
-            self._renew_socket()
         if previous is None or previous.error != failure.error:
             log.error("write_refused", op=apply.describe(op), error=str(exc),
                       conflict=foreign, retry_s=round(failure.retry_at - now, 1))

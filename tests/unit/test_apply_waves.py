@@ -5,11 +5,16 @@ write is ever sent before what it needs has been acknowledged."""
 from __future__ import annotations
 
 import asyncio
+import errno
 
+from structlog.testing import capture_logs
+
+from linkpassd.adapters.kernel import KernelOpError
 from linkpassd.core import apply, plan
 from linkpassd.core.model import KernelState, Nexthop, NexthopGroup, Op, OpKind, Route, Rule
 from test_daemon_faults import (
     FakeKernel,
+    converge,
     converged,
     desired_now,
     make,
@@ -55,24 +60,36 @@ def test_a_write_that_needs_an_object_of_the_wave_waits_for_its_answer():
 
 
 def test_a_delete_waits_until_the_route_that_used_it_has_moved():
+    """NH1's only user is the route: the delete is refused before the move
+    and valid only after it, so it waits for the move's answer."""
+    only_route = KernelState(nexthops=frozenset({NH1, NH2}), routes=frozenset({ROUTE}))
     move = Op(OpKind.REPLACE, Route(table=10100, dst="0.0.0.0/0", nhid=12, protocol=201))
-    drop = Op(OpKind.DELETE, NH1)  # still in GROUP: blocked before and after the move
-    drop_group_member = Op(OpKind.REPLACE, NexthopGroup(id=20, members=(12,), protocol=201))
-    assert wave_of([move, drop]) == [move]
-    # valid before the wave (no user) but not after it (the route now uses it)
+    assert wave_of([move, Op(OpKind.DELETE, NH1)], only_route) == [move]
+
+
+def test_a_delete_valid_before_the_wave_but_not_after_it_waits():
     lone = KernelState(nexthops=frozenset({NH1, NH2}))
     route_to_nh2 = Op(OpKind.CREATE, Route(table=10100, dst="0.0.0.0/0", nhid=12, protocol=201))
     assert wave_of([route_to_nh2, Op(OpKind.DELETE, NH2)], lone) == [route_to_nh2]
-    assert wave_of([drop_group_member, move]) == [drop_group_member, move]
 
 
 def test_two_writes_of_one_object_never_share_a_wave():
+    """Both replaces are valid before and after either: only their one
+    object keeps them apart."""
     first = Op(OpKind.REPLACE, Route(table=10100, dst="0.0.0.0/0", nhid=12, protocol=201))
     again = Op(OpKind.REPLACE, Route(table=10100, dst="0.0.0.0/0", nhid=11, protocol=201))
     assert wave_of([first, again]) == [first]
-    rule = Rule(priority=100, table=10100, protocol=201, src="198.18.0.1/32")
-    assert wave_of([Op(OpKind.CREATE, rule), Op(OpKind.DELETE, rule)],
-                   KernelState()) == [Op(OpKind.CREATE, rule)]
+
+
+def test_a_write_never_goes_beside_a_write_of_what_it_refers_to():
+    """A route moved onto a group whose members change waits for the group
+    (groups before routes), though it is valid either way."""
+    reshape = Op(OpKind.REPLACE, NexthopGroup(id=20, members=(12,), protocol=201))
+    onto_group = Op(OpKind.REPLACE, Route(table=10100, dst="0.0.0.0/0", nhid=20, protocol=201))
+    assert wave_of([reshape, onto_group]) == [reshape]
+    regateway = Op(OpKind.REPLACE, Nexthop(id=12, gateway="198.18.1.253", port="eth1",
+                                           protocol=201))
+    assert wave_of([regateway, reshape]) == [regateway]  # a member rewritten: the group waits
 
 
 class WaveKernel(FakeKernel):
@@ -135,13 +152,60 @@ def test_no_write_goes_before_what_it_needs_at_start_and_on_failback(tmp_path):
     assert kernel.too_early == []
 
 
-def test_a_rule_waits_for_the_routes_of_its_table_and_they_for_its_removal():
+def test_writes_of_one_table_keep_the_plans_order():
+    """A rule waits for its table's routes, a route for the removal of the
+    rule that sends traffic to its table, and a table's new route for its
+    stale one's removal; other tables' writes go together."""
     route = Route(table=10100, dst="0.0.0.0/0", nhid=11, protocol=201)
     rule = Rule(priority=100, table=10100, protocol=201, src="198.18.0.1/32")
     other = Rule(priority=101, table=10101, protocol=201, src="198.18.1.1/32")
     fresh = KernelState(nexthops=frozenset({NH1, NH2}))
     made = [Op(OpKind.CREATE, route), Op(OpKind.CREATE, other), Op(OpKind.CREATE, rule)]
-    assert wave_of(made, fresh) == made[:2]  # another table's rule may go with the route
+    assert wave_of(made, fresh) == made[:2]
+    held = KernelState(nexthops=fresh.nexthops, routes=frozenset({route}),
+                       rules=frozenset({rule}))
     gone = [Op(OpKind.DELETE, rule), Op(OpKind.DELETE, route)]
-    assert wave_of(gone, KernelState(nexthops=fresh.nexthops, routes=frozenset({route}),
-                                     rules=frozenset({rule}))) == gone[:1]
+    assert wave_of(gone, held) == gone[:1]
+    moved_rule = Rule(priority=102, table=10100, protocol=201, src="198.18.0.1/32")
+    assert wave_of([Op(OpKind.CREATE, moved_rule), Op(OpKind.DELETE, rule)], held) \
+        == [Op(OpKind.CREATE, moved_rule)]
+    narrower = Route(table=10100, dst="198.18.0.0/16", nhid=12, protocol=201)
+    assert wave_of([Op(OpKind.CREATE, narrower), Op(OpKind.DELETE, route)], held) \
+        == [Op(OpKind.CREATE, narrower)]
+
+
+def test_an_unexpected_error_in_a_wave_takes_every_answer_before_the_pass_fails(tmp_path):
+    """The group's write raises a bug; the route's write, sent with it, was
+    taken by the kernel and is logged as such; the pass fails, and the next
+    one re-reads and converges."""
+    daemon, clock, kernel = waved(tmp_path)
+    kernel.unexpected = lambda op, n: isinstance(op.obj, NexthopGroup)
+    with capture_logs() as logs:
+        clock.t += 0.5
+        run(daemon.handle([drain_cmd("eth0")]))
+    assert daemon.reconcile_failures == 1 and "injected bug" in daemon.last_error
+    table0 = daemon.config.rails[0].table
+    written = [e["detail"] for e in logs if e["event"] == "kernel_write"]
+    assert any(f"table={table0}" in d for d in written), written
+    assert not any("NexthopGroup" in d for d in written), written
+    kernel.unexpected = lambda op, n: False
+    run(converge(daemon, clock))
+    assert kernel.state == desired_now(daemon) and daemon.last_error == ""
+
+
+def test_writes_of_a_wave_that_time_out_renew_the_socket_once(tmp_path):
+    """Both writes of a failover time out (a kernel stuck on its lock): one
+    new socket for the wave, both writes remembered for their retry."""
+    daemon, clock, kernel = waved(tmp_path)
+    timed_out = lambda op, n: KernelOpError(op, errno.ETIMEDOUT, "no answer")  # noqa: E731
+    kernel.refuse = lambda op, n: True
+    kernel.refusal = timed_out
+    clock.t += 0.5
+    cmd = drain_cmd("eth0")
+    run(daemon.handle([cmd]))
+    assert "routes have not moved yet" in str(cmd.done.exception())  # the operator is told
+    assert kernel.sockets_replaced == 1
+    assert {type(f.op.obj) for f in daemon.failures.values()} == {NexthopGroup, Route}
+    kernel.refuse = lambda op, n: False
+    run(converge(daemon, clock))
+    assert kernel.state == desired_now(daemon)

@@ -31,6 +31,7 @@ class FakeKernel:
         self.writes = 0
         self.attempts = 0
         self.refuse = lambda op, n: False
+        self.refusal = lambda op, n: KernelOpError(op, errno.EEXIST, "injected refusal")
         self.unexpected = lambda op, n: False
         self.observe_fails = False
         self.socket_broken = False  # like pyroute2: a failed socket fails every use
@@ -60,7 +61,7 @@ class FakeKernel:
         if self.unexpected(op, self.attempts):
             raise RuntimeError(f"injected bug while writing {op}")
         if self.refuse(op, self.attempts):
-            raise KernelOpError(op, errno.EEXIST, "injected refusal")
+            raise self.refusal(op, self.attempts)
         try:
             self.state = plan.simulate(self.state, op)
         except plan.KernelSemanticsError as exc:
