@@ -13,9 +13,15 @@ namespace, kernel time stamps) beside the route watch:
             the first): the tolerance, plus how late that probe left
   reaction  that probe -> lph1's route moved off rail 0: the reply wait
             (``suspect_ms``), the verdict, and the daemon's route writes
-            until the kernel's route changed (labs/routewatch.py)
+            until the kernel's route changed, as labs/routewatch.py saw it
   after     the move -> the flow's first packet through the new path:
             the receiver's side of the blackout
+
+The route watch stamps a change when it reads the kernel's notification, an
+upper bound on when the route changed: its own wake-up is in "reaction", and
+"after" is that much short (a little below zero when the watch woke late).
+Each split also gives the longest gap between two probes of the chain: a
+grid point sent late (our loop busy) lengthens the chain by that much.
 
 Same lab and fault as the hiccup bench (the dualrail lab, lph1's rail 0
 blackholed at its leaf, a 1 packet/ms flow lph1 -> lph2), one lab per
@@ -42,6 +48,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from labs.bench import hiccup
+from labs.topos.plan import LabError
 
 RESULTS = Path(__file__).parent / "results"
 MECHANISMS = [m for m, (kind, _) in hiccup.MECHANISMS.items() if kind == "linkpassd"]
@@ -58,6 +65,7 @@ class Split:
     reaction_ms: float
     after_ms: float
     probes: int  # probes sent from the first through the one a tolerance later
+    longest_gap_ms: float  # between two of those probes: a late loop shows here
 
 
 def split(sends: list[float], injected_at: float, moved_at: float, restored_at: float,
@@ -75,9 +83,11 @@ def split(sends: list[float], injected_at: float, moved_at: float, restored_at: 
         raise ValueError(f"no probe a tolerance ({tolerance_s * 1e3:g} ms) after the first "
                          f"({(first - injected_at) * 1e3:.1f} ms after the injection) before "
                          f"the move ({(moved_at - injected_at) * 1e3:.1f} ms)")
+    chain = [s for s in after if s <= last]
     return Split(met_ms=(first - injected_at) * 1e3, chain_ms=(last - first) * 1e3,
                  reaction_ms=(moved_at - last) * 1e3, after_ms=(restored_at - moved_at) * 1e3,
-                 probes=sum(1 for s in after if s <= last))
+                 probes=len(chain),
+                 longest_gap_ms=max((b - a for a, b in zip(chain, chain[1:])), default=0.0) * 1e3)
 
 
 def summarise(rows: list[dict]) -> dict[str, dict]:
@@ -141,37 +151,51 @@ def run_mechanism(mechanism: str, trials: int, rng: random.Random, work: Path,
         spec = hiccup.fault_spec("blackhole")
         for i in range(trials):
             t = hiccup.Trial(spec, i, rng.uniform(0, cell.interval_ms / 1e3))
-            capture = ProbeCapture(cell.lab, "lph1", host.rail(0).port, host.rail(0).address,
-                                   echo_port(cell), work / f"{mechanism}-{i}.pcap")
             try:
-                row = cell.trial(t, work / f"{mechanism}-{i}")
-            finally:
-                sends = capture.stop()
-            move = row["moves"].get("lph1")
-            out = {"mechanism": mechanism, "trial": i, "blackout_ms": row["blackout_ms"],
-                   "probes_captured": len(sends)}
-            # the probes from the injection to the move (or 1 s on), for a reader to check
-            end = row["injected_at"] + (move["after_ms"] / 1e3 if move else 1.0)
-            out["sends_ms"] = [round((s - row["injected_at"]) * 1e3, 2) for s in sorted(sends)
-                               if row["injected_at"] <= s <= end]
-            if move is None:
-                out["error"] = "lph1 did not move"
-            else:
-                moved_at = row["injected_at"] + move["after_ms"] / 1e3
-                restored_at = (row["injected_at"] + (row["rx_silence_start_ms"]
-                                                     + row["blackout_ms"]) / 1e3)
-                try:
-                    out["split"] = split(sends, row["injected_at"], moved_at, restored_at,
-                                         tolerance).__dict__
-                except ValueError as exc:
-                    out["error"] = str(exc)
-            rows.append(out)
+                out = one_trial(cell, t, host, tolerance, work / f"{mechanism}-{i}")
+            except (TimeoutError, RuntimeError, OSError, LabError,
+                    subprocess.SubprocessError) as exc:
+                out = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+                if isinstance(exc, TimeoutError):  # the lab did not come back
+                    rows.append({"mechanism": mechanism, "trial": i, **out})
+                    log(f"{mechanism:<13} #{i:<2} {out['error'][:200]}; stopping")
+                    break
+            rows.append({"mechanism": mechanism, "trial": i, **out})
             parts = " ".join(f"{p} {out['split'][p + '_ms']:5.1f}" for p in PARTS) \
-                if "split" in out else out["error"]
-            log(f"{mechanism:<13} #{i:<2} blackout {row['blackout_ms']:5.1f} ms: {parts}")
+                if "split" in out else out["error"][:200]
+            log(f"{mechanism:<13} #{i:<2} blackout {out.get('blackout_ms') or 0:5.1f} ms: {parts}")
     finally:
         cell.close()
     return rows
+
+
+def one_trial(cell: hiccup.Cell, t: hiccup.Trial, host, tolerance: float, work: Path) -> dict:
+    """The hiccup bench's trial with lph1's probes captured: its blackout and
+    its split, or an ``error`` saying why it has none."""
+    capture = ProbeCapture(cell.lab, "lph1", host.rail(0).port, host.rail(0).address,
+                           echo_port(cell), work.with_suffix(".pcap"))
+    try:
+        row = cell.trial(t, work)
+    finally:
+        sends = capture.stop()
+    move = row["moves"].get("lph1")
+    out: dict = {"blackout_ms": row["blackout_ms"], "probes_captured": len(sends)}
+    # the probes from the injection to the move (or 1 s on), for a reader to check
+    end = row["injected_at"] + (move["after_ms"] / 1e3 if move else 1.0)
+    out["sends_ms"] = [round((s - row["injected_at"]) * 1e3, 2) for s in sorted(sends)
+                       if row["injected_at"] <= s <= end]
+    if move is None:
+        return {**out, "error": "lph1 did not move"}
+    if row["blackout_ms"] is None or row["rx_silence_start_ms"] is None:
+        return {**out, "error": "the flow showed no silence across the fault"}
+    moved_at = row["injected_at"] + move["after_ms"] / 1e3
+    restored_at = row["injected_at"] + (row["rx_silence_start_ms"] + row["blackout_ms"]) / 1e3
+    try:
+        out["split"] = split(sends, row["injected_at"], moved_at, restored_at,
+                             tolerance).__dict__
+    except ValueError as exc:
+        return {**out, "error": str(exc)}
+    return out
 
 
 def echo_port(cell: hiccup.Cell) -> int:

@@ -22,11 +22,14 @@ def test_the_parts_are_cut_at_the_first_probe_and_the_one_a_tolerance_later():
     assert s.reaction_ms == pytest.approx(6.0)
     assert s.after_ms == pytest.approx(1.5)
     assert s.probes == 9
+    assert s.longest_gap_ms == pytest.approx(3.75)
 
 
 def test_a_late_grid_point_is_the_chains_end_and_a_point_a_hair_early_still_counts():
     late = [10.001, 10.010, 10.0325]  # the loop ran 1.5 ms late for the last point
-    assert split(late, 10.0, 10.040, 10.041, T).chain_ms == pytest.approx(31.5)
+    late_split = split(late, 10.0, 10.040, 10.041, T)
+    assert late_split.chain_ms == pytest.approx(31.5)
+    assert late_split.longest_gap_ms == pytest.approx(22.5)
     early = [10.001, 10.031 - 5e-5]  # float noise below the grid point
     assert split(early, 10.0, 10.040, 10.041, T).chain_ms == pytest.approx(30.0 - 0.05)
 
