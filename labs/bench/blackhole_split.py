@@ -133,26 +133,27 @@ class ProbeCapture:
                 if f" {self.src}." in line]
 
 
-def tolerance_s() -> float:
-    """The default tolerance the lab's daemons run with."""
-    from linkpassd.config.schema import SCHEMA
+def probe_settings(cell: hiccup.Cell):
+    """The echo settings lph1's daemon runs with, read as the daemon reads
+    its config (so the tolerance and port are the daemon's, defaults included)."""
+    from linkpassd.config import parse_config
 
-    section = next(s for s in SCHEMA if s.name == hiccup.echo_section())
-    return next(o.default for o in section.options if o.key == "tolerance_ms") / 1e3
+    path = cell.lab.config_path("lph1")
+    return parse_config(path.read_text(), str(path)).probes
 
 
 def run_mechanism(mechanism: str, trials: int, rng: random.Random, work: Path,
                   log=print) -> list[dict]:
     cell = hiccup.Cell(mechanism, {}, hiccup.echo_section(), log)
-    tolerance = tolerance_s()
     rows = []
     try:
+        settings = probe_settings(cell)
         host = cell.lab.host("lph1")
         spec = hiccup.fault_spec("blackhole")
         for i in range(trials):
             t = hiccup.Trial(spec, i, rng.uniform(0, cell.interval_ms / 1e3))
             try:
-                out = one_trial(cell, t, host, tolerance, work / f"{mechanism}-{i}")
+                out = one_trial(cell, t, host, settings, work / f"{mechanism}-{i}")
             except (TimeoutError, RuntimeError, OSError, LabError,
                     subprocess.SubprocessError) as exc:
                 out = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
@@ -160,7 +161,8 @@ def run_mechanism(mechanism: str, trials: int, rng: random.Random, work: Path,
                     rows.append({"mechanism": mechanism, "trial": i, **out})
                     log(f"{mechanism:<13} #{i:<2} {out['error'][:200]}; stopping")
                     break
-            rows.append({"mechanism": mechanism, "trial": i, **out})
+            rows.append({"mechanism": mechanism, "trial": i,
+                         "tolerance_ms": settings.tolerance_ms, **out})
             parts = " ".join(f"{p} {out['split'][p + '_ms']:5.1f}" for p in PARTS) \
                 if "split" in out else out["error"][:200]
             log(f"{mechanism:<13} #{i:<2} blackout {out.get('blackout_ms') or 0:5.1f} ms: {parts}")
@@ -169,11 +171,11 @@ def run_mechanism(mechanism: str, trials: int, rng: random.Random, work: Path,
     return rows
 
 
-def one_trial(cell: hiccup.Cell, t: hiccup.Trial, host, tolerance: float, work: Path) -> dict:
+def one_trial(cell: hiccup.Cell, t: hiccup.Trial, host, settings, work: Path) -> dict:
     """The hiccup bench's trial with lph1's probes captured: its blackout and
     its split, or an ``error`` saying why it has none."""
     capture = ProbeCapture(cell.lab, "lph1", host.rail(0).port, host.rail(0).address,
-                           echo_port(cell), work.with_suffix(".pcap"))
+                           settings.port, work.with_suffix(".pcap"))
     try:
         row = cell.trial(t, work)
     finally:
@@ -192,17 +194,10 @@ def one_trial(cell: hiccup.Cell, t: hiccup.Trial, host, tolerance: float, work: 
     restored_at = row["injected_at"] + (row["rx_silence_start_ms"] + row["blackout_ms"]) / 1e3
     try:
         out["split"] = split(sends, row["injected_at"], moved_at, restored_at,
-                             tolerance).__dict__
+                             settings.tolerance_ms / 1e3).__dict__
     except ValueError as exc:
         return {**out, "error": str(exc)}
     return out
-
-
-def echo_port(cell: hiccup.Cell) -> int:
-    import tomllib
-
-    config = tomllib.loads(cell.lab.config_path("lph1").read_text())
-    return int(config.get(hiccup.echo_section(), {}).get("port", 4793))
 
 
 def plot(summary: dict, path: Path, title: str) -> None:
@@ -259,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     out = RESULTS / f"blackhole_split-{args.label}"
     out.with_suffix(".json").write_text(json.dumps({
         "bench": "blackhole_split", "label": args.label, "trials": args.trials,
-        "seed": args.seed, "tolerance_ms": tolerance_s() * 1e3,
+        "seed": args.seed,
         "elapsed_s": time.monotonic() - started, "summary": summary, "rows": rows},
         indent=2))
     plot(summary, out.with_suffix(".png"), f"{out.name}: a silent blackhole's blackout, by part")
